@@ -1,0 +1,34 @@
+# The two commands of the README's Quick start, and what they need.
+#   make demo   end-to-end demo on a local embedded setup
+#   make test   the whole test suite
+# Both create .venv/ and install memwal with its pinned dependencies; both install Java
+# (Spark needs it) and Node.js/npm (the Apache Kafka test broker comes from npm) via apt
+# when missing.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: demo test system-deps clean
+
+system-deps:
+	@command -v java >/dev/null 2>&1 || { echo "installing Java (for Spark)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends openjdk-17-jre-headless; }
+	@command -v npm >/dev/null 2>&1 || { echo "installing npm (for the Kafka test broker)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends nodejs npm; }
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+demo: system-deps $(VENV)/.installed
+	$(PY) -m memwal.demo
+
+test: system-deps $(VENV)/.installed
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

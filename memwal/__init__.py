@@ -1,0 +1,72 @@
+"""memwal: streaming upserts and deletes into Lance tables, on Lance's MemWAL LSM tree.
+
+The main entry points::
+
+    from memwal import Table
+    table = Table.create(uri, schema, primary_key=["id"], shard_by="bucket(id, 4)")
+    table.write(rows); table.delete({"id": [1]}); table.flush()
+
+    from memwal import readers
+    reader = readers.open(uri)
+    reader.get({"id": 1}); reader.scan(where="score > 3")
+
+``memwal.streaming`` holds the Spark sink and the Kafka source.
+"""
+
+from memwal.errors import (
+    FencedError,
+    InvalidValueError,
+    ManifestError,
+    MemwalError,
+    PrimaryKeyError,
+    SchemaMismatchError,
+    ShardingSpecError,
+    ShardRoutingError,
+    StaleCompactionError,
+    TableExistsError,
+    TableNotFoundError,
+    TransformTypeError,
+    UnknownColumnError,
+)
+
+__version__ = "0.1.0"
+
+# Table and friends import Lance, which configures its Rust logger on import; loading them
+# lazily lets the CLI (and users) set LANCE_LOG first, and keeps `memwal --help` fast.
+_LAZY = {
+    "Table": "memwal.table",
+    "WriteResult": "memwal.table",
+    "IndexConfig": "memwal.metadata",
+    "WriterConfig": "memwal.metadata",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'memwal' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = [
+    "FencedError",
+    "IndexConfig",
+    "InvalidValueError",
+    "ManifestError",
+    "MemwalError",
+    "PrimaryKeyError",
+    "SchemaMismatchError",
+    "ShardRoutingError",
+    "ShardingSpecError",
+    "StaleCompactionError",
+    "Table",
+    "TableExistsError",
+    "TableNotFoundError",
+    "TransformTypeError",
+    "UnknownColumnError",
+    "WriteResult",
+    "WriterConfig",
+    "__version__",
+]

@@ -1,0 +1,264 @@
+"""The ``memwal`` command line: a thin layer over the library.
+
+Exit codes: 0 success, 1 "not found" (``get`` of an absent key), 2 usage or input error,
+3 any other memwal error.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Before Lance is imported: Lance logs a spurious ERROR ("Index __lance_mem_wal has no
+# fields") on every base table update. Users can still choose their own LANCE_LOG.
+os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import sys  # noqa: E402
+import time
+from typing import Any, Sequence
+
+import pyarrow as pa  # noqa: E402
+
+from memwal import formats  # noqa: E402
+from memwal.errors import (  # noqa: E402
+    MemwalError,
+    PrimaryKeyError,
+    SchemaMismatchError,
+    ShardingSpecError,
+    TableExistsError,
+    TableNotFoundError,
+    UnknownColumnError,
+)
+from memwal.metadata import IndexConfig, WriterConfig  # noqa: E402
+from memwal.table import Table  # noqa: E402
+
+log = logging.getLogger("memwal.cli")
+
+EXIT_NOT_FOUND = 1
+EXIT_USAGE = 2
+EXIT_ERROR = 3
+
+#: Errors caused by what the user typed or passed: exit code 2, like argparse's own.
+_INPUT_ERRORS = (
+    PrimaryKeyError,
+    SchemaMismatchError,
+    ShardingSpecError,
+    TableExistsError,
+    TableNotFoundError,
+    UnknownColumnError,
+    ValueError,
+)
+
+#: How often long-running commands log progress.
+PROGRESS_SECONDS = 5.0
+
+
+def _setup_logging(verbosity: int) -> None:
+    level = logging.WARNING - 10 * verbosity
+    logging.basicConfig(level=max(level, logging.DEBUG), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+# -- init / put / delete -----------------------------------------------------------------------
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    schema = formats.read_schema(args.schema_from)
+    table = Table.create(
+        args.uri,
+        schema,
+        primary_key=args.primary_key,
+        shard_by=args.shard_by,
+        writer=WriterConfig(
+            max_memtable_rows=args.max_memtable_rows,
+            max_wal_flush_interval_ms=args.wal_flush_interval_ms,
+        ),
+        indexes=IndexConfig(vector_column=args.vector_column, fts_column=args.fts_column),
+    )
+    print(f"created {table.uri}: primary key {', '.join(table.primary_key)}; sharding {table.spec.render()}")
+    return 0
+
+
+def _apply_file(uri: str, path: str, deletes: bool) -> tuple[int, int]:
+    """Upsert (or delete) every row of a file, streaming it in batches; returns (rows, shards).
+
+    Returns once the table is closed, which flushes MemTables to SSTables: every reader
+    sees the rows when the command ends.
+    """
+    rows = 0
+    last = time.monotonic()
+    with Table.open(uri) as table:
+        op = table.delete if deletes else table.write
+        for batch in formats.iter_batches(path, table.schema):
+            op(pa.Table.from_batches([batch]))
+            rows += batch.num_rows
+            if time.monotonic() - last > PROGRESS_SECONDS:
+                log.warning("%s: %d rows so far", "delete" if deletes else "put", rows)
+                last = time.monotonic()
+        shards = len(table.writers.open_shards)
+    return rows, shards
+
+
+def cmd_put(args: argparse.Namespace) -> int:
+    rows, shards = _apply_file(args.uri, args.file, deletes=False)
+    print(f"upserted {rows} rows into {shards} shard(s)")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    rows, shards = _apply_file(args.uri, args.file, deletes=True)
+    print(f"deleted {rows} key(s) in {shards} shard(s)")
+    return 0
+
+
+# -- get / scan ---------------------------------------------------------------------------------
+
+
+def parse_key(text: str, table: Table) -> dict[str, Any]:
+    """A key from the command line: a bare value (single-column keys), ``col=value,...``, or JSON."""
+    pk = table.primary_key
+    if text.lstrip().startswith("{"):
+        raw = json.loads(text)
+    elif "=" in text and all("=" in part for part in text.split(",")):
+        raw = dict(part.split("=", 1) for part in text.split(","))
+    elif len(pk) == 1:
+        raw = {pk[0]: text}
+    else:
+        raise PrimaryKeyError(f"the primary key is {list(pk)}; give the key as {','.join(c + '=...' for c in pk)}")
+    missing = [c for c in pk if c not in raw]
+    if missing:
+        raise PrimaryKeyError(f"key {text!r} lacks primary-key column(s) {missing}")
+    out = {}
+    for c in pk:
+        t = table.schema.field(c).type
+        v = raw[c]
+        if isinstance(v, str) and not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+            try:
+                v = pa.array([v]).cast(t)[0].as_py()
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                raise PrimaryKeyError(f"key column {c!r} is {t}; {raw[c]!r} is not a valid value") from None
+        out[c] = v
+    return out
+
+
+def _columns(text: str | None) -> list[str] | None:
+    return [c.strip() for c in text.split(",") if c.strip()] if text else None
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    from memwal.readers import Reader
+
+    table = Table.open(args.uri)
+    reader = Reader(table, consistency=args.consistency)
+    row = reader.get(parse_key(args.key, table), columns=_columns(args.columns))
+    if row is None:
+        print(f"key {args.key} not found", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    if args.json:
+        print(formats.row_to_json(row))
+    else:
+        print(formats.render_rows(pa.Table.from_pylist([row])))
+    return 0
+
+
+def cmd_scan(args: argparse.Namespace) -> int:
+    from memwal.readers import Reader
+
+    reader = Reader(Table.open(args.uri), consistency=args.consistency, version=args.version)
+    if args.explain:
+        print(reader.explain(args.where))
+        return 0
+    t = reader.scan(columns=_columns(args.columns), where=args.where, limit=args.limit)
+    if args.json:
+        out = sys.stdout
+        for row in t.to_pylist():
+            out.write(formats.row_to_json(row) + "\n")
+    else:
+        print(formats.render_rows(t))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = Table.open(args.uri).status()
+    print(status.to_json() if args.json else status.render())
+    return 0
+
+
+# -- parser -------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="memwal",
+        description="Streaming upserts and deletes into Lance tables on Lance's MemWAL.",
+    )
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("init", help="create a table", description="Create an empty memwal table.")
+    s.add_argument("uri", metavar="URI", help="table location (a local path)")
+    s.add_argument("--schema-from", required=True, metavar="FILE", help="Parquet, Arrow IPC or JSON-lines file whose schema to use (no rows are written)")
+    s.add_argument("--primary-key", required=True, action="append", metavar="COL", help="primary-key column; repeat for a composite key")
+    s.add_argument("--shard-by", default="unsharded", metavar="SPEC", help="sharding spec, e.g. 'bucket(id,4)', 'identity(region)', 'unsharded' (default)")
+    s.add_argument("--max-memtable-rows", type=int, default=WriterConfig.max_memtable_rows, help="rows per MemTable before it is flushed to an SSTable")
+    s.add_argument("--wal-flush-interval-ms", type=int, default=WriterConfig.max_wal_flush_interval_ms, help="WAL flush tick; a durable write waits for it")
+    s.add_argument("--vector-column", help="build and maintain an IVF_PQ index on this column")
+    s.add_argument("--fts-column", help="build and maintain a full-text index on this column")
+    s.set_defaults(func=cmd_init)
+
+    s = sub.add_parser("put", help="upsert rows from a file", description="Upsert rows from a Parquet, CSV or JSON-lines file. Returns when the rows are flushed to SSTables.")
+    s.add_argument("uri", metavar="URI")
+    s.add_argument("file", metavar="FILE")
+    s.set_defaults(func=cmd_put)
+
+    s = sub.add_parser("delete", help="delete keys listed in a file", description="Delete the primary keys listed in a Parquet, CSV or JSON-lines file (other columns are ignored). Returns when flushed.")
+    s.add_argument("uri", metavar="URI")
+    s.add_argument("file", metavar="FILE")
+    s.set_defaults(func=cmd_delete)
+
+    s = sub.add_parser("get", help="look up one key", description="Print the live row of one primary key; exit code 1 when it is absent.")
+    s.add_argument("uri", metavar="URI")
+    s.add_argument("key", metavar="KEY", help="a value (single-column key), col=value,col2=value2, or a JSON object")
+    s.add_argument("--columns", metavar="A,B", help="columns to print")
+    s.add_argument("--json", action="store_true", help="print the row as one JSON object")
+    s.add_argument("--consistency", choices=("eventual", "strong"), default="eventual", help="strong also reads unflushed WAL entries")
+    s.set_defaults(func=cmd_get)
+
+    s = sub.add_parser("scan", help="print live rows", description="Print live rows (newest version per key), optionally filtered.")
+    s.add_argument("uri", metavar="URI")
+    s.add_argument("--where", metavar="SQL", help="filter, e.g. \"score > 3 AND region = 'eu'\"")
+    s.add_argument("--columns", metavar="A,B", help="columns to print")
+    s.add_argument("--limit", type=int)
+    s.add_argument("--json", action="store_true", help="one JSON object per row")
+    s.add_argument("--consistency", choices=("eventual", "strong"), default="eventual")
+    s.add_argument("--version", type=int, help="read the base table as of this version (time travel)")
+    s.add_argument("--explain", action="store_true", help="print which shards and SSTables the scan reads")
+    s.set_defaults(func=cmd_scan)
+
+    s = sub.add_parser("status", help="show shards, WAL and SSTables", description="Per shard: id, writer epoch, manifest version, WAL positions, SSTables and compacted generation; the base table's version and rows.")
+    s.add_argument("uri", metavar="URI")
+    s.add_argument("--json", action="store_true", help="one JSON object")
+    s.set_defaults(func=cmd_status)
+
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.verbose)
+    try:
+        return int(args.func(args) or 0)
+    except (MemwalError, ValueError) as e:
+        print(f"memwal {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(e, _INPUT_ERRORS) else EXIT_ERROR
+    except FileNotFoundError as e:
+        print(f"memwal {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Typed errors raised by memwal.
+
+Every message says what went wrong and what to do about it, so a user reading a failed
+pipeline's log can act without reading memwal's source.
+"""
+
+from __future__ import annotations
+
+
+class MemwalError(Exception):
+    """Base class of every error memwal raises on purpose."""
+
+
+class TableNotFoundError(MemwalError):
+    """No memwal table exists at the given URI."""
+
+
+class TableExistsError(MemwalError):
+    """A table already exists where a new one was to be created."""
+
+
+class PrimaryKeyError(MemwalError):
+    """The table has no usable primary key, or a key value is invalid (e.g. null)."""
+
+
+class UnknownColumnError(MemwalError):
+    """A column named in a spec, a key or a filter does not exist in the table schema."""
+
+
+class ShardingSpecError(MemwalError):
+    """A sharding spec cannot be parsed or cannot be applied to the table."""
+
+
+class TransformTypeError(ShardingSpecError):
+    """A sharding transform cannot take the type of its source column."""
+
+
+class ShardRoutingError(MemwalError):
+    """A row was about to be written to a shard that does not own its key."""
+
+
+class InvalidValueError(MemwalError):
+    """A value cannot be used, e.g. a date string that a time transform cannot parse."""
+
+
+class SchemaMismatchError(MemwalError):
+    """Data to write does not match the table schema."""
+
+
+class FencedError(MemwalError):
+    """Another writer claimed the shard (a higher writer epoch) and this one lost it twice.
+
+    memwal reopens a fenced writer once and retries; this error means the retry was
+    fenced as well, i.e. another process is actively writing the same shard.
+    """
+
+
+class ManifestError(MemwalError):
+    """An on-disk manifest is missing, unreadable or inconsistent."""
+
+
+class StaleCompactionError(MemwalError):
+    """A compaction commit lost a race: another compactor already compacted the generation."""

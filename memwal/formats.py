@@ -1,0 +1,175 @@
+"""Reading user files (Parquet, Arrow IPC, CSV, JSON lines) for the CLI, and rows as JSON.
+
+CSV and JSON carry no reliable types, so when a table schema is known the file is parsed
+with it: a column that does not parse as its table type is an error naming the column.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import datetime as dt
+import decimal
+import json
+import os
+import re
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.ipc as ipc
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+
+from memwal.errors import MemwalError, SchemaMismatchError
+
+PARQUET = (".parquet", ".pq")
+ARROW = (".arrow", ".feather", ".ipc", ".arrows")
+CSV = (".csv",)
+JSONL = (".json", ".jsonl", ".ndjson")
+
+
+def _kind(path: str) -> str:
+    ext = os.path.splitext(path)[1].lower()
+    for kind, exts in (("parquet", PARQUET), ("arrow", ARROW), ("csv", CSV), ("json", JSONL)):
+        if ext in exts:
+            return kind
+    raise MemwalError(
+        f"cannot tell the format of {path!r} from its extension; use .parquet, .arrow/.feather, .csv or .jsonl"
+    )
+
+
+def _open_ipc(path: str) -> pa.RecordBatchReader:
+    # Arrow IPC comes as the file format (Feather v2) or the stream format; accept both.
+    try:
+        f = ipc.open_file(path)
+        return pa.RecordBatchReader.from_batches(f.schema, (f.get_batch(i) for i in range(f.num_record_batches)))
+    except pa.ArrowInvalid:
+        return ipc.open_stream(path)
+
+
+def read_schema(path: str) -> pa.Schema:
+    """The schema of a data file; no rows are kept (JSON lines: inferred from the file)."""
+    kind = _kind(path)
+    if kind == "parquet":
+        return pq.read_schema(path)
+    if kind == "arrow":
+        return _open_ipc(path).schema
+    if kind == "csv":
+        return pacsv.open_csv(path).schema
+    return pajson.read_json(path).schema
+
+
+def _csv_header(path: str) -> list[str]:
+    with open(path, newline="") as f:
+        return next(csv.reader(f), [])
+
+
+def _parse_error(path: str, e: Exception, schema: pa.Schema | None, kind: str) -> MemwalError:
+    msg = str(e)
+    types = {f.name: f.type for f in schema or []}
+    name = None
+    m = re.search(r"CSV column #(\d+)", msg)
+    if m and kind == "csv":
+        header = _csv_header(path)
+        i = int(m.group(1))
+        name = header[i] if i < len(header) else None
+    else:
+        name = next((n for n in types if f"'{n}'" in msg or f'"{n}"' in msg or f"column {n}" in msg), None)
+    if name is not None:
+        expected = f" as {types[name]}" if name in types else ""
+        return SchemaMismatchError(f"{path}: column {name!r} does not parse{expected}: {msg}")
+    return SchemaMismatchError(f"{path}: cannot read the file with the table's schema: {msg}")
+
+
+def iter_batches(path: str, schema: pa.Schema | None = None, batch_rows: int = 65_536) -> Iterator[pa.RecordBatch]:
+    """Record batches of a data file. With ``schema``, CSV/JSON columns are parsed as its types
+    (columns the file lacks are left out; :func:`memwal.schema.conform` decides about them)."""
+    kind = _kind(path)
+    try:
+        if kind == "parquet":
+            yield from pq.ParquetFile(path).iter_batches(batch_size=batch_rows)
+        elif kind == "arrow":
+            yield from _open_ipc(path)
+        elif kind == "csv":
+            types = {f.name: f.type for f in schema} if schema is not None else None
+            reader = pacsv.open_csv(
+                path,
+                convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=True),
+                read_options=pacsv.ReadOptions(block_size=1 << 22),
+            )
+            yield from reader
+        else:
+            opts = None
+            if schema is not None:
+                header = _json_columns(path)
+                explicit = pa.schema([f for f in schema if f.name in header])
+                opts = pajson.ParseOptions(explicit_schema=explicit, unexpected_field_behavior="infer")
+            yield from pajson.read_json(path, parse_options=opts).to_batches(max_chunksize=batch_rows)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+        raise _parse_error(path, e, schema, kind) from None
+
+
+def _json_columns(path: str, sample_lines: int = 1000) -> list[str]:
+    seen: dict[str, None] = {}
+    with open(path, "rb") as f:
+        for i, line in enumerate(f):
+            if i >= sample_lines:
+                break
+            line = line.strip()
+            if line:
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise SchemaMismatchError(f"{path}: line {i + 1} is not valid JSON: {e}") from None
+                for k in obj:
+                    seen[k] = None
+    return list(seen)
+
+
+def read_table(path: str, schema: pa.Schema | None = None) -> pa.Table:
+    batches = list(iter_batches(path, schema))
+    if not batches:
+        return (schema or read_schema(path)).empty_table()
+    return pa.Table.from_batches(batches)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, bytes):
+        return base64.b64encode(v).decode("ascii")
+    if isinstance(v, (dt.datetime, dt.date, dt.time)):
+        return v.isoformat()
+    if isinstance(v, dt.timedelta):
+        return v.total_seconds()
+    if isinstance(v, decimal.Decimal):
+        return str(v)
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+        return str(v)
+    return v
+
+
+def row_to_json(row: dict[str, Any]) -> str:
+    """One row as a JSON object (bytes as base64, times as ISO 8601)."""
+    return json.dumps(_jsonable(row), ensure_ascii=False)
+
+
+def render_rows(table: pa.Table, max_width: int = 40) -> str:
+    """A plain-text table of ``table``'s rows for terminals."""
+    names = table.schema.names
+    rows = table.to_pylist()
+
+    def cell(v: Any) -> str:
+        s = "null" if v is None else (json.dumps(_jsonable(v)) if isinstance(v, (list, dict, bytes)) else str(v))
+        return s if len(s) <= max_width else s[: max_width - 1] + "…"
+
+    cells = [[cell(r[n]) for n in names] for r in rows]
+    widths = [max([len(n)] + [len(c[i]) for c in cells]) for i, n in enumerate(names)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [fmt.format(*names), fmt.format(*("-" * w for w in widths))]
+    out += [fmt.format(*c).rstrip() for c in cells]
+    out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+    return "\n".join(out)

@@ -1,0 +1,158 @@
+"""Shard writers: one Lance ``ShardWriter`` per shard, opened once and reused.
+
+Opening a writer claims its shard (epoch + 1, which fences any older writer) and replays
+the shard's unflushed WAL, so it is far too expensive per write. A writer that finds
+itself fenced has lost the shard to a newer one; its acknowledged writes are safe (they
+are in the WAL, and the new writer replays them), so the pool reopens the shard once and
+retries the write. A second fence means another process keeps claiming the shard, which
+memwal reports as :class:`FencedError` rather than fighting over it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import lance
+import lance.mem_wal
+import pyarrow as pa
+
+from memwal.errors import FencedError
+from memwal.metadata import WriterConfig
+
+log = logging.getLogger(__name__)
+
+_FENCED_MARKER = "Writer fenced"
+
+
+def is_fenced(exc: BaseException) -> bool:
+    """True if ``exc`` is Lance's (untyped) error for a writer whose shard was claimed by another."""
+    return isinstance(exc, OSError) and _FENCED_MARKER in str(exc)
+
+
+def split_rows(data: pa.Table, max_rows: int) -> list[pa.Table]:
+    """``data`` in consecutive slices of at most ``max_rows`` rows: Lance refuses a single put
+    larger than a MemTable, and never splits one itself."""
+    if data.num_rows <= max_rows:
+        return [data]
+    return [data.slice(i, max_rows) for i in range(0, data.num_rows, max_rows)]
+
+
+@dataclass
+class WriterStats:
+    """Counters of one pool, for progress logs and metrics."""
+
+    opens: int = 0
+    fenced_retries: int = 0
+    puts: int = 0
+    rows_put: int = 0
+    deletes: int = 0
+    rows_deleted: int = 0
+    open_seconds: float = 0.0
+
+    def snapshot(self) -> dict[str, float]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class ShardWriterPool:
+    """Writers of one table, keyed by shard id. Thread-safe across shards.
+
+    Shards must exist (see :meth:`memwal.table.Table.ensure_shard`) before their first write.
+    """
+
+    uri: str
+    config: WriterConfig
+    stats: WriterStats = field(default_factory=WriterStats)
+    _writers: dict[str, lance.mem_wal.ShardWriter] = field(default_factory=dict, repr=False)
+    _locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
+    _guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def _lock(self, shard_id: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(shard_id, threading.Lock())
+
+    def _open(self, shard_id: str) -> lance.mem_wal.ShardWriter:
+        t0 = time.perf_counter()
+        w = lance.dataset(self.uri).mem_wal_writer(shard_id, **self.config.lance_kwargs())
+        self.stats.opens += 1
+        self.stats.open_seconds += time.perf_counter() - t0
+        log.debug("opened writer for shard %s in %.3fs", shard_id, time.perf_counter() - t0)
+        return w
+
+    def _writer(self, shard_id: str) -> lance.mem_wal.ShardWriter:
+        w = self._writers.get(shard_id)
+        if w is None:
+            w = self._writers[shard_id] = self._open(shard_id)
+        return w
+
+    def _discard(self, shard_id: str) -> None:
+        w = self._writers.pop(shard_id, None)
+        if w is not None:
+            try:
+                w.close()
+            except Exception:  # noqa: BLE001 - a fenced writer cannot flush; its WAL is replayed by the new owner
+                pass
+
+    def _run(self, shard_id: str, op: Callable[[lance.mem_wal.ShardWriter], None], what: str) -> None:
+        with self._lock(shard_id):
+            try:
+                op(self._writer(shard_id))
+                return
+            except OSError as e:
+                if not is_fenced(e):
+                    raise
+                log.info("writer of shard %s was fenced during %s; reopening and retrying once", shard_id, what)
+                self._discard(shard_id)
+                self.stats.fenced_retries += 1
+            try:
+                op(self._writer(shard_id))
+            except OSError as e:
+                if not is_fenced(e):
+                    raise
+                self._discard(shard_id)
+                raise FencedError(
+                    f"shard {shard_id}: {what} was fenced twice; another writer keeps claiming this shard. "
+                    "Make sure one pipeline writes each shard (stop the other one, or give it another table)"
+                ) from e
+
+    def put(self, shard_id: str, rows: pa.Table) -> None:
+        """Upsert ``rows`` (already conformed to the table schema) into ``shard_id``."""
+        for part in split_rows(rows, self.config.max_memtable_rows):
+            self._run(shard_id, lambda w, p=part: w.put(p), "put")
+            self.stats.puts += 1
+            self.stats.rows_put += part.num_rows
+
+    def delete(self, shard_id: str, keys: pa.Table) -> None:
+        """Delete ``keys`` (primary-key columns only) from ``shard_id``."""
+        for part in split_rows(keys, self.config.max_memtable_rows):
+            self._run(shard_id, lambda w, p=part: w.delete(p), "delete")
+            self.stats.deletes += 1
+            self.stats.rows_deleted += part.num_rows
+
+    def flush(self, shard_ids: list[str] | None = None) -> None:
+        """Close writers, which flushes their MemTables to SSTables; they reopen on next use."""
+        for shard_id in list(self._writers) if shard_ids is None else shard_ids:
+            with self._lock(shard_id):
+                w = self._writers.pop(shard_id, None)
+                if w is None:
+                    continue
+                try:
+                    w.close()
+                except OSError as e:
+                    if not is_fenced(e):
+                        raise
+                    raise FencedError(
+                        f"shard {shard_id}: another writer claimed the shard before this one flushed; "
+                        "the data is safe in the WAL and the new writer will flush it"
+                    ) from e
+
+    @property
+    def open_shards(self) -> list[str]:
+        return list(self._writers)
+
+    def close(self) -> None:
+        self.flush()

@@ -1,0 +1,74 @@
+"""Primary-key values as users pass them (scalars, tuples, dicts) and as SQL literals."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Iterable, Sequence
+
+import pyarrow as pa
+
+from memwal.errors import PrimaryKeyError
+
+
+def normalize_key(key: Any, primary_key: Sequence[str]) -> dict[str, Any]:
+    """``{column: value}`` for a key given as a scalar (single-column keys), a tuple in key
+    order, or a mapping."""
+    if isinstance(key, dict):
+        missing = [c for c in primary_key if c not in key]
+        if missing:
+            raise PrimaryKeyError(f"key {key!r} lacks primary-key column(s) {missing}")
+        return {c: key[c] for c in primary_key}
+    if isinstance(key, (tuple, list)):
+        if len(key) != len(primary_key):
+            raise PrimaryKeyError(f"key {key!r} has {len(key)} values; the primary key is {list(primary_key)}")
+        return dict(zip(primary_key, key))
+    if len(primary_key) != 1:
+        raise PrimaryKeyError(f"the primary key is composite {list(primary_key)}; pass a tuple or a dict")
+    return {primary_key[0]: key}
+
+
+def keys_table(keys: Iterable[Any], primary_key: Sequence[str], schema: pa.Schema) -> pa.Table:
+    """A table of the key columns, typed as in ``schema``."""
+    rows = [normalize_key(k, primary_key) for k in keys]
+    try:
+        return pa.table({c: pa.array([r[c] for r in rows], schema.field(c).type) for c in primary_key})
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise PrimaryKeyError(f"key values do not match the key column types: {e}") from None
+
+
+def sql_literal(value: Any) -> str:
+    """A DataFusion SQL literal for a key value."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, bytes):
+        return "X'" + value.hex() + "'"
+    if isinstance(value, dt.datetime):
+        return f"TIMESTAMP '{value.isoformat(sep=' ')}'"
+    if isinstance(value, dt.date):
+        return f"DATE '{value.isoformat()}'"
+    raise PrimaryKeyError(f"cannot express key value {value!r} in SQL")
+
+
+def quote_ident(name: str) -> str:
+    """A column name quoted for SQL when it needs it."""
+    if name.isidentifier() and name.lower() == name:
+        return name
+    return '"' + name.replace('"', '""') + '"'
+
+
+def keys_predicate(keys: pa.Table) -> str:
+    """A SQL predicate matching exactly the rows of ``keys`` (IN for one column, OR of ANDs else)."""
+    cols = keys.schema.names
+    if len(cols) == 1:
+        vals = ", ".join(sql_literal(v) for v in keys.column(0).to_pylist())
+        return f"{quote_ident(cols[0])} IN ({vals})"
+    terms = []
+    for row in keys.to_pylist():
+        terms.append("(" + " AND ".join(f"{quote_ident(c)} = {sql_literal(row[c])}" for c in cols) + ")")
+    return " OR ".join(terms)

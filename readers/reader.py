@@ -1,0 +1,217 @@
+"""The LSM read API: point lookups and scans over base table + uncompacted SSTables.
+
+A :class:`Reader` works on a :class:`~memwal.snapshot.Snapshot` (a pinned base version
+plus the live SSTables of every shard) and refreshes it on demand or every
+``refresh_interval_ms``. Lance's LSM planners do the merging (newest row per key by
+generation, tombstones hide keys); memwal decides what they read.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Literal, Sequence
+
+import lance.mem_wal
+import pyarrow as pa
+
+from memwal.snapshot import Snapshot
+from memwal.table import Table
+from memwal.readers.keys import keys_predicate, keys_table, normalize_key
+
+Consistency = Literal["eventual", "strong"]
+
+#: Up to this many keys, get_many runs point lookups (bloom filters, short-circuit per key);
+#: above it one filtered scan per shard is cheaper.
+POINT_LOOKUP_BATCH = 32
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """What a read touches, for ``explain``: shards kept after pruning and their SSTables."""
+
+    base_version: int
+    shards: tuple[str, ...]
+    pruned_shards: tuple[str, ...]
+    sstables: tuple[str, ...]
+
+    def render(self) -> str:
+        lines = [f"base table version {self.base_version}"]
+        lines.append(f"shards read: {len(self.shards)}, pruned: {len(self.pruned_shards)}")
+        for s in self.shards:
+            lines.append(f"  read   {s}")
+        for s in self.pruned_shards:
+            lines.append(f"  pruned {s}")
+        lines.append(f"sstables: {len(self.sstables)}")
+        lines += [f"  {p}" for p in self.sstables]
+        return "\n".join(lines)
+
+
+class Reader:
+    """Reads a memwal table. Obtain one with :func:`memwal.readers.open`."""
+
+    def __init__(
+        self,
+        table: Table,
+        *,
+        consistency: Consistency = "eventual",
+        refresh_interval_ms: int | None = 1000,
+        version: int | None = None,
+    ) -> None:
+        if consistency not in ("eventual", "strong"):
+            raise ValueError(f"consistency must be 'eventual' or 'strong', got {consistency!r}")
+        if version is not None and consistency == "strong":
+            raise ValueError("time travel (version=) reads a base table version; it cannot be strongly consistent")
+        self.table = table
+        self.consistency = consistency
+        self.refresh_interval_ms = refresh_interval_ms
+        self.version = version
+        self._snapshot: Snapshot | None = None
+        self._taken_at = 0.0
+        self._planners: dict[str, lance.mem_wal.LsmPointLookupPlanner] = {}
+
+    # -- snapshots ------------------------------------------------------------------------------
+
+    def refresh(self) -> Snapshot:
+        """Take a new snapshot now: latest base version and shard manifests."""
+        if self.version is not None:
+            # Time travel reads the base table as it was at that version: the table state
+            # that compaction had produced then. SSTables carry no base version, so mixing
+            # today's SSTables into an old base would be neither then nor now.
+            snap = Snapshot(self.table.dataset(self.version), self.table.manifests.mem_wal_index(self.version), ())
+        else:
+            snap = self.table.snapshot()
+        self._snapshot = snap
+        self._taken_at = time.monotonic()
+        self._planners.clear()
+        return snap
+
+    @property
+    def snapshot(self) -> Snapshot:
+        """The current snapshot, refreshed if older than ``refresh_interval_ms``."""
+        if self._snapshot is None:
+            return self.refresh()
+        if (
+            self.version is None
+            and self.refresh_interval_ms is not None
+            and (time.monotonic() - self._taken_at) * 1000 >= self.refresh_interval_ms
+        ):
+            return self.refresh()
+        return self._snapshot
+
+    # -- point lookups -------------------------------------------------------------------------
+
+    def _planner(self, snap: Snapshot, shard_id: str) -> lance.mem_wal.LsmPointLookupPlanner:
+        planner = self._planners.get(shard_id)
+        if planner is None:
+            planner = lance.mem_wal.LsmPointLookupPlanner(
+                snap.dataset, snap.lance_snapshots([shard_id]), list(self.table.primary_key)
+            )
+            self._planners[shard_id] = planner
+        return planner
+
+    def _pk_value(self, key: dict[str, Any]) -> pa.Array:
+        pk = self.table.primary_key
+        schema = self.table.schema
+        if len(pk) == 1:
+            return pa.array([key[pk[0]]], schema.field(pk[0]).type)
+        return pa.StructArray.from_arrays(
+            [pa.array([key[c]], schema.field(c).type) for c in pk], fields=[schema.field(c) for c in pk]
+        )
+
+    def _lookup(self, key: dict[str, Any], columns: Sequence[str] | None) -> pa.Table:
+        snap = self.snapshot
+        shard_id = self.table.shard_of_key(key)
+        plan = self._planner(snap, shard_id).plan_lookup(self._pk_value(key), list(columns) if columns else None)
+        return plan.to_table()
+
+    def get(self, key: Any, columns: Sequence[str] | None = None) -> dict[str, Any] | None:
+        """The live row with primary key ``key`` (scalar, tuple or dict), or None."""
+        t = self._lookup(normalize_key(key, self.table.primary_key), columns)
+        return t.to_pylist()[0] if t.num_rows else None
+
+    def get_many(self, keys: Iterable[Any], columns: Sequence[str] | None = None) -> pa.Table:
+        """The live rows of ``keys`` (absent keys are left out), as one Arrow table."""
+        kt = keys_table(keys, self.table.primary_key, self.table.schema)
+        out_schema = self._output_schema(columns)
+        if kt.num_rows == 0:
+            return out_schema.empty_table()
+        if kt.num_rows <= POINT_LOOKUP_BATCH:
+            parts = [self._lookup(k, columns) for k in kt.to_pylist()]
+            parts = [p for p in parts if p.num_rows]
+            return pa.concat_tables([p.cast(out_schema) for p in parts]) if parts else out_schema.empty_table()
+        return self.scan(columns=columns, where=keys_predicate(kt))
+
+    # -- scans ---------------------------------------------------------------------------------
+
+    def _output_schema(self, columns: Sequence[str] | None) -> pa.Schema:
+        schema = self.table.schema
+        return pa.schema([schema.field(c) for c in columns]) if columns else schema
+
+    def plan(self, where: str | None = None) -> ReadPlan:
+        """Which shards and SSTables a read with ``where`` would touch."""
+        snap = self.snapshot
+        shard_ids = tuple(s.shard_id for s in snap.shards)
+        sstables = tuple(snap.sstable_paths())
+        return ReadPlan(snap.base_version, shard_ids, (), sstables)
+
+    def explain(self, where: str | None = None) -> str:
+        """A readable plan: base version, shards read and pruned, SSTables merged."""
+        return self.plan(where).render()
+
+    def _scanner(self, snap: Snapshot, columns: Sequence[str] | None, where: str | None, limit: int | None):
+        sc = lance.mem_wal.LsmScanner.from_snapshots(snap.dataset, snap.lance_snapshots())
+        if columns:
+            sc = sc.project(list(columns))
+        if where:
+            sc = sc.filter(where)
+        if limit is not None:
+            sc = sc.limit(limit)
+        return sc
+
+    def scan(
+        self,
+        columns: Sequence[str] | None = None,
+        where: str | None = None,
+        limit: int | None = None,
+    ) -> pa.Table:
+        """Live rows (newest version per key, deleted keys absent) matching ``where`` (SQL)."""
+        snap = self.snapshot
+        if snap.num_live_sstables == 0:
+            # Everything is compacted: the base table holds one row per key, no merge needed.
+            t = snap.dataset.to_table(columns=list(columns) if columns else None, filter=where, limit=limit)
+        else:
+            t = self._scanner(snap, columns, where, limit).to_table()
+        return t.select(self._output_schema(columns).names)
+
+    def to_batches(
+        self,
+        columns: Sequence[str] | None = None,
+        where: str | None = None,
+    ) -> pa.RecordBatchReader:
+        """Like :meth:`scan`, as a record batch reader."""
+        t = self.scan(columns, where)
+        return pa.RecordBatchReader.from_batches(t.schema, t.to_batches())
+
+    def count(self, where: str | None = None) -> int:
+        """Number of live rows matching ``where``."""
+        snap = self.snapshot
+        if snap.num_live_sstables == 0:
+            return snap.dataset.count_rows(filter=where)
+        return self._scanner(snap, None, where, None).count_rows()
+
+
+def open(  # noqa: A001 - mirrors lance.dataset / builtin open naming users expect
+    uri: str,
+    *,
+    consistency: Consistency = "eventual",
+    refresh_interval_ms: int | None = 1000,
+    version: int | None = None,
+) -> Reader:
+    """Open a reader on the memwal table at ``uri``.
+
+    ``consistency="eventual"`` reads the base table and every uncompacted SSTable, with a
+    snapshot refreshed every ``refresh_interval_ms`` (None: only on :meth:`Reader.refresh`).
+    ``version`` reads the base table as of that version (time travel).
+    """
+    return Reader(Table.open(uri), consistency=consistency, refresh_interval_ms=refresh_interval_ms, version=version)

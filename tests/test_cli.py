@@ -1,0 +1,147 @@
+"""The memwal CLI, run as a real process, against values computed from the input files alone."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from memwal import paths
+
+
+def memwal(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    p = subprocess.run([sys.executable, "-m", "memwal", *args], capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise AssertionError(f"memwal {' '.join(args)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    """A Parquet file of 200 people, a CSV of updates and new rows, a JSON-lines file of deletes."""
+    people = tmp_path / "people.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "id": pa.array(range(200), pa.int64()),
+                "name": [f"person {i}" for i in range(200)],
+                "score": [i * 1.5 for i in range(200)],
+                "city": [["Lisbon", "Oslo", "Quito"][i % 3] for i in range(200)],
+            }
+        ),
+        people,
+    )
+    updates = tmp_path / "updates.csv"
+    with open(updates, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "name", "score", "city"])
+        for i in list(range(0, 200, 7)) + list(range(200, 230)):
+            w.writerow([i, f"updated {i}", "" if i % 2 else i * 10.0, "Nairobi"])
+    deletes = tmp_path / "deletes.jsonl"
+    with open(deletes, "w") as f:
+        for i in list(range(3, 200, 11)) + [999]:
+            f.write(json.dumps({"id": i}) + "\n")
+    return people, updates, deletes
+
+
+def model_from_files(people, updates, deletes) -> dict[int, dict]:
+    """The expected table, read with the standard library and pyarrow's Parquet reader only."""
+    model = {r["id"]: r for r in pq.read_table(people).to_pylist()}
+    with open(updates, newline="") as f:
+        for r in csv.DictReader(f):
+            i = int(r["id"])
+            model[i] = {"id": i, "name": r["name"], "score": float(r["score"]) if r["score"] else None, "city": r["city"]}
+    with open(deletes) as f:
+        for line in f:
+            model.pop(json.loads(line)["id"], None)
+    return model
+
+
+def test_cli_round_trip_on_four_shards(tmp_path, inputs):
+    people, updates, deletes = inputs
+    uri = str(tmp_path / "table")
+    memwal("init", uri, "--schema-from", str(people), "--primary-key", "id", "--shard-by", "bucket(id,4)")
+    assert "upserted 200 rows" in memwal("put", uri, str(people)).stdout
+    n_updates = len(updates.read_text().splitlines()) - 1
+    n_deletes = len(deletes.read_text().splitlines())
+    assert f"upserted {n_updates} rows" in memwal("put", uri, str(updates)).stdout
+    assert f"deleted {n_deletes} key(s)" in memwal("delete", uri, str(deletes)).stdout
+    model = model_from_files(people, updates, deletes)
+
+    scanned = [json.loads(line) for line in memwal("scan", uri, "--json").stdout.splitlines()]
+    assert {r["id"]: r for r in scanned} == model
+    assert len(scanned) == len(model)
+
+    where = [json.loads(x) for x in memwal("scan", uri, "--json", "--where", "city = 'Nairobi' AND score > 500", "--columns", "id,score").stdout.splitlines()]
+    assert sorted(r["id"] for r in where) == sorted(
+        i for i, r in model.items() if r["city"] == "Nairobi" and r["score"] is not None and r["score"] > 500
+    )
+    assert all(set(r) == {"id", "score"} for r in where)
+
+    assert json.loads(memwal("get", uri, "7", "--json").stdout) == model[7]
+    assert json.loads(memwal("get", uri, "215", "--json").stdout) == model[215]
+    missing = memwal("get", uri, "3", check=False)  # deleted
+    assert missing.returncode == 1 and "not found" in missing.stderr
+    assert memwal("get", uri, "12345", check=False).returncode == 1
+    assert "person 1" in memwal("get", uri, "1").stdout  # the human-readable form
+
+    status = json.loads(memwal("status", uri, "--json").stdout)
+    assert status["num_shards"] == 4 and len(status["shards"]) == 4
+    for shard in status["shards"]:
+        shard_dir = paths.shard_dir(uri, shard["shard_id"])
+        on_disk = [d for d in os.listdir(shard_dir) if paths.sstable_generation(d) is not None]
+        # put, put and delete each flushed every shard they touched: one SSTable per command
+        assert len(shard["sstables"]) == len(on_disk) == 3
+        assert shard["pending_sstables"] == 3 and shard["compacted_generation"] == 0
+        wal_entries = os.listdir(paths.wal_dir(uri, shard["shard_id"]))
+        assert shard["wal_tail_position"] == len(wal_entries)
+        assert shard["writer_epoch"] == 3
+    assert sorted(s["shard_values"]["bucket"] for s in status["shards"]) == [0, 1, 2, 3]
+    text = memwal("status", uri).stdout
+    assert "bucket(id, 4)" in text and text.count("bucket=") == 4
+
+
+def test_cli_errors_are_clear(tmp_path, inputs):
+    people, updates, _ = inputs
+    uri = str(tmp_path / "table")
+    bad = memwal("init", uri, "--schema-from", str(people), "--primary-key", "nope", check=False)
+    assert bad.returncode == 2 and "'nope'" in bad.stderr
+    bad = memwal("init", uri, "--schema-from", str(people), "--primary-key", "id", "--shard-by", "bucket(city,4)", check=False)
+    assert bad.returncode == 2 and "not part of the primary key" in bad.stderr
+    memwal("init", uri, "--schema-from", str(people), "--primary-key", "id", "--shard-by", "unsharded")
+    wrong = tmp_path / "wrong.csv"
+    wrong.write_text("id,name,score\n1,a,not-a-number\n")
+    bad = memwal("put", uri, str(wrong), check=False)
+    assert bad.returncode == 2 and "'score'" in bad.stderr
+    bad = memwal("get", uri, "abc", check=False)
+    assert bad.returncode == 2 and "'abc' is not a valid value" in bad.stderr
+    bad = memwal("scan", str(tmp_path / "nothing"), check=False)
+    assert bad.returncode == 2 and "no table" in bad.stderr
+
+
+def test_cli_init_from_jsonl_and_arrow_and_composite_keys(tmp_path):
+    src = tmp_path / "rows.jsonl"
+    src.write_text("".join(json.dumps({"region": r, "id": i, "v": i * 2}) + "\n" for r in ("eu", "us") for i in range(5)))
+    uri = str(tmp_path / "t")
+    memwal("init", uri, "--schema-from", str(src), "--primary-key", "region", "--primary-key", "id", "--shard-by", "identity(region)")
+    memwal("put", uri, str(src))
+    assert json.loads(memwal("get", uri, "region=us,id=3", "--json").stdout) == {"region": "us", "id": 3, "v": 6}
+    assert json.loads(memwal("get", uri, '{"region": "eu", "id": 4}', "--json").stdout)["v"] == 8
+    arrow = tmp_path / "rows.arrow"
+    with pa.ipc.new_file(arrow, pa.schema([("k", pa.string()), ("x", pa.float32())])) as w:
+        w.write_table(pa.table({"k": ["a"], "x": pa.array([1.0], pa.float32())}))
+    memwal("init", str(tmp_path / "t2"), "--schema-from", str(arrow), "--primary-key", "k")
+    memwal("put", str(tmp_path / "t2"), str(arrow))
+    assert json.loads(memwal("get", str(tmp_path / "t2"), "a", "--json").stdout) == {"k": "a", "x": 1.0}
+
+
+def test_help_everywhere():
+    for cmd in ([], ["init"], ["put"], ["delete"], ["get"], ["scan"], ["status"]):
+        p = memwal(*cmd, "--help")
+        assert "usage: memwal" in p.stdout

@@ -1,0 +1,60 @@
+"""A plain (non-editable) install of memwal works and maps the repository's folders into one
+namespace: memwal, memwal.streaming, memwal.readers, memwal.proto."""
+
+from __future__ import annotations
+
+import os
+import site
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CHECK = """
+import os, sys, tempfile
+import memwal, memwal.streaming, memwal.readers, memwal.proto
+from memwal.proto import pb
+venv = sys.argv[1]
+for mod in (memwal, memwal.streaming, memwal.readers, memwal.proto):
+    assert mod.__file__.startswith(venv), (mod.__name__, mod.__file__)
+assert os.path.exists(os.path.join(os.path.dirname(memwal.proto.__file__), "lance_table.proto"))
+import pyarrow as pa
+from memwal import Table, readers
+uri = os.path.join(tempfile.mkdtemp(), "t")
+with Table.create(uri, pa.schema([("id", pa.int64()), ("v", pa.string())]), ["id"], "bucket(id, 2)") as t:
+    t.write({"id": [1, 2], "v": ["a", "b"]})
+assert readers.open(uri).get(2) == {"id": 2, "v": "b"}
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_wheel_installs_into_a_fresh_venv(tmp_path):
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(ROOT)],
+        check=True,
+        cwd=tmp_path,
+    )
+    (wheel,) = dist.glob("memwal-*.whl")
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    py = env_dir / "bin" / "python"
+    # The dependencies are pinned and already installed here; reuse them instead of
+    # downloading ~500 MB again, but install memwal itself from the wheel, not the source.
+    purelib = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    Path(purelib, "deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True)
+    out = subprocess.run(
+        [str(py), "-c", CHECK, str(env_dir)], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("ok")
+    cli = subprocess.run([str(env_dir / "bin" / "memwal"), "--help"], capture_output=True, text=True)
+    assert cli.returncode == 0 and "usage: memwal" in cli.stdout
