@@ -49,6 +49,10 @@ class FileIO(Protocol):
         """Total bytes of the files under ``path``."""
         ...
 
+    def stat(self, path: str) -> tuple[int, float]:
+        """(size in bytes, modification time as a Unix timestamp); FileNotFoundError if missing."""
+        ...
+
 
 class LocalFileIO:
     """:class:`FileIO` on a POSIX file system."""
@@ -100,6 +104,10 @@ class LocalFileIO:
 
     def remove_tree(self, path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
+
+    def stat(self, path: str) -> tuple[int, float]:
+        st = os.stat(path)
+        return st.st_size, st.st_mtime
 
     def tree_size(self, path: str) -> int:
         total = 0

@@ -11,6 +11,7 @@ Lance's MemWAL layout under a table root (pylance 14.0.2)::
 
 memwal's own files live next to Lance's, never inside Lance's directories::
 
+    {table}/_memwal/maintenance.json                  the maintenance service's last metrics
     {table}/_memwal/views/{name}/                     materialized view metadata
     {table}_dead_letters/                             dead-letter Lance table (sibling)
 
@@ -120,6 +121,11 @@ def base_manifest_path(table: str, version: int) -> str:
 def base_manifest_path_v1(table: str, version: int) -> str:
     """Path of a base table manifest under Lance's older naming (``{version}.manifest``)."""
     return join(table, BASE_VERSIONS_DIR, f"{version}.manifest")
+
+
+def maintenance_metrics(table: str) -> str:
+    """The maintenance service's last published metrics (JSON)."""
+    return join(table, MEMWAL_META_DIR, "maintenance.json")
 
 
 def views_dir(table: str) -> str:

@@ -72,6 +72,11 @@ class Snapshot:
                 return s
         return None
 
+    def restrict(self, shard_ids: Iterable[str]) -> "Snapshot":
+        """The same snapshot with only the given shards (shard pruning)."""
+        wanted = set(shard_ids)
+        return Snapshot(self.dataset, self.index, tuple(s for s in self.shards if s.shard_id in wanted))
+
     def lance_snapshots(self, shard_ids: Iterable[str] | None = None) -> list[lance.mem_wal.ShardSnapshot]:
         """Lance ``ShardSnapshot``s for the given shards (all when None), compacted SSTables left out."""
         wanted = None if shard_ids is None else set(shard_ids)

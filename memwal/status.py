@@ -7,8 +7,12 @@ names), so it reflects every writer, not only the ones in this process.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from memwal import paths
+from memwal.io import FileIO
 
 
 @dataclass(frozen=True)
@@ -75,8 +79,27 @@ class TableStatus:
             fmt = "  ".join(f"{{:<{w}}}" for w in widths)
             lines += ["", fmt.format(*header), fmt.format(*("-" * w for w in widths))]
             lines += [fmt.format(*r) for r in rows]
-        for section, value in self.extra.items():
-            lines += ["", f"{section}:", json.dumps(value, indent=2, sort_keys=True, default=str)]
+        lag = self.extra.get("index_lag_generations")
+        if lag:
+            lines += ["", "base indexes (generations behind compaction):"]
+            lines += [f"  {name:<20} {sum(per_shard.values())}" for name, per_shard in sorted(lag.items())]
+        m = self.extra.get("maintenance")
+        if m:
+            last, totals = m.get("last_cycle", {}), m.get("totals", {})
+            age = time.time() - m.get("updated_at", time.time())
+            lines += ["", f"maintenance (last cycle {age:.0f}s ago):"]
+            if last.get("error"):
+                lines.append(f"  last cycle FAILED: {last['error']}")
+            else:
+                lines.append(
+                    f"  last cycle: {last.get('compaction_commits', 0)} compaction commits, "
+                    f"{last.get('rows_compacted', 0)} rows at {last.get('rows_per_second', 0):,.0f} rows/s, "
+                    f"{last.get('bytes_reclaimed', 0):,} bytes reclaimed"
+                )
+            lines.append(
+                f"  totals: {totals.get('cycles', 0)} cycles ({totals.get('failures', 0)} failed), "
+                f"{totals.get('rows_compacted', 0)} rows compacted, {totals.get('bytes_reclaimed', 0):,} bytes reclaimed"
+            )
         return "\n".join(lines)
 
 
@@ -93,3 +116,11 @@ def _ranges(gens: list[int]) -> str:
         if g is not None:
             start = prev = g
     return ",".join(out)
+
+
+def read_maintenance_metrics(io: FileIO, table_uri: str) -> dict[str, Any] | None:
+    """The maintenance service's last published metrics for a table, if it ever ran."""
+    try:
+        return json.loads(io.read(paths.maintenance_metrics(table_uri)))
+    except (FileNotFoundError, ValueError):
+        return None

@@ -40,7 +40,8 @@ from memwal.sharding import (
     parse_sharding_spec,
 )
 from memwal.snapshot import Snapshot, take_snapshot
-from memwal.status import ShardStatus, TableStatus
+from memwal.indexes import index_lag
+from memwal.status import ShardStatus, TableStatus, read_maintenance_metrics
 from memwal.writer import ShardWriterPool
 
 log = logging.getLogger(__name__)
@@ -314,6 +315,12 @@ class Table:
                     sealed=m.sealed,
                 )
             )
+        extra: dict[str, Any] = {
+            "index_lag_generations": {lg.index: lg.lag for lg in index_lag(snap.dataset, snap.index)},
+        }
+        metrics = read_maintenance_metrics(self.io, self.uri)
+        if metrics is not None:
+            extra["maintenance"] = metrics
         return TableStatus(
             uri=self.uri,
             primary_key=list(self.primary_key),
@@ -322,5 +329,5 @@ class Table:
             base_rows=snap.dataset.count_rows(),
             num_shards=len(shards),
             shards=shards,
-            extra={},
+            extra=extra,
         )

@@ -134,7 +134,11 @@ class ShardWriterPool:
             self.stats.rows_deleted += part.num_rows
 
     def flush(self, shard_ids: list[str] | None = None) -> None:
-        """Close writers, which flushes their MemTables to SSTables; they reopen on next use."""
+        """Close writers, which flushes their MemTables to SSTables; they reopen on next use.
+
+        A writer fenced before it could flush (by a GC drain or another writer's claim) has
+        its acknowledged writes in the WAL: reopening replays them, closing flushes them.
+        """
         for shard_id in list(self._writers) if shard_ids is None else shard_ids:
             with self._lock(shard_id):
                 w = self._writers.pop(shard_id, None)
@@ -142,12 +146,20 @@ class ShardWriterPool:
                     continue
                 try:
                     w.close()
+                    continue
+                except OSError as e:
+                    if not is_fenced(e):
+                        raise
+                self.stats.fenced_retries += 1
+                log.info("writer of shard %s was fenced before its flush; reopening to flush", shard_id)
+                try:
+                    self._open(shard_id).close()
                 except OSError as e:
                     if not is_fenced(e):
                         raise
                     raise FencedError(
-                        f"shard {shard_id}: another writer claimed the shard before this one flushed; "
-                        "the data is safe in the WAL and the new writer will flush it"
+                        f"shard {shard_id}: another writer keeps claiming the shard; the data is safe in the "
+                        "WAL and will be flushed by the shard's current writer"
                     ) from e
 
     @property

@@ -14,10 +14,14 @@ from typing import Any, Iterable, Literal, Sequence
 
 import lance.mem_wal
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from memwal.readers.keys import keys_predicate, keys_table, normalize_key
+from memwal.readers.sql import filter_rows
+from memwal.readers.wal import WalTailReader
+from memwal.schema import TOMBSTONE
 from memwal.snapshot import Snapshot
 from memwal.table import Table
-from memwal.readers.keys import keys_predicate, keys_table, normalize_key
 
 Consistency = Literal["eventual", "strong"]
 
@@ -68,7 +72,9 @@ class Reader:
         self.version = version
         self._snapshot: Snapshot | None = None
         self._taken_at = 0.0
-        self._planners: dict[str, lance.mem_wal.LsmPointLookupPlanner] = {}
+        #: keyed by (base version, shard, shard manifest version): valid for as long as those hold
+        self._planners: dict[tuple[int, str, int], lance.mem_wal.LsmPointLookupPlanner] = {}
+        self._wal = WalTailReader(table.uri, table.io, table.manifests, table.primary_key)
 
     # -- snapshots ------------------------------------------------------------------------------
 
@@ -83,7 +89,8 @@ class Reader:
             snap = self.table.snapshot()
         self._snapshot = snap
         self._taken_at = time.monotonic()
-        self._planners.clear()
+        if len(self._planners) > 1024:
+            self._planners.clear()
         return snap
 
     @property
@@ -99,15 +106,32 @@ class Reader:
             return self.refresh()
         return self._snapshot
 
+    def _view(self, shard_ids: list[str] | None = None) -> tuple[Snapshot, pa.Table | None]:
+        """What a read merges: a snapshot and, in strong mode, the shards' unflushed WAL rows.
+
+        Strong reads take a fresh snapshot every time: a strong read must see every write
+        acknowledged before it started, wherever it was written.
+        """
+        if self.consistency == "eventual":
+            snap = self.snapshot
+            return (snap.restrict(shard_ids) if shard_ids is not None else snap), None
+        snap = self.table.snapshot(shard_ids=shard_ids)
+        tails = [t for s in snap.shards if (t := self._wal.tail(s.manifest)) is not None]
+        if not tails:
+            return snap, None
+        return snap, pa.concat_tables(tails, promote_options="permissive") if len(tails) > 1 else tails[0]
+
     # -- point lookups -------------------------------------------------------------------------
 
     def _planner(self, snap: Snapshot, shard_id: str) -> lance.mem_wal.LsmPointLookupPlanner:
-        planner = self._planners.get(shard_id)
+        state = snap.shard(shard_id)
+        key = (snap.base_version, shard_id, state.manifest.version if state else 0)
+        planner = self._planners.get(key)
         if planner is None:
             planner = lance.mem_wal.LsmPointLookupPlanner(
                 snap.dataset, snap.lance_snapshots([shard_id]), list(self.table.primary_key)
             )
-            self._planners[shard_id] = planner
+            self._planners[key] = planner
         return planner
 
     def _pk_value(self, key: dict[str, Any]) -> pa.Array:
@@ -120,8 +144,14 @@ class Reader:
         )
 
     def _lookup(self, key: dict[str, Any], columns: Sequence[str] | None) -> pa.Table:
-        snap = self.snapshot
         shard_id = self.table.shard_of_key(key)
+        snap, tail = self._view([shard_id])
+        if tail is not None:
+            hit = tail.filter(_key_mask(tail, key))
+            if hit.num_rows:  # the unflushed WAL holds the newest version of this key
+                if hit.column(TOMBSTONE)[0].as_py():
+                    return self._output_schema(columns).empty_table()
+                return hit.select(self._output_schema(columns).names)
         plan = self._planner(snap, shard_id).plan_lookup(self._pk_value(key), list(columns) if columns else None)
         return plan.to_table()
 
@@ -169,6 +199,14 @@ class Reader:
             sc = sc.limit(limit)
         return sc
 
+    def _scan_snapshot(
+        self, snap: Snapshot, columns: Sequence[str] | None, where: str | None, limit: int | None
+    ) -> pa.Table:
+        if snap.num_live_sstables == 0:
+            # Everything is compacted: the base table holds one row per key, no merge needed.
+            return snap.dataset.to_table(columns=list(columns) if columns else None, filter=where, limit=limit)
+        return self._scanner(snap, columns, where, limit).to_table()
+
     def scan(
         self,
         columns: Sequence[str] | None = None,
@@ -176,13 +214,20 @@ class Reader:
         limit: int | None = None,
     ) -> pa.Table:
         """Live rows (newest version per key, deleted keys absent) matching ``where`` (SQL)."""
-        snap = self.snapshot
-        if snap.num_live_sstables == 0:
-            # Everything is compacted: the base table holds one row per key, no merge needed.
-            t = snap.dataset.to_table(columns=list(columns) if columns else None, filter=where, limit=limit)
-        else:
-            t = self._scanner(snap, columns, where, limit).to_table()
-        return t.select(self._output_schema(columns).names)
+        out = self._output_schema(columns).names
+        snap, tail = self._view()
+        if tail is None:
+            return self._scan_snapshot(snap, columns, where, limit).select(out)
+        # Strong read: rows of keys written since the last flush come from the WAL tail.
+        pk = list(self.table.primary_key)
+        wanted = list(dict.fromkeys([*(columns or self.table.schema.names), *pk]))
+        fetch = None if limit is None else limit + tail.num_rows
+        older = self._scan_snapshot(snap, wanted, where, fetch)
+        older = older.join(tail.select(pk), keys=pk, join_type="left anti")
+        newer = filter_rows(tail.filter(pc.invert(tail.column(TOMBSTONE))).drop_columns([TOMBSTONE]), where)
+        rows = pa.concat_tables([older.select(wanted), newer.select(wanted).cast(older.select(wanted).schema)])
+        rows = rows.select(out)
+        return rows.slice(0, limit) if limit is not None else rows
 
     def to_batches(
         self,
@@ -195,10 +240,20 @@ class Reader:
 
     def count(self, where: str | None = None) -> int:
         """Number of live rows matching ``where``."""
-        snap = self.snapshot
+        snap, tail = self._view()
+        if tail is not None:
+            return self.scan(columns=list(self.table.primary_key), where=where).num_rows
         if snap.num_live_sstables == 0:
             return snap.dataset.count_rows(filter=where)
         return self._scanner(snap, None, where, None).count_rows()
+
+
+def _key_mask(rows: pa.Table, key: dict[str, Any]) -> pa.ChunkedArray:
+    mask = None
+    for col, value in key.items():
+        m = pc.equal(rows.column(col), pa.scalar(value, rows.schema.field(col).type))
+        mask = m if mask is None else pc.and_(mask, m)
+    return mask
 
 
 def open(  # noqa: A001 - mirrors lance.dataset / builtin open naming users expect

@@ -1,0 +1,322 @@
+"""The compactor (the seed spec's *merger*): folds SSTables into the base table.
+
+Per shard, SSTables whose generation is above the shard's compacted generation are
+compacted in ascending generation order, starting right after the compacted generation:
+
+* a generation whose keys end in tombstones is compacted on its own, in two passes: a
+  **delete pass** for its tombstoned keys, then an **upsert pass** for its live rows that
+  carries ``mark_sstables_as_compacted`` (when it has no live rows, the delete pass
+  carries the marker). Only the final data-changing pass carries it: a marker on an
+  earlier pass would claim rows were copied in that never were;
+* consecutive generations are compacted together, newest row per key across them, for as
+  long as every key's newest row stays live: such a run is one upsert with the marker,
+  one atomic commit instead of one per generation.
+
+Why this is safe (every claim below is exercised by tests/test_compactor.py):
+
+* **Crash between passes**: the delete pass committed without a marker, so the rerun
+  starts from the same compacted generation and repeats it (deleting an absent key is a
+  no-op), then commits the upsert with the marker. Readers in between read the same
+  SSTables on top of the base, so they see no difference.
+* **Crash after the commit**: the marker is in the same commit as the data; the rerun
+  starts after it.
+* **Two compactors on one shard**: a marker commit at or below the recorded generation
+  fails (Lance's stale-compaction error), and Lance re-runs an upsert that conflicts with
+  a concurrent one, so atomic single-pass commits settle on the newest data whatever the
+  order. The non-final delete pass is where a race could hurt: re-executed by key against
+  a newer base, it could delete a row that another compactor re-inserted from a later
+  generation; and a concurrent, *shorter* run committed between a compactor's two passes
+  could re-insert a key the first pass had deleted. Hence (1) the delete pass runs with
+  Lance retries off, after checking that the shard's compacted generation has not moved,
+  so a rebased delete only removes the exact rows it read, never newer ones; and (2) only
+  single-generation runs have two passes: every compactor starting from the same compacted
+  generation plans that same single generation, so the slower one's marker is stale, and
+  a multi-generation run that overlaps it contains every tombstoned key's later live row.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field, replace
+
+import lance
+import lance.mem_wal
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memwal import paths
+from memwal.errors import StaleCompactionError
+from memwal.failpoints import failpoint
+from memwal.lsm import newest_across
+from memwal.manifest import SsTable
+from memwal.schema import TOMBSTONE
+from memwal.table import Table
+
+log = logging.getLogger(__name__)
+
+def is_stale_compaction(exc: BaseException) -> bool:
+    """Lance's (untyped) error when a generation at or below the recorded one is marked."""
+    return "Stale SSTable compaction" in str(exc)
+
+
+def is_commit_conflict(exc: BaseException) -> bool:
+    """Lance's (untyped) error when a commit lost to a concurrent one and may not retry."""
+    text = str(exc).lower()
+    return "too many concurrent writers" in text or "conflict" in text or "retryable" in text
+
+
+@dataclass(frozen=True)
+class CompactionPlan:
+    """A run of consecutive generations of one shard, read and reduced, ready to commit."""
+
+    shard_id: str
+    #: the shard's compacted generation when the plan was made; the run starts right after it
+    compacted: int
+    generations: tuple[int, ...]
+    #: primary keys whose newest row in the run is a tombstone
+    dead: pa.Table
+    #: newest live row of every other key in the run
+    live: pa.Table
+
+    @property
+    def last_generation(self) -> int:
+        return self.generations[-1]
+
+
+@dataclass(frozen=True)
+class CompactionResult:
+    """One committed compaction of a run of generations of one shard."""
+
+    shard_id: str
+    generations: tuple[int, ...]
+    rows_upserted: int
+    keys_deleted: int
+    base_version: int
+    seconds: float
+
+
+@dataclass
+class CompactionStats:
+    """What a compactor did so far (for logs, metrics and ``memwal status``)."""
+
+    commits: int = 0
+    generations: int = 0
+    rows_upserted: int = 0
+    keys_deleted: int = 0
+    lost_races: int = 0
+    seconds: float = 0.0
+    results: list[CompactionResult] = field(default_factory=list)
+
+    def add(self, r: CompactionResult) -> None:
+        self.commits += 1
+        self.generations += len(r.generations)
+        self.rows_upserted += r.rows_upserted
+        self.keys_deleted += r.keys_deleted
+        self.seconds += r.seconds
+        self.results.append(r)
+
+    @property
+    def rows_per_second(self) -> float:
+        return (self.rows_upserted + self.keys_deleted) / self.seconds if self.seconds else 0.0
+
+
+class Compactor:
+    """Compacts a table's shards. Several compactors may run at once, in any processes."""
+
+    def __init__(
+        self,
+        table: Table,
+        *,
+        max_generations_per_commit: int = 8,
+        max_rows_per_commit: int = 2_000_000,
+        max_attempts: int = 20,
+    ) -> None:
+        self.table = table
+        self.max_generations_per_commit = max(1, max_generations_per_commit)
+        self.max_rows_per_commit = max_rows_per_commit
+        self.max_attempts = max_attempts
+        self.stats = CompactionStats()
+
+    # -- planning --------------------------------------------------------------------------------
+
+    def pending(self, shard_id: str, dataset: lance.LanceDataset | None = None) -> tuple[int, list[SsTable]]:
+        """(compacted generation, uncompacted SSTables in generation order) of a shard."""
+        ds = dataset or self.table.dataset()
+        index = self.table.manifests.mem_wal_index(ds.version)
+        compacted = index.compacted_generation(shard_id) if index else 0
+        m = self.table.manifests.read_shard(shard_id)
+        todo = sorted((s for s in (m.sstables if m else ()) if s.generation > compacted), key=lambda s: s.generation)
+        return compacted, todo
+
+    def _run(self, compacted: int, todo: list[SsTable]) -> list[SsTable]:
+        """The longest prefix of ``todo`` that continues at ``compacted + 1`` without gaps and fits the limits."""
+        run: list[SsTable] = []
+        rows = 0
+        expected = compacted + 1
+        for s in todo:
+            if s.generation != expected or len(run) >= self.max_generations_per_commit:
+                break
+            if run and rows + s.physical_rows > self.max_rows_per_commit:
+                break
+            run.append(s)
+            rows += s.physical_rows
+            expected += 1
+        return run
+
+    # -- compaction ------------------------------------------------------------------------------
+
+    def _read(self, shard_id: str, s: SsTable) -> pa.Table:
+        data = lance.dataset(paths.sstable_path(self.table.uri, shard_id, s.path)).to_table()
+        return data.select(self.table.write_schema.names + [TOMBSTONE])
+
+    def _marker(self, shard_id: str, generation: int) -> list[lance.mem_wal.CompactedSsTable]:
+        return [lance.mem_wal.CompactedSsTable(shard_id, generation)]
+
+    def plan(self, shard_id: str) -> "CompactionPlan | None":
+        """Read the next run of generations of ``shard_id`` and what it changes; None if none.
+
+        The run grows past its first generation only while the newest row of every key in
+        it stays live: such a run commits in one atomic pass. A generation whose keys end
+        in tombstones is compacted on its own, in two passes.
+        """
+        ds = self.table.dataset()
+        compacted, todo = self.pending(shard_id, ds)
+        candidates = self._run(compacted, todo)
+        if not candidates:
+            if todo:
+                log.warning(
+                    "shard %s: next SSTable is generation %d but %d is compacted; waiting for the gap",
+                    shard_id, todo[0].generation, compacted,
+                )
+            return None
+        data = self._read(shard_id, candidates[0])
+        used = 1
+        if not pc.any(data.column(TOMBSTONE)).as_py():
+            for s in candidates[1:]:
+                merged = newest_across([data, self._read(shard_id, s)], self.table.primary_key)
+                if pc.any(merged.column(TOMBSTONE)).as_py():
+                    break
+                data, used = merged, used + 1
+        dead_mask = data.column(TOMBSTONE)
+        return CompactionPlan(
+            shard_id=shard_id,
+            compacted=compacted,
+            generations=tuple(s.generation for s in candidates[:used]),
+            dead=data.filter(dead_mask).select(list(self.table.primary_key)),
+            live=data.filter(pc.invert(dead_mask)).drop_columns([TOMBSTONE]),
+        )
+
+    def delete_pass(self, plan: "CompactionPlan") -> None:
+        """Delete the run's tombstoned keys from the base (carrying the marker if nothing follows)."""
+        if plan.dead.num_rows:
+            self._delete_pass(plan, marker=None if plan.live.num_rows else plan.last_generation)
+
+    def upsert_pass(self, plan: "CompactionPlan") -> None:
+        """Upsert the run's live rows with the compaction marker (unless the delete pass carried it)."""
+        if plan.dead.num_rows and not plan.live.num_rows:
+            return
+        try:
+            self.table.dataset().merge_insert(list(self.table.primary_key)).when_matched_update_all().when_not_matched_insert_all().mark_sstables_as_compacted(
+                self._marker(plan.shard_id, plan.last_generation)
+            ).execute(plan.live)
+        except (OSError, ValueError) as e:
+            if is_stale_compaction(e):
+                raise StaleCompactionError(
+                    f"shard {plan.shard_id}: generations up to {plan.last_generation} were compacted by another compactor"
+                ) from e
+            raise
+
+    def commit(self, plan: "CompactionPlan") -> CompactionResult:
+        """Both passes of a plan. Raises :class:`StaleCompactionError` if another compactor won."""
+        t0 = time.perf_counter()
+        self.delete_pass(plan)
+        if plan.dead.num_rows and plan.live.num_rows:
+            failpoint("compactor.between_passes")  # the delete pass committed, the marker did not
+        self.upsert_pass(plan)
+        failpoint("compactor.after_commit")
+        version = self.table.dataset().version
+        result = CompactionResult(
+            shard_id=plan.shard_id,
+            generations=plan.generations,
+            rows_upserted=plan.live.num_rows,
+            keys_deleted=plan.dead.num_rows,
+            base_version=version,
+            seconds=time.perf_counter() - t0,
+        )
+        log.info(
+            "compacted shard %s generations %d-%d: %d rows upserted, %d keys deleted in %.2fs (base v%d)",
+            plan.shard_id, plan.generations[0], plan.last_generation, plan.live.num_rows, plan.dead.num_rows,
+            result.seconds, version,
+        )
+        return result
+
+    def compact_run(self, shard_id: str) -> CompactionResult | None:
+        """Compact the next run of generations of ``shard_id``; None if nothing is pending.
+
+        Raises :class:`StaleCompactionError` if another compactor committed the run first.
+        """
+        t0 = time.perf_counter()
+        plan = self.plan(shard_id)
+        if plan is None:
+            return None
+        result = self.commit(plan)
+        return replace(result, seconds=time.perf_counter() - t0)
+
+    def _delete_pass(self, plan: "CompactionPlan", marker: int | None) -> None:
+        """Delete the plan's keys, only while the shard's compacted generation is where the plan started."""
+        for attempt in range(self.max_attempts):
+            ds = self.table.dataset()
+            index = self.table.manifests.mem_wal_index(ds.version)
+            now = index.compacted_generation(plan.shard_id) if index else 0
+            if now != plan.compacted:
+                raise StaleCompactionError(
+                    f"shard {plan.shard_id}: compacted generation moved from {plan.compacted} to {now}"
+                )
+            builder = ds.merge_insert(list(self.table.primary_key)).when_matched_delete().conflict_retries(0)
+            if marker is not None:
+                builder = builder.mark_sstables_as_compacted(self._marker(plan.shard_id, marker))
+            try:
+                builder.execute(plan.dead)
+                return
+            except (OSError, ValueError) as e:
+                if is_stale_compaction(e):
+                    raise StaleCompactionError(
+                        f"shard {plan.shard_id}: generation {marker} was compacted by another compactor"
+                    ) from e
+                if not is_commit_conflict(e):
+                    raise
+                time.sleep(min(0.05 * 2**attempt, 1.0))
+        raise StaleCompactionError(
+            f"shard {plan.shard_id}: delete pass kept conflicting after {self.max_attempts} attempts"
+        )
+
+    def compact_shard(self, shard_id: str, max_commits: int | None = None) -> list[CompactionResult]:
+        """Compact every pending generation of a shard (losing races gracefully)."""
+        results = []
+        lost_in_a_row = 0
+        while max_commits is None or len(results) < max_commits:
+            try:
+                r = self.compact_run(shard_id)
+            except StaleCompactionError as e:
+                # Another compactor got there first: reload and continue after its commit.
+                self.stats.lost_races += 1
+                lost_in_a_row += 1
+                if lost_in_a_row >= self.max_attempts:
+                    raise
+                log.info("%s; reloading", e)
+                self.table.manifests.clear_cache()
+                continue
+            lost_in_a_row = 0
+            if r is None:
+                break
+            self.stats.add(r)
+            results.append(r)
+        return results
+
+    def run_once(self) -> list[CompactionResult]:
+        """Compact every shard's pending generations."""
+        out = []
+        for shard_id in self.table.manifests.list_shards():
+            out += self.compact_shard(shard_id)
+        return out

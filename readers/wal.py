@@ -1,0 +1,87 @@
+"""Reading a shard's unflushed WAL tail, for strongly consistent reads from any process.
+
+Lance's readers see unflushed data only inside the writer's own process. Every
+acknowledged durable write is also a WAL entry, though, so a reader elsewhere can replay
+the entries after the shard's last flushed position exactly as a recovering writer does:
+in position order, skipping fence sentinels, accepting entries whose writer epoch is at
+most the shard's current epoch, tombstones included. WAL entries are immutable, so parsed
+ones are cached until a flush covers them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from memwal import paths
+from memwal.io import FileIO
+from memwal.lsm import newest_per_key
+from memwal.manifest import ManifestStore, ShardManifest
+
+@dataclass(frozen=True)
+class WalEntry:
+    position: int
+    writer_epoch: int
+    fence_sentinel: bool
+    rows: pa.Table | None  # None for a sentinel
+
+    @classmethod
+    def parse(cls, position: int, data: bytes) -> "WalEntry":
+        with pa.ipc.open_stream(data) as reader:
+            meta = reader.schema.metadata or {}
+            sentinel = meta.get(b"fence_sentinel") == b"true"
+            rows = None if sentinel else reader.read_all()
+        return cls(position, int(meta.get(b"writer_epoch", b"0")), sentinel, rows)
+
+
+class WalTailReader:
+    """Reads the unflushed WAL tail of shards of one table."""
+
+    def __init__(self, table_uri: str, io: FileIO, store: ManifestStore, primary_key: tuple[str, ...]) -> None:
+        self.uri = table_uri
+        self.io = io
+        self.store = store
+        self.primary_key = primary_key
+        self._cache: dict[tuple[str, int], WalEntry] = {}
+
+    def clear_cache(self) -> None:
+        self._cache.clear()
+
+    def _entry(self, shard_id: str, position: int) -> WalEntry | None:
+        key = (shard_id, position)
+        e = self._cache.get(key)
+        if e is None:
+            try:
+                data = self.io.read(paths.wal_entry_path(self.uri, shard_id, position))
+            except FileNotFoundError:
+                return None
+            e = self._cache[key] = WalEntry.parse(position, data)
+        return e
+
+    def entries(self, manifest: ShardManifest) -> list[WalEntry]:
+        """Valid entries after the manifest's last flushed position, in position order."""
+        shard_id = manifest.shard_id
+        start = manifest.replay_after_wal_entry_position
+        for k in [k for k in self._cache if k[0] == shard_id and k[1] <= start]:
+            del self._cache[k]  # covered by a flush: never needed again
+        out = []
+        pos = start + 1
+        while (e := self._entry(shard_id, pos)) is not None:
+            out.append(e)
+            pos += 1
+        # An entry can only carry an epoch above the manifest's if a writer claimed the shard
+        # after we read the manifest: it is valid if the shard's latest manifest has that epoch.
+        max_epoch = manifest.writer_epoch
+        if any(e.writer_epoch > max_epoch for e in out):
+            latest = self.store.read_shard(shard_id)
+            max_epoch = latest.writer_epoch if latest is not None else max_epoch
+        return [e for e in out if not e.fence_sentinel and e.writer_epoch <= max_epoch]
+
+    def tail(self, manifest: ShardManifest) -> pa.Table | None:
+        """The newest unflushed row of each key written to the shard (with ``_tombstone``), or None."""
+        tables = [e.rows for e in self.entries(manifest) if e.rows is not None and e.rows.num_rows]
+        if not tables:
+            return None
+        rows = pa.concat_tables(tables, promote_options="permissive")
+        return newest_per_key(rows, self.primary_key)

@@ -1,0 +1,183 @@
+"""The compactor: generation order, tombstones, multi-generation runs, races and crashes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import lance
+import pyarrow as pa
+import pytest
+from helpers import PEOPLE, people
+
+from memwal import StaleCompactionError, Table, readers
+from memwal.compactor import Compactor
+from memwal.failpoints import DIR_ENV, ENV
+
+
+def live(uri: str) -> dict[int, str]:
+    return {r["id"]: r["name"] for r in readers.open(uri).scan().to_pylist()}
+
+
+def base(uri: str) -> dict[int, str]:
+    return {r["id"]: r["name"] for r in lance.dataset(uri).to_table().to_pylist()}
+
+
+def generations(uri: str, n: int, shard_by: str = "bucket(id, 2)") -> dict[int, str]:
+    """n flushed generations per shard of overlapping upserts and some deletes; returns the model."""
+    model: dict[int, str] = {}
+    with Table.create(uri, PEOPLE, ["id"], shard_by) as t:
+        for g in range(n):
+            rows = people(range(g * 5, g * 5 + 12), tag=f"g{g}-")
+            t.write(rows)
+            model.update({i: f"g{g}-{i}" for i in range(g * 5, g * 5 + 12)})
+            if g % 3 == 1:
+                dead = [g * 5 + 1, g * 5 + 2, 999]
+                t.delete({"id": dead})
+                for i in dead:
+                    model.pop(i, None)
+            t.flush()
+    return model
+
+
+def test_compaction_moves_everything_into_the_base(table_uri):
+    model = generations(table_uri, 7)
+    t = Table.open(table_uri)
+    assert live(table_uri) == model
+    Compactor(t).run_once()
+    assert base(table_uri) == model  # the base alone now holds the table
+    assert live(table_uri) == model
+    snap = t.snapshot()
+    assert snap.num_live_sstables == 0
+    for s in snap.shards:
+        assert s.compacted_generation == max(g.generation for g in s.manifest.sstables)
+
+
+def test_runs_are_in_generation_order_and_tombstone_generations_alone(table_uri):
+    generations(table_uri, 7, shard_by="unsharded")
+    c = Compactor(Table.open(table_uri), max_generations_per_commit=8)
+    results = c.run_once()
+    runs = [r.generations for r in results]
+    flat = [g for run in runs for g in run]
+    assert flat == list(range(1, 8))  # every generation once, ascending
+    for r in results:
+        if r.keys_deleted:
+            assert len(r.generations) == 1  # two-pass runs are single generations
+    assert any(len(r.generations) > 1 for r in results)  # upsert-only runs were merged
+
+
+def test_one_generation_per_commit_gives_the_same_table(tmp_path):
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    model = generations(a, 6)
+    generations(b, 6)
+    ra = Compactor(Table.open(a), max_generations_per_commit=1).run_once()
+    rb = Compactor(Table.open(b), max_generations_per_commit=8).run_once()
+    assert base(a) == base(b) == model
+    assert len(ra) > len(rb)  # merging runs saves commits
+
+
+def test_compacting_while_new_generations_arrive(table_uri):
+    model = generations(table_uri, 3)
+    t = Table.open(table_uri)
+    c = Compactor(t)
+    c.compact_shard(t.manifests.list_shards()[0], max_commits=1)
+    t.write(people([1, 2, 3], tag="late-"))
+    t.delete({"id": [4]})
+    t.flush()
+    model.update({i: f"late-{i}" for i in (1, 2, 3)})
+    model.pop(4, None)
+    assert live(table_uri) == model
+    c.run_once()
+    assert live(table_uri) == model == base(table_uri)
+
+
+def test_stale_plan_loses_cleanly(table_uri):
+    model = generations(table_uri, 4, shard_by="unsharded")
+    t = Table.open(table_uri)
+    (shard,) = t.manifests.list_shards()
+    slow, fast = Compactor(Table.open(table_uri)), Compactor(Table.open(table_uri))
+    plan = slow.plan(shard)
+    fast.run_once()  # compacts everything, including the slow one's run
+    with pytest.raises(StaleCompactionError):
+        slow.commit(plan)
+    assert base(table_uri) == model
+    slow.compact_shard(shard)  # reloads, finds nothing left
+    assert base(table_uri) == model
+
+
+def test_crash_between_passes_is_repaired_by_a_rerun(table_uri):
+    model = generations(table_uri, 2, shard_by="unsharded")
+    t = Table.open(table_uri)
+    (shard,) = t.manifests.list_shards()
+    c = Compactor(t)
+    c.compact_shard(shard, max_commits=1)
+    plan = c.plan(shard)  # generation 2 has tombstones: two passes
+    assert plan.dead.num_rows and plan.live.num_rows
+    c.delete_pass(plan)  # ... and the process dies here
+    assert live(table_uri) == model  # readers do not notice
+    Compactor(Table.open(table_uri)).run_once()
+    assert base(table_uri) == model == live(table_uri)
+
+
+def test_two_compactors_racing_in_threads(table_uri):
+    model = generations(table_uri, 9)
+    errors = []
+
+    def run(c):
+        try:
+            c.run_once()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    cs = [Compactor(Table.open(table_uri), max_generations_per_commit=k) for k in (1, 3)]
+    threads = [threading.Thread(target=run, args=(c,)) for c in cs]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    assert base(table_uri) == model == live(table_uri)
+
+
+# -- real process kills at exact steps -----------------------------------------------------------
+
+COMPACT = "import sys; from memwal import Table; from memwal.compactor import Compactor; Compactor(Table.open(sys.argv[1])).run_once()"
+
+
+def run_until_failpoint(uri: str, point: str, marker_dir: str) -> subprocess.Popen:
+    env = dict(os.environ, **{ENV: f"{point}=pause", DIR_ENV: marker_dir})
+    p = subprocess.Popen([sys.executable, "-c", COMPACT, uri], env=env, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(os.path.join(marker_dir, point)):
+        if p.poll() is not None:
+            raise AssertionError(f"compactor exited before {point}: {p.stderr.read().decode()}")
+        if time.monotonic() > deadline:
+            p.kill()
+            raise AssertionError(f"compactor never reached {point}")
+        time.sleep(0.05)
+    return p
+
+
+@pytest.mark.parametrize("point", ["compactor.between_passes", "compactor.after_commit"])
+def test_sigkill_of_a_compactor_process_then_rerun_converges(tmp_path, point):
+    uri = str(tmp_path / "table")
+    model = generations(uri, 5, shard_by="unsharded")
+    version_before = lance.dataset(uri).version
+    p = run_until_failpoint(uri, point, str(tmp_path))
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert p.returncode == -signal.SIGKILL
+    after = lance.dataset(uri).version
+    assert after > version_before  # the kill came after a commit
+    if point == "compactor.between_passes":
+        # the delete pass of a tombstone generation committed without the marker
+        state = Table.open(uri).snapshot().shards[0]
+        assert state.live_sstables and state.live_sstables[0].generation == state.compacted_generation + 1
+    assert live(uri) == model  # readers see the same table while the compactor is dead
+    Compactor(Table.open(uri)).run_once()
+    assert base(uri) == live(uri) == model
+    assert Table.open(uri).snapshot().num_live_sstables == 0
