@@ -185,6 +185,38 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_maintain(args: argparse.Namespace) -> int:
+    from memwal.gc import GcConfig
+    from memwal.maintenance import Maintenance, MaintenanceConfig
+
+    config = MaintenanceConfig(
+        interval_seconds=args.interval,
+        compact=not args.no_compact,
+        indexes=not args.no_indexes,
+        gc=not args.no_gc,
+        max_generations_per_commit=args.max_generations_per_commit,
+        flush_stranded_after_seconds=args.flush_stranded_after,
+        gc_config=GcConfig(
+            reader_grace_seconds=args.reader_grace,
+            base_version_retention_seconds=args.base_retention,
+        ),
+    )
+    service = Maintenance(Table.open(args.uri), config)
+    if args.once:
+        report = service.run_cycle()
+        print(
+            f"compacted {report.generations_compacted} generation(s) in {report.compaction_commits} commit(s) "
+            f"({report.rows_compacted} rows); reclaimed {report.sstables_removed} SSTable(s), "
+            f"{report.bytes_reclaimed} bytes; {sum(report.pending_sstables.values())} SSTable(s) pending"
+        )
+        return 0
+    try:
+        service.run_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 # -- parser -------------------------------------------------------------------------------------
 
 
@@ -240,6 +272,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("uri", metavar="URI")
     s.add_argument("--json", action="store_true", help="one JSON object")
     s.set_defaults(func=cmd_status)
+
+    s = sub.add_parser(
+        "maintain",
+        help="compact, index and collect garbage",
+        description="Run maintenance: compaction of SSTables into the base table in generation order, "
+        "base index catch-up, garbage collection. Loops until interrupted unless --once.",
+    )
+    s.add_argument("uri", metavar="URI")
+    s.add_argument("--once", action="store_true", help="run one cycle and exit")
+    s.add_argument("--interval", type=float, default=5.0, metavar="S", help="seconds between cycles (default 5)")
+    s.add_argument("--max-generations-per-commit", type=int, default=8, help="consecutive generations compacted in one commit")
+    s.add_argument("--reader-grace", type=float, default=300.0, metavar="S", help="keep SSTables compacted less than S seconds ago (readers may still read them)")
+    s.add_argument("--base-retention", type=float, default=3600.0, metavar="S", help="keep base table versions younger than S seconds (time travel)")
+    s.add_argument("--flush-stranded-after", type=float, default=60.0, metavar="S", help="flush writes left unflushed S seconds by a crashed or idle writer")
+    s.add_argument("--no-compact", action="store_true")
+    s.add_argument("--no-indexes", action="store_true")
+    s.add_argument("--no-gc", action="store_true")
+    s.set_defaults(func=cmd_maintain)
 
     return p
 

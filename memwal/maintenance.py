@@ -31,6 +31,8 @@ class MaintenanceConfig:
     indexes: bool = True
     gc: bool = True
     max_generations_per_commit: int = 8
+    #: Flush acknowledged writes that sat unflushed this long with no writer (None: never).
+    flush_stranded_after_seconds: float | None = 60.0
     gc_config: GcConfig = field(default_factory=GcConfig)
     #: Base fragments below this many rows count as small ...
     small_fragment_rows: int = 100_000
@@ -45,6 +47,7 @@ class CycleReport:
 
     started_at: float
     seconds: float = 0.0
+    stranded_shards_flushed: int = 0
     compaction_commits: int = 0
     generations_compacted: int = 0
     rows_compacted: int = 0
@@ -80,6 +83,8 @@ class Maintenance:
         report = CycleReport(started_at=time.time())
         t0 = time.perf_counter()
         self.table.manifests.clear_cache()
+        if self.config.flush_stranded_after_seconds is not None:
+            report.stranded_shards_flushed = len(self.table.flush_stranded(self.config.flush_stranded_after_seconds))
         if self.config.compact:
             results = self.compactor.run_once()
             report.compaction_commits = len(results)

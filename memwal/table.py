@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from memwal.sharding import (
 from memwal.snapshot import Snapshot, take_snapshot
 from memwal.indexes import index_lag
 from memwal.status import ShardStatus, TableStatus, read_maintenance_metrics
+from memwal.wal import WalTailReader
 from memwal.writer import ShardWriterPool
 
 log = logging.getLogger(__name__)
@@ -273,6 +275,30 @@ class Table:
     def flush(self) -> None:
         """Flush every open writer's MemTable to an SSTable, so every reader sees the data."""
         self.writers.flush()
+
+    def flush_stranded(self, idle_seconds: float = 0.0) -> list[str]:
+        """Flush shards holding acknowledged but unflushed writes that no writer here owns,
+        and whose newest such write is at least ``idle_seconds`` old; returns their ids.
+
+        Such writes (from a writer that crashed, or went idle) are durable in the WAL and
+        visible to strong readers, but eventual readers see them only once flushed.
+        Claiming the shard replays them and closing flushes them; a live but idle writer
+        elsewhere is fenced and reopens on its next write.
+        """
+        tails = WalTailReader(self.uri, self.io, self.manifests, self.primary_key)
+        now = time.time()
+        flushed = []
+        for shard_id in self.manifests.list_shards():
+            if shard_id in self.writers.open_shards:
+                continue
+            m = self.manifests.read_shard(shard_id)
+            newest = tails.newest_entry_mtime(m) if m is not None else None
+            if newest is None or now - newest < idle_seconds:
+                continue
+            log.info("flushing stranded WAL entries of shard %s", shard_id)
+            self.writers.claim_and_flush(shard_id)
+            flushed.append(shard_id)
+        return flushed
 
     # -- reads --------------------------------------------------------------------------------
 

@@ -162,6 +162,11 @@ class ShardWriterPool:
                         "WAL and will be flushed by the shard's current writer"
                     ) from e
 
+    def claim_and_flush(self, shard_id: str) -> None:
+        """Open a writer on the shard (replaying its unflushed WAL) and close it (flushing)."""
+        with self._lock(shard_id):
+            self._open(shard_id).close()
+
     @property
     def open_shards(self) -> list[str]:
         return list(self._writers)

@@ -18,10 +18,10 @@ import pyarrow.compute as pc
 
 from memwal.readers.keys import keys_predicate, keys_table, normalize_key
 from memwal.readers.sql import filter_rows
-from memwal.readers.wal import WalTailReader
 from memwal.schema import TOMBSTONE
 from memwal.snapshot import Snapshot
 from memwal.table import Table
+from memwal.wal import WalTailReader
 
 Consistency = Literal["eventual", "strong"]
 

@@ -106,6 +106,14 @@ def test_cli_round_trip_on_four_shards(tmp_path, inputs):
     text = memwal("status", uri).stdout
     assert "bucket(id, 4)" in text and text.count("bucket=") == 4
 
+    out = memwal("maintain", uri, "--once", "--reader-grace", "0", "--base-retention", "0").stdout
+    assert "compacted 12 generation(s)" in out
+    status = json.loads(memwal("status", uri, "--json").stdout)
+    assert all(s["compacted_generation"] == 3 and s["pending_sstables"] == 0 for s in status["shards"])
+    assert status["base_rows"] == len(model)
+    assert status["extra"]["maintenance"]["last_cycle"]["rows_compacted"] > 0
+    assert {r["id"]: r for r in map(json.loads, memwal("scan", uri, "--json").stdout.splitlines())} == model
+
 
 def test_cli_errors_are_clear(tmp_path, inputs):
     people, updates, _ = inputs
@@ -142,6 +150,6 @@ def test_cli_init_from_jsonl_and_arrow_and_composite_keys(tmp_path):
 
 
 def test_help_everywhere():
-    for cmd in ([], ["init"], ["put"], ["delete"], ["get"], ["scan"], ["status"]):
+    for cmd in ([], ["init"], ["put"], ["delete"], ["get"], ["scan"], ["status"], ["maintain"]):
         p = memwal(*cmd, "--help")
         assert "usage: memwal" in p.stdout

@@ -109,6 +109,31 @@ def test_stale_plan_loses_cleanly(table_uri):
     assert base(table_uri) == model
 
 
+def test_a_shorter_run_between_two_passes_cannot_resurrect_a_deleted_key(table_uri):
+    """Key 1 is live in generation 1 and deleted in generation 2. Had the slow compactor
+    planned generations 1-2 as one run (delete pass for key 1, then upsert), the fast one's
+    run of generation 1 alone, committed between those passes, would re-insert key 1 for
+    good. Runs with tombstones are single generations, so both plan the same run."""
+    t = Table.create(table_uri, PEOPLE, ["id"], "unsharded")
+    t.write(people([1, 2], tag="a"))
+    t.flush()
+    t.delete({"id": [1]})
+    t.write(people([3], tag="b"))
+    t.flush()
+    (shard,) = t.manifests.list_shards()
+    slow = Compactor(Table.open(table_uri), max_generations_per_commit=4)
+    fast = Compactor(Table.open(table_uri), max_generations_per_commit=1)
+    slow_plan = slow.plan(shard)
+    fast_plan = fast.plan(shard)
+    assert slow_plan.generations == fast_plan.generations == (1,)
+    slow.delete_pass(slow_plan)
+    fast.commit(fast_plan)
+    with pytest.raises(StaleCompactionError):
+        slow.upsert_pass(slow_plan)
+    slow.compact_shard(shard)
+    assert base(table_uri) == {2: "a2", 3: "b3"} == live(table_uri)
+
+
 def test_crash_between_passes_is_repaired_by_a_rerun(table_uri):
     model = generations(table_uri, 2, shard_by="unsharded")
     t = Table.open(table_uri)

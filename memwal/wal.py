@@ -1,4 +1,4 @@
-"""Reading a shard's unflushed WAL tail, for strongly consistent reads from any process.
+"""Reading shard WAL entries: the unflushed tail, for strong reads and for recovery.
 
 Lance's readers see unflushed data only inside the writer's own process. Every
 acknowledged durable write is also a WAL entry, though, so a reader elsewhere can replay
@@ -6,6 +6,9 @@ the entries after the shard's last flushed position exactly as a recovering writ
 in position order, skipping fence sentinels, accepting entries whose writer epoch is at
 most the shard's current epoch, tombstones included. WAL entries are immutable, so parsed
 ones are cached until a flush covers them.
+
+The same reading tells maintenance which shards hold acknowledged writes that no writer
+is going to flush (their writer crashed or went idle), see ``Table.flush_stranded``.
 """
 
 from __future__ import annotations
@@ -77,6 +80,16 @@ class WalTailReader:
             latest = self.store.read_shard(shard_id)
             max_epoch = latest.writer_epoch if latest is not None else max_epoch
         return [e for e in out if not e.fence_sentinel and e.writer_epoch <= max_epoch]
+
+    def newest_entry_mtime(self, manifest: ShardManifest) -> float | None:
+        """Modification time of the newest unflushed data entry, or None if there is none."""
+        entries = [e for e in self.entries(manifest) if e.rows is not None and e.rows.num_rows]
+        if not entries:
+            return None
+        try:
+            return self.io.stat(paths.wal_entry_path(self.uri, manifest.shard_id, entries[-1].position))[1]
+        except FileNotFoundError:
+            return None
 
     def tail(self, manifest: ShardManifest) -> pa.Table | None:
         """The newest unflushed row of each key written to the shard (with ``_tombstone``), or None."""
