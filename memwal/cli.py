@@ -217,6 +217,51 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from memwal.streaming import SinkOptions, ingest, local_session
+
+    options = SinkOptions(
+        source="kafka-json",
+        op_field=args.op_field or None,
+        sequence_field=args.sequence_field,
+        drop_stale_across_batches=args.drop_stale,
+        flush_interval_seconds=args.flush_interval,
+        max_write_tasks=args.max_write_tasks,
+    )
+    spark = local_session(cores=args.cores)
+    maintenance = None
+    if args.maintain:
+        from memwal.maintenance import Maintenance
+
+        maintenance = Maintenance(Table.open(args.table))
+        maintenance.start()
+    job = ingest(
+        spark,
+        bootstrap=args.bootstrap,
+        topic=args.topic,
+        table_uri=args.table,
+        checkpoint=args.checkpoint,
+        trigger_interval=args.trigger_interval,
+        available_now=args.available_now,
+        starting_offsets=args.starting_offsets,
+        max_offsets_per_trigger=args.max_offsets_per_trigger,
+    )
+    try:
+        job.await_termination()
+    except KeyboardInterrupt:
+        job.stop()
+    finally:
+        if maintenance is not None:
+            maintenance.stop()
+    totals = job.sink.totals()
+    print(
+        f"ingested {int(totals.get('rows', 0))} records in {int(totals.get('batches', 0))} micro-batch(es): "
+        f"{int(totals.get('upserts', 0))} upserts, {int(totals.get('deletes', 0))} deletes, "
+        f"{int(totals.get('dead_letters', 0))} dead letter(s)"
+    )
+    return 0
+
+
 # -- parser -------------------------------------------------------------------------------------
 
 
@@ -272,6 +317,30 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("uri", metavar="URI")
     s.add_argument("--json", action="store_true", help="one JSON object")
     s.set_defaults(func=cmd_status)
+
+    s = sub.add_parser(
+        "ingest",
+        help="stream a Kafka topic into a table with Spark",
+        description="Run a Spark Structured Streaming query reading JSON records from a Kafka topic "
+        "into the table: upserts and deletes (operation field), bad records to the dead-letter table "
+        "{table}_dead_letters. Offsets live in the checkpoint directory; a restarted query resumes there.",
+    )
+    s.add_argument("--bootstrap", required=True, metavar="HOST:PORT", help="Kafka bootstrap servers")
+    s.add_argument("--topic", required=True, metavar="T")
+    s.add_argument("--table", required=True, metavar="URI")
+    s.add_argument("--checkpoint", required=True, metavar="DIR", help="Spark checkpoint directory (offsets)")
+    s.add_argument("--trigger-interval", type=float, metavar="S", help="seconds between micro-batches (default: as fast as possible)")
+    s.add_argument("--available-now", action="store_true", help="process what the topic holds now, then stop")
+    s.add_argument("--starting-offsets", default="earliest", help="earliest (default), latest, or JSON per partition")
+    s.add_argument("--max-offsets-per-trigger", type=int, metavar="N", help="records per micro-batch at most")
+    s.add_argument("--op-field", default="op", help="JSON field holding the operation (upsert/delete); '' for none")
+    s.add_argument("--sequence-field", help="JSON field ordering versions of a key (highest wins)")
+    s.add_argument("--drop-stale", action="store_true", help="with --sequence-field: drop rows older than the stored version")
+    s.add_argument("--flush-interval", type=float, default=2.0, metavar="S", help="flush MemTables at most every S seconds (eventual readers' freshness)")
+    s.add_argument("--max-write-tasks", type=int, metavar="N", help="write tasks per micro-batch (default: one per shard)")
+    s.add_argument("--cores", type=int, default=2, help="local Spark cores (default 2)")
+    s.add_argument("--maintain", action="store_true", help="also run the maintenance service in this process")
+    s.set_defaults(func=cmd_ingest)
 
     s = sub.add_parser(
         "maintain",

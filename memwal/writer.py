@@ -26,6 +26,8 @@ from memwal.metadata import WriterConfig
 log = logging.getLogger(__name__)
 
 _FENCED_MARKER = "Writer fenced"
+_CLAIM_RACE = "Failed to claim shard"
+_CLAIM_ATTEMPTS = 10
 
 
 def is_fenced(exc: BaseException) -> bool:
@@ -77,7 +79,16 @@ class ShardWriterPool:
 
     def _open(self, shard_id: str) -> lance.mem_wal.ShardWriter:
         t0 = time.perf_counter()
-        w = lance.dataset(self.uri).mem_wal_writer(shard_id, **self.config.lance_kwargs())
+        for attempt in range(_CLAIM_ATTEMPTS):
+            try:
+                w = lance.dataset(self.uri).mem_wal_writer(shard_id, **self.config.lance_kwargs())
+                break
+            except OSError as e:
+                # Lance gives up when another claim (a writer, or a GC drain) commits the same
+                # manifest version first; the spec says to reload and claim again.
+                if _CLAIM_RACE not in str(e) or attempt == _CLAIM_ATTEMPTS - 1:
+                    raise
+                time.sleep(min(0.01 * 2**attempt, 0.5))
         self.stats.opens += 1
         self.stats.open_seconds += time.perf_counter() - t0
         log.debug("opened writer for shard %s in %.3fs", shard_id, time.perf_counter() - t0)

@@ -17,7 +17,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal.readers.keys import keys_predicate, keys_table, normalize_key
+from memwal.readers.pruning import Pruning, prune
 from memwal.readers.sql import filter_rows
+from memwal.lsm import without_keys
 from memwal.schema import TOMBSTONE
 from memwal.snapshot import Snapshot
 from memwal.table import Table
@@ -38,10 +40,11 @@ class ReadPlan:
     shards: tuple[str, ...]
     pruned_shards: tuple[str, ...]
     sstables: tuple[str, ...]
+    pruning: str = ""
 
     def render(self) -> str:
         lines = [f"base table version {self.base_version}"]
-        lines.append(f"shards read: {len(self.shards)}, pruned: {len(self.pruned_shards)}")
+        lines.append(f"shards read: {len(self.shards)}, pruned: {len(self.pruned_shards)} ({self.pruning})")
         for s in self.shards:
             lines.append(f"  read   {s}")
         for s in self.pruned_shards:
@@ -178,12 +181,18 @@ class Reader:
         schema = self.table.schema
         return pa.schema([schema.field(c) for c in columns]) if columns else schema
 
+    def pruning(self, where: str | None) -> Pruning:
+        """The shards a read filtered by ``where`` must look at (shard pruning)."""
+        return prune(where, self.table.spec, self.table.resolver, self.table.schema)
+
     def plan(self, where: str | None = None) -> ReadPlan:
         """Which shards and SSTables a read with ``where`` would touch."""
         snap = self.snapshot
-        shard_ids = tuple(s.shard_id for s in snap.shards)
-        sstables = tuple(snap.sstable_paths())
-        return ReadPlan(snap.base_version, shard_ids, (), sstables)
+        p = self.pruning(where)
+        kept = snap.restrict(p.shard_ids) if p.shard_ids is not None else snap
+        read = tuple(s.shard_id for s in kept.shards)
+        pruned = tuple(s.shard_id for s in snap.shards if s.shard_id not in set(read))
+        return ReadPlan(snap.base_version, read, pruned, tuple(kept.sstable_paths()), p.reason)
 
     def explain(self, where: str | None = None) -> str:
         """A readable plan: base version, shards read and pruned, SSTables merged."""
@@ -215,7 +224,8 @@ class Reader:
     ) -> pa.Table:
         """Live rows (newest version per key, deleted keys absent) matching ``where`` (SQL)."""
         out = self._output_schema(columns).names
-        snap, tail = self._view()
+        p = self.pruning(where)
+        snap, tail = self._view(sorted(p.shard_ids) if p.shard_ids is not None else None)
         if tail is None:
             return self._scan_snapshot(snap, columns, where, limit).select(out)
         # Strong read: rows of keys written since the last flush come from the WAL tail.
@@ -223,7 +233,7 @@ class Reader:
         wanted = list(dict.fromkeys([*(columns or self.table.schema.names), *pk]))
         fetch = None if limit is None else limit + tail.num_rows
         older = self._scan_snapshot(snap, wanted, where, fetch)
-        older = older.join(tail.select(pk), keys=pk, join_type="left anti")
+        older = without_keys(older, tail, pk)
         newer = filter_rows(tail.filter(pc.invert(tail.column(TOMBSTONE))).drop_columns([TOMBSTONE]), where)
         rows = pa.concat_tables([older.select(wanted), newer.select(wanted).cast(older.select(wanted).schema)])
         rows = rows.select(out)
@@ -240,7 +250,8 @@ class Reader:
 
     def count(self, where: str | None = None) -> int:
         """Number of live rows matching ``where``."""
-        snap, tail = self._view()
+        p = self.pruning(where)
+        snap, tail = self._view(sorted(p.shard_ids) if p.shard_ids is not None else None)
         if tail is not None:
             return self.scan(columns=list(self.table.primary_key), where=where).num_rows
         if snap.num_live_sstables == 0:

@@ -23,3 +23,25 @@ settings.load_profile("memwal")
 @pytest.fixture
 def table_uri(tmp_path) -> str:
     return str(tmp_path / "table")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local[2] SparkSession for the whole test session (starting one takes seconds)."""
+    from memwal.streaming import local_session
+
+    session = local_session(app="memwal-tests")
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture(scope="session")
+def noida(tmp_path_factory):
+    """A noida-db Kafka-protocol broker on 127.0.0.1 for the whole test session."""
+    from brokers import start_broker
+
+    with start_broker("noida", tmp_path_factory.mktemp("noida")) as broker:
+        yield broker

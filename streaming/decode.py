@@ -1,0 +1,205 @@
+"""Turning incoming records into typed rows of a table, record by record when it must.
+
+Every incoming batch is decoded and checked as a whole (fast: one Arrow call); only when
+that fails is it bisected to find the records at fault, so a bad record costs a few extra
+decodes of halves, not a per-record slow path for everyone. Each bad record gets the
+reason in words: which column, what was wrong.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pajson
+
+from memwal.errors import MemwalError
+from memwal.schema import conform
+
+#: Operation values that mean "delete this key"; anything in UPSERT_VALUES (or a missing
+#: operation) is an upsert; any other value is a bad record.
+DELETE_VALUES = frozenset({"delete", "d", "DELETE", "D", "del"})
+UPSERT_VALUES = frozenset({"upsert", "insert", "update", "u", "c", "r", "i", "UPSERT", "INSERT", "UPDATE", "U", "C", "R", "I"})
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """The good rows of a batch (typed as the table, in input order) and the bad ones."""
+
+    rows: pa.Table
+    #: positions (in the input) of the good rows
+    good: np.ndarray
+    #: input position -> reason, for every bad record
+    errors: dict[int, str]
+
+
+def bisect_failures(n: int, attempt: Callable[[np.ndarray], object]) -> tuple[np.ndarray, dict[int, str]]:
+    """Positions ``0..n-1`` split into those ``attempt`` accepts together and those it rejects alone.
+
+    ``attempt(positions)`` raises on failure. Halves are retried recursively, so k bad
+    records cost O(k log n) attempts.
+    """
+    errors: dict[int, str] = {}
+
+    def run(idx: np.ndarray) -> list[np.ndarray]:
+        if len(idx) == 0:
+            return []
+        try:
+            attempt(idx)
+            return [idx]
+        except Exception as e:  # noqa: BLE001 - any failure marks the records at fault
+            if len(idx) == 1:
+                errors[int(idx[0])] = _reason(e)
+                return []
+        mid = len(idx) // 2
+        return run(idx[:mid]) + run(idx[mid:])
+
+    good = run(np.arange(n))
+    return (np.concatenate(good) if good else np.zeros(0, np.int64)), errors
+
+
+def _reason(e: Exception) -> str:
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return text[:1000]
+
+
+def _json_type(t: pa.DataType) -> pa.DataType:
+    """The type Arrow's JSON reader can produce for ``t`` (conform() then casts to ``t``):
+    it reads arrays as variable-length lists only."""
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(_json_type(t.value_type))
+    return t
+
+
+class JsonDecoder:
+    """Decodes JSON object values (one record each) into a table's schema plus an
+    operation field and, optionally, a sequence field."""
+
+    def __init__(self, schema: pa.Schema, op_field: str | None = "op", sequence_field: str | None = None) -> None:
+        self.schema = schema
+        self.op_field = op_field
+        self.sequence_field = sequence_field
+        fields = [pa.field(f.name, _json_type(f.type), nullable=True) for f in schema]
+        if op_field and op_field not in schema.names:
+            fields.append(pa.field(op_field, pa.string()))
+        self.parse_schema = pa.schema(fields)
+
+    def _parse(self, values: Sequence[bytes]) -> pa.Table:
+        if any(v is None for v in values):
+            raise MemwalError("the record has no value (null)")
+        blob = b"\n".join(v.replace(b"\n", b" ") for v in values) + b"\n"
+        t = pajson.read_json(
+            pa.py_buffer(blob),
+            parse_options=pajson.ParseOptions(explicit_schema=self.parse_schema, unexpected_field_behavior="ignore"),
+            read_options=pajson.ReadOptions(block_size=max(1 << 20, len(blob) + 1)),
+        )
+        if t.num_rows != len(values):
+            # A value that is not one JSON object per record (e.g. two objects, or an array)
+            raise MemwalError(f"expected {len(values)} JSON object(s), found {t.num_rows}")
+        return t
+
+    def decode(self, values: Sequence[bytes | None]) -> tuple[pa.Table, np.ndarray, dict[int, str]]:
+        """(parsed rows of the good values, their positions, position -> error)."""
+        values = list(values)
+        try:
+            return self._parse(values), np.arange(len(values)), {}
+        except Exception:  # noqa: BLE001 - fall back to isolating the bad records
+            pass
+        good, errors = bisect_failures(len(values), lambda idx: self._parse([values[i] for i in idx]))
+        for i, reason in errors.items():
+            errors[i] = _json_reason(values[i], reason)
+        rows = self._parse([values[i] for i in good]) if len(good) else self.parse_schema.empty_table()
+        return rows, good, errors
+
+
+def _json_reason(value: bytes | None, reason: str) -> str:
+    if value is None:
+        return "the record has no value (null)"
+    try:
+        obj = json.loads(value)
+    except (ValueError, UnicodeDecodeError) as e:
+        return f"the value is not valid JSON: {e}"
+    if not isinstance(obj, dict):
+        return f"the value is JSON {type(obj).__name__}, not an object"
+    return f"the value does not match the table schema: {reason}"
+
+
+def check_rows(
+    rows: pa.Table,
+    schema: pa.Schema,
+    primary_key: Sequence[str],
+    max_row_bytes: int,
+) -> tuple[pa.Table, np.ndarray, dict[int, str]]:
+    """Conform ``rows`` to ``schema``; returns (conformed good rows, their positions, errors).
+
+    Rows with a null primary key, values that do not fit their column, or more than
+    ``max_row_bytes`` bytes are bad. (Non-key columns of a memwal table are nullable,
+    because deletes are stored as tombstone rows, so a delete's missing values are fine.)
+    """
+    n = rows.num_rows
+    errors: dict[int, str] = {}
+    for c in primary_key:
+        if c not in rows.schema.names:
+            return schema.empty_table(), np.zeros(0, np.int64), {i: f"the primary key column {c!r} is missing" for i in range(n)}
+        nulls = np.asarray(rows.column(c).is_null())
+        for i in np.flatnonzero(nulls):
+            errors[int(i)] = f"the primary key column {c!r} is null"
+    sizes = row_bytes(rows)
+    for i in np.flatnonzero(sizes > max_row_bytes):
+        errors.setdefault(int(i), f"the row has {int(sizes[i])} bytes, more than the limit of {max_row_bytes}")
+    candidates = np.array([i for i in range(n) if i not in errors], dtype=np.int64)
+    present = [c for c in rows.schema.names if c in schema.names]
+
+    def attempt(idx: np.ndarray) -> pa.Table:
+        return conform(rows.take(pa.array(candidates[idx], pa.int64())).select(present), schema)
+
+    try:
+        good_rows = attempt(np.arange(len(candidates)))
+        good = candidates
+    except Exception:  # noqa: BLE001
+        ok, bad = bisect_failures(len(candidates), attempt)
+        for j, reason in bad.items():
+            errors[int(candidates[j])] = reason
+        good = candidates[ok]
+        good_rows = attempt(ok) if len(ok) else schema.empty_table()
+    return good_rows, good, errors
+
+
+def row_bytes(rows: pa.Table) -> np.ndarray:
+    """Approximate bytes of every row: fixed widths plus variable-length payloads."""
+    n = rows.num_rows
+    total = np.zeros(n, np.int64)
+    for col in rows.columns:
+        arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        t = arr.type
+        if pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t):
+            total += np.asarray(pc.binary_length(arr).fill_null(0), dtype=np.int64)
+        elif pa.types.is_fixed_size_list(t):
+            total += t.list_size * max(1, (t.value_type.bit_width or 8) // 8)
+        elif pa.types.is_list(t) or pa.types.is_large_list(t):
+            total += np.asarray(pc.list_value_length(arr).fill_null(0), dtype=np.int64) * 8
+        else:
+            total += max(1, (getattr(t, "bit_width", 64) or 64) // 8)
+    return total
+
+
+def operations(rows: pa.Table, op_field: str | None, delete_values=DELETE_VALUES, upsert_values=UPSERT_VALUES) -> tuple[np.ndarray, dict[int, str]]:
+    """Per row: True for deletes; and errors for unknown operation values."""
+    n = rows.num_rows
+    if not op_field or op_field not in rows.schema.names:
+        return np.zeros(n, bool), {}
+    ops = rows.column(op_field).to_pylist()
+    deletes = np.zeros(n, bool)
+    errors = {}
+    for i, op in enumerate(ops):
+        if op is None or op in upsert_values:
+            continue
+        if op in delete_values:
+            deletes[i] = True
+        else:
+            errors[i] = f"unknown operation {op!r} in {op_field!r}; expected one of {sorted(delete_values | upsert_values)}"
+    return deletes, errors

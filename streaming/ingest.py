@@ -1,0 +1,167 @@
+"""Kafka -> Spark Structured Streaming -> memwal, wired up in one call (``memwal ingest``)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from memwal.streaming.kafka_source import SHORT_NAME, register
+from memwal.streaming.sink import MemwalSink, SinkOptions
+
+log = logging.getLogger("memwal.streaming")
+
+
+def _listener_base():
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    return StreamingQueryListener
+
+
+class MemwalProgressListener(_listener_base()):  # type: ignore[misc]
+    """Joins every ``StreamingQueryProgress`` of a memwal query with the sink's write-side
+    counters (fenced retries, shards, write latency): ``listener.progress[batch_id]``."""
+
+    def __init__(self, sink: MemwalSink, query_name: str) -> None:
+        super().__init__()
+        self.sink = sink
+        self.query_name = query_name
+        self.progress: dict[int, dict[str, Any]] = {}
+
+    def onQueryStarted(self, event) -> None:  # noqa: N802 - Spark's API names
+        pass
+
+    def onQueryProgress(self, event) -> None:  # noqa: N802
+        p = event.progress
+        if p.name != self.query_name:
+            return
+        observed = p.observedMetrics.get("memwal") if p.observedMetrics else None
+        report = self.sink.report(p.batchId)
+        self.progress[p.batchId] = {
+            "batch_id": p.batchId,
+            "input_rows": p.numInputRows,
+            "observed": observed.asDict() if observed is not None else {},
+            "sink": asdict(report) if report is not None else None,
+            "duration_ms": dict(p.durationMs or {}),
+        }
+        while len(self.progress) > 1000:
+            self.progress.pop(min(self.progress))
+
+    def onQueryIdle(self, event) -> None:  # noqa: N802
+        pass
+
+    def onQueryTerminated(self, event) -> None:  # noqa: N802
+        pass
+
+
+@dataclass
+class IngestJob:
+    """A running ingest query and what observes it."""
+
+    query: Any
+    sink: MemwalSink
+    listener: MemwalProgressListener
+    available_now: bool
+    spark: Any = field(repr=False)
+
+    def await_termination(self, timeout: float | None = None) -> bool:
+        """Wait for the query; for an ``availableNow`` run that ended, flush what the
+        executors' writers still hold in MemTables so eventual readers see all of it."""
+        done = self.query.awaitTermination(timeout) if timeout is not None else (self.query.awaitTermination() or True)
+        if done:
+            self._finish()
+        return bool(done)
+
+    def stop(self) -> None:
+        self.query.stop()
+        self._finish()
+
+    def _finish(self) -> None:
+        try:
+            self.spark.streams.removeListener(self.listener)
+        except Exception:  # noqa: BLE001 - already removed
+            pass
+        if self.query.exception() is None:
+            from memwal.table import Table
+
+            flushed = Table.open(self.sink.uri).flush_stranded(0)
+            if flushed:
+                log.info("flushed %d shard(s) left unflushed by the stopped query", len(flushed))
+
+
+def kafka_stream(spark, bootstrap: str, topic: str, *, starting_offsets: str = "earliest",
+                 max_offsets_per_trigger: int | None = None, kafka_options: dict[str, str] | None = None,
+                 prepare_for: MemwalSink | None = None):
+    """The ``memwal-kafka`` source's DataFrame (the built-in kafka source's options and schema).
+
+    With ``prepare_for``, the read tasks also run that sink's prepare stage, and the
+    DataFrame holds prepared rows ready for ``foreachBatch(sink)``.
+    """
+    # memwal is installed where the Python workers run, so the source is imported there
+    # rather than shipped by value (which would also defeat its consumer reuse).
+    register(spark, ship_by_value=False)
+    reader = (
+        spark.readStream.format(SHORT_NAME)
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", starting_offsets)
+    )
+    if max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    for k, v in (kafka_options or {}).items():
+        reader = reader.option(k if k.startswith("kafka.") else f"kafka.{k}", v)
+    if prepare_for is not None:
+        reader = reader.option("memwal.prepare", prepare_for.prepare_spec().to_json())
+    return reader.load()
+
+
+def ingest(
+    spark,
+    *,
+    bootstrap: str,
+    topic: str,
+    table_uri: str,
+    checkpoint: str,
+    trigger_interval: float | None = None,
+    available_now: bool = False,
+    starting_offsets: str = "earliest",
+    max_offsets_per_trigger: int | None = None,
+    kafka_options: dict[str, str] | None = None,
+    options: SinkOptions | None = None,
+    query_name: str | None = None,
+) -> IngestJob:
+    """Start a query reading JSON records from ``topic`` into the memwal table at ``table_uri``.
+
+    Each record's value is a JSON object with the table's columns and an operation field
+    (``options.op_field``, default ``op``: ``upsert``/``delete``...). Progress is logged
+    per micro-batch and available as ``job.listener.progress``.
+    """
+    options = options or SinkOptions(source="kafka-json")
+    if options.source != "kafka-json":
+        raise ValueError("ingest reads Kafka: options.source must be 'kafka-json'")
+    sink = MemwalSink(table_uri, options)
+    name = query_name or f"memwal-ingest-{topic}"
+    listener = MemwalProgressListener(sink, name)
+    spark.streams.addListener(listener)
+    stream = kafka_stream(
+        spark,
+        bootstrap,
+        topic,
+        starting_offsets=starting_offsets,
+        max_offsets_per_trigger=max_offsets_per_trigger,
+        kafka_options=kafka_options,
+        prepare_for=sink,
+    )
+    writer = (
+        sink.observe(stream)
+        .writeStream.queryName(name)
+        .foreachBatch(sink)
+        .option("checkpointLocation", checkpoint)
+    )
+    if available_now:
+        writer = writer.trigger(availableNow=True)
+    elif trigger_interval:
+        writer = writer.trigger(processingTime=f"{trigger_interval} seconds")
+    query = writer.start()
+    log.info("ingesting %s from %s into %s (checkpoint %s)", topic, bootstrap, sink.uri, checkpoint)
+    return IngestJob(query=query, sink=sink, listener=listener, available_now=available_now, spark=spark)

@@ -1,0 +1,751 @@
+"""A Kafka streaming source for Spark 4, written with PySpark's Python Data Source API.
+
+pyspark ships no Kafka connector jars and none can be installed here, so
+``format("kafka")`` is unavailable.  This module re-implements the part of
+Spark's built-in Kafka source that memwal needs on top of confluent-kafka
+(librdkafka), keeping the built-in's option names and output schema so that a
+query can switch to ``format("kafka")`` where the jars exist::
+
+    from memwal.streaming.kafka_source import register
+
+    register(spark)
+    df = (spark.readStream.format("memwal-kafka")
+          .option("kafka.bootstrap.servers", "127.0.0.1:9092")
+          .option("subscribe", "events")
+          .option("startingOffsets", "earliest")
+          .option("maxOffsetsPerTrigger", "10000")
+          .load())
+
+Options (names as in Spark's Kafka source; Spark hands Python data sources the
+option keys lower-cased, so they are matched case-insensitively):
+
+``kafka.bootstrap.servers`` (required)
+    Passed to librdkafka as ``bootstrap.servers``.
+``subscribe`` (required)
+    Comma-separated topic names.  Topics that do not exist yet contribute no
+    partitions until they appear; partitions discovered later start at their
+    earliest offset, as with the built-in source.
+``startingOffsets`` (default ``latest``)
+    ``earliest``, ``latest`` or JSON such as ``{"t": {"0": 23, "1": -2}}``
+    (``-2`` earliest, ``-1`` latest).  JSON must name every partition of every
+    subscribed topic that exists at start.  Used only when the query has no
+    checkpoint.
+``maxOffsetsPerTrigger``
+    Upper bound on records per micro-batch, spread over partitions in
+    proportion to their backlog (largest-remainder rounding, ties broken by
+    topic and partition, so the split is deterministic).
+``failOnDataLoss`` (default ``true``)
+    When offsets to be read are gone (retention, truncation), fail the query.
+    ``false`` skips to the earliest offset still available instead.
+``kafkaConsumer.pollTimeoutMs`` (default 120000)
+    How long a read task may go without receiving anything before failing.
+``fetchOffset.numRetries`` (default 3), ``fetchOffset.retryIntervalMs`` (default 1000)
+    Retries of offset look-ups on the driver.
+``groupIdPrefix`` (default ``memwal-kafka-source``)
+    Prefix of the random consumer ``group.id``; ``kafka.group.id`` sets it
+    outright.  No offsets are ever committed to the group.
+``kafka.<name>``
+    Any other ``kafka.``-prefixed option is passed to librdkafka as ``<name>``.
+    librdkafka's property names are all lower-case, so the lower-casing of keys
+    does no harm.  Java-client-only names (for example ``sasl.jaas.config``)
+    have no librdkafka equivalent and are rejected by librdkafka when the
+    consumer is created.  ``enable.auto.commit``, ``auto.offset.reset`` and
+    ``enable.partition.eof`` are controlled by the source and rejected;
+    ``isolation.level`` defaults to ``read_uncommitted`` like the Java client.
+
+Options of the built-in source that this one does not implement
+(``assign``, ``subscribePattern``, timestamp-based offsets, ``endingOffsets``,
+``minOffsetsPerTrigger``, ``maxTriggerDelay``, ``minPartitions``,
+``maxRecordsPerPartition``, ``includeHeaders=true``) raise an error rather than
+being silently ignored.
+
+Output schema (exactly the built-in's without headers)::
+
+    key binary, value binary, topic string, partition int, offset long,
+    timestamp timestamp, timestampType int
+
+``timestampType`` uses the Java client's ids: 0 CreateTime, 1 LogAppendTime.
+Brokers before 0.10 (Kafka 0.9) store no record timestamps; such records get a
+**null** ``timestamp`` and ``timestampType`` -1 (the Java client's
+NO_TIMESTAMP_TYPE).  Null was chosen over epoch 0 so that "no timestamp" can
+not be mistaken for a real time in event-time logic; the built-in source
+reports -1 ms (1969-12-31T23:59:59.999Z) there.
+
+Offsets live in Spark's checkpoint as ``{"topic": {"partition": next_offset}}``
+(the built-in's format).  Each micro-batch has one input partition per
+topic-partition with a non-empty range; a read task assigns (never subscribes)
+a consumer to that partition, seeks to the range start and stops at the range
+end, so a batch replayed after a restart reads exactly the same records.
+Nothing is committed to Kafka.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+import uuid
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+# confluent_kafka's classes claim to live in a module "cimpl" that can not be
+# imported, so cloudpickle can not pickle a reference to them.  When register()
+# ships this module by value its globals are pickled too; referring to the classes
+# through the (importable) confluent_kafka module keeps them out of the pickle.
+import confluent_kafka
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+try:  # Spark >= 4.2 (present in 4.3.0)
+    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+except ImportError:  # pragma: no cover - older Spark: Trigger.AvailableNow falls back
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+        """Stand-in so the reader class still defines; Spark will not call it."""
+
+__all__ = [
+    "SHORT_NAME",
+    "KAFKA_SCHEMA",
+    "KAFKA_ARROW_SCHEMA",
+    "KafkaDataSource",
+    "KafkaStreamReader",
+    "KafkaInputPartition",
+    "apportion",
+    "register",
+]
+
+SHORT_NAME = "memwal-kafka"
+
+KAFKA_SCHEMA = StructType([
+    StructField("key", BinaryType(), True),
+    StructField("value", BinaryType(), True),
+    StructField("topic", StringType(), True),
+    StructField("partition", IntegerType(), True),
+    StructField("offset", LongType(), True),
+    StructField("timestamp", TimestampType(), True),
+    StructField("timestampType", IntegerType(), True),
+])
+"""Spark schema of the rows this source produces (the built-in Kafka source's)."""
+
+KAFKA_ARROW_SCHEMA = pa.schema([
+    pa.field("key", pa.binary()),
+    pa.field("value", pa.binary()),
+    pa.field("topic", pa.string()),
+    pa.field("partition", pa.int32()),
+    pa.field("offset", pa.int64()),
+    # Spark compares batches with to_arrow_schema(schema, timezone="UTC").
+    pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+    pa.field("timestampType", pa.int32()),
+])
+"""Arrow schema of the record batches ``read`` yields; must equal Spark's conversion."""
+
+TopicPart = Tuple[str, int]
+OffsetMap = Dict[TopicPart, int]
+
+# Java client ids for timestampType; librdkafka numbers them differently.
+_TS_TYPE = {
+    confluent_kafka.TIMESTAMP_CREATE_TIME: 0,
+    confluent_kafka.TIMESTAMP_LOG_APPEND_TIME: 1,
+}
+_NO_TIMESTAMP_TYPE = -1
+
+# Options of Spark's built-in source that are deliberately not implemented.
+_UNSUPPORTED = (
+    "assign", "subscribepattern", "startingtimestamp", "startingoffsetsbytimestamp",
+    "startingoffsetsbytimestampstrategy", "endingoffsets", "endingtimestamp",
+    "endingoffsetsbytimestamp", "minoffsetspertrigger", "maxtriggerdelay", "minpartitions",
+    "maxrecordsperpartition",
+)
+# librdkafka settings the source owns, because its exactly-once reading depends on them.
+_RESERVED_KAFKA = ("enable.auto.commit", "auto.offset.reset", "enable.partition.eof")
+
+_ROWS_PER_ARROW_BATCH = 10_000
+_METADATA_TIMEOUT_S = 30.0
+
+
+def _parse_bool(name: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("true", "false"):
+        return v == "true"
+    raise ValueError(f"option {name} must be true or false, got {value!r}")
+
+
+def _parse_positive_int(name: str, value: str) -> int:
+    try:
+        n = int(value.strip())
+    except ValueError:
+        raise ValueError(f"option {name} must be an integer, got {value!r}") from None
+    if n <= 0:
+        raise ValueError(f"option {name} must be positive, got {value!r}")
+    return n
+
+
+class _Settings:
+    """Options of one query, validated once.  Plain attributes so it pickles anywhere."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        opts = {str(k).lower(): str(v) for k, v in options.items()}
+        for name in _UNSUPPORTED:
+            if name in opts:
+                raise ValueError(f"option {name!r} of Spark's kafka source is not supported by "
+                                 f"{SHORT_NAME}")
+        if _parse_bool("includeHeaders", opts.get("includeheaders", "false")):
+            raise ValueError(f"includeHeaders=true is not supported by {SHORT_NAME}")
+
+        kafka = {k[len("kafka."):]: v for k, v in opts.items() if k.startswith("kafka.")}
+        if not kafka.get("bootstrap.servers"):
+            raise ValueError("option kafka.bootstrap.servers is required")
+        for name in _RESERVED_KAFKA:
+            if name in kafka:
+                raise ValueError(f"option kafka.{name} is managed by {SHORT_NAME} and can not be "
+                                 "set (use startingOffsets / failOnDataLoss)")
+        self.kafka_conf: Dict[str, str] = kafka
+
+        topics = [t.strip() for t in opts.get("subscribe", "").split(",") if t.strip()]
+        if not topics:
+            raise ValueError("option subscribe (comma-separated topic names) is required")
+        self.topics: List[str] = sorted(set(topics))
+
+        self.starting_offsets: str = opts.get("startingoffsets", "latest").strip()
+        self.starting_json: OffsetMap = {}
+        so = self.starting_offsets.lower()
+        if so not in ("earliest", "latest"):
+            self.starting_json = _parse_offsets_json(self.starting_offsets)
+            unknown = sorted(set(t for t, _ in self.starting_json) - set(self.topics))
+            if unknown:
+                raise ValueError(f"startingOffsets names topics not in subscribe: {unknown}")
+        else:
+            self.starting_offsets = so
+
+        mopt = opts.get("maxoffsetspertrigger")
+        self.max_offsets_per_trigger: Optional[int] = (
+            _parse_positive_int("maxOffsetsPerTrigger", mopt) if mopt is not None else None)
+        self.fail_on_data_loss: bool = _parse_bool(
+            "failOnDataLoss", opts.get("failondataloss", "true"))
+        self.poll_timeout_s: float = _parse_positive_int(
+            "kafkaConsumer.pollTimeoutMs", opts.get("kafkaconsumer.polltimeoutms", "120000")) / 1000
+        self.fetch_retries: int = int(opts.get("fetchoffset.numretries", "3"))
+        self.fetch_retry_interval_s: float = int(
+            opts.get("fetchoffset.retryintervalms", "1000")) / 1000
+        self.group_id_prefix: str = opts.get("groupidprefix", "memwal-kafka-source")
+        # One id per query (never used for commits): consumers with equal settings can be
+        # reused across read tasks.
+        self.group_id: str = f"{self.group_id_prefix}-{uuid.uuid4()}"
+        # memwal's sink can fuse its prepare stage (decode, validate, route) into the read
+        # task, saving a round trip of every record between the JVM and Python.
+        self.memwal_prepare: Optional[str] = opts.get("memwal.prepare")
+
+    def consumer_conf(self) -> Dict[str, Any]:
+        """librdkafka configuration for a consumer that only assign()s and never commits."""
+        conf: Dict[str, Any] = {
+            # confluent-kafka insists on a group id even without group membership.
+            "group.id": self.group_id,
+            # The Java client's default, so the same records as Spark's own source.
+            # librdkafka defaults to read_committed; when a user asks for that, its
+            # offset look-ups return the last stable offset, so plans stay readable.
+            "isolation.level": "read_uncommitted",
+        }
+        conf.update(self.kafka_conf)
+        conf.update({
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            # The EOF event tells a read task it reached the high watermark.
+            "enable.partition.eof": True,
+            # "error" surfaces a seek below the log start instead of silently
+            # jumping; with failOnDataLoss=false we jump to the earliest record.
+            "auto.offset.reset": "error" if self.fail_on_data_loss else "earliest",
+        })
+        return conf
+
+
+def _parse_offsets_json(text: str) -> OffsetMap:
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"startingOffsets must be earliest, latest or JSON like "
+                         f'{{"topic":{{"0":23}}}}: {e}') from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"startingOffsets JSON must be an object, got {text!r}")
+    out: OffsetMap = {}
+    for topic, parts in raw.items():
+        if not isinstance(parts, dict):
+            raise ValueError(f"startingOffsets: partitions of {topic!r} must be an object")
+        for p, off in parts.items():
+            if not isinstance(off, int) or isinstance(off, bool) or off < -2:
+                raise ValueError(f"startingOffsets: bad offset {off!r} for {topic}:{p}")
+            out[(str(topic), int(p))] = off
+    return out
+
+
+def _to_json(offsets: Mapping[TopicPart, int]) -> Dict[str, Dict[str, int]]:
+    """Checkpoint form of an offset map.
+
+    Keys are emitted in sorted order so that equal offsets always serialise to the
+    same JSON; Spark compares the serialised offsets to decide whether there is
+    new data.
+    """
+    out: Dict[str, Dict[str, int]] = {}
+    for topic, part in sorted(offsets):
+        out.setdefault(topic, {})[str(part)] = int(offsets[(topic, part)])
+    return out
+
+
+def _from_json(offsets: Optional[Mapping[str, Mapping[str, Any]]]) -> OffsetMap:
+    out: OffsetMap = {}
+    for topic, parts in (offsets or {}).items():
+        for p, off in parts.items():
+            out[(topic, int(p))] = int(off)
+    return out
+
+
+def apportion(backlog: Mapping[TopicPart, int], limit: int) -> Dict[TopicPart, int]:
+    """Split ``limit`` records over partitions in proportion to their ``backlog``.
+
+    Returns how many records to take from each partition: never more than its
+    backlog, in total ``min(limit, sum(backlog))``.  Uses largest-remainder
+    rounding; ties go to the smaller (topic, partition), so the result depends
+    only on the arguments.  Any ``limit >= 1`` with a backlog makes progress.
+    """
+    items = sorted((tp, n) for tp, n in backlog.items() if n > 0)
+    total = sum(n for _, n in items)
+    if total <= limit:
+        return {tp: n for tp, n in items}
+    take: Dict[TopicPart, int] = {}
+    remainders: List[Tuple[int, TopicPart]] = []
+    for tp, n in items:
+        # Integer arithmetic: floats could round differently across platforms.
+        q, r = divmod(n * limit, total)
+        take[tp] = q
+        remainders.append((r, tp))
+    left = limit - sum(take.values())
+    for _, tp in sorted(remainders, key=lambda x: (-x[0], x[1]))[:left]:
+        take[tp] += 1
+    return take
+
+
+class KafkaInputPartition(InputPartition):
+    """Records ``[start, end)`` of one topic-partition: the unit of one read task."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+        super().__init__((topic, partition, start, end))
+        self.topic = topic
+        self.partition = partition
+        self.start = start
+        self.end = end
+
+    def __repr__(self) -> str:
+        return f"KafkaInputPartition({self.topic}:{self.partition} [{self.start}, {self.end}))"
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans micro-batches from Kafka offsets and reads them.
+
+    Spark creates this object several times (to plan on the driver, and again,
+    unpickled, in every read task), so nothing connects in ``__init__``: the
+    driver's metadata consumer is created on first use and dropped when pickled.
+    """
+
+    def __init__(self, settings: _Settings) -> None:
+        self._s = settings
+        self._consumer: Optional[confluent_kafka.Consumer] = None
+        # High watermarks at prepareForTriggerAvailableNow(); caps every later batch.
+        self._available_now_target: Optional[OffsetMap] = None
+        self._last_latest: Optional[OffsetMap] = None
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_consumer"] = None  # a live librdkafka handle can not travel
+        return state
+
+    # -- driver side: offsets -----------------------------------------------------------
+
+    def _metadata_consumer(self) -> confluent_kafka.Consumer:
+        if self._consumer is None:
+            self._consumer = confluent_kafka.Consumer(self._s.consumer_conf())
+        return self._consumer
+
+    def _watermarks(self) -> Dict[TopicPart, Tuple[int, int]]:
+        """(low, high) watermark of every partition of the subscribed topics.
+
+        Retries like the built-in's fetchOffset.* options, because a leader can be
+        briefly unavailable (new topic, leader change).
+        """
+        attempt = 0
+        while True:
+            try:
+                return self._watermarks_once()
+            except confluent_kafka.KafkaException as e:
+                attempt += 1
+                if attempt > self._s.fetch_retries:
+                    raise RuntimeError(
+                        f"{SHORT_NAME}: could not fetch offsets of {self._s.topics} from "
+                        f"{self._s.kafka_conf.get('bootstrap.servers')}: {e}") from e
+                time.sleep(self._s.fetch_retry_interval_s)
+
+    def _watermarks_once(self) -> Dict[TopicPart, Tuple[int, int]]:
+        consumer = self._metadata_consumer()
+        # Ask for all topics rather than the subscribed ones: with Kafka 0.9 a
+        # metadata request naming a missing topic makes librdkafka fail to parse the
+        # reply ("Protocol parse failure for Metadata v0"), and retry forever.
+        md = consumer.list_topics(timeout=_METADATA_TIMEOUT_S)
+        out: Dict[TopicPart, Tuple[int, int]] = {}
+        for topic in self._s.topics:
+            tmd = md.topics.get(topic)
+            if tmd is None or tmd.error is not None:
+                continue  # not created yet: no partitions, like the built-in source
+            for p in sorted(tmd.partitions):
+                low, high = consumer.get_watermark_offsets(
+                    confluent_kafka.TopicPartition(topic, p),
+                    timeout=_METADATA_TIMEOUT_S, cached=False)
+                out[(topic, p)] = (int(low), int(high))
+        return out
+
+    def initialOffset(self) -> dict:
+        """Offsets to start a query without checkpoint at, from ``startingOffsets``."""
+        marks = self._watermarks()
+        s = self._s
+        if s.starting_offsets == "earliest":
+            start = {tp: low for tp, (low, _) in marks.items()}
+        elif s.starting_offsets == "latest":
+            start = {tp: high for tp, (_, high) in marks.items()}
+        else:
+            spec = s.starting_json
+            missing = sorted(set(marks) - set(spec))
+            if missing:
+                # Same rule as the built-in: an unnamed partition is more likely a
+                # mistake than a wish to start it at some default.
+                raise ValueError(
+                    "startingOffsets JSON must specify every partition; use -2 for earliest "
+                    f"and -1 for latest. Missing: {[f'{t}:{p}' for t, p in missing]}")
+            unknown = sorted(set(spec) - set(marks))
+            if unknown:
+                raise ValueError("startingOffsets JSON names partitions that do not exist: "
+                                 f"{[f'{t}:{p}' for t, p in unknown]}")
+            start = {}
+            for tp, off in spec.items():
+                low, high = marks[tp]
+                start[tp] = low if off == -2 else high if off == -1 else off
+        return _to_json(start)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """``ReadMaxRows(maxOffsetsPerTrigger)`` if that option is set, else read all."""
+        if self._s.max_offsets_per_trigger is not None:
+            return ReadMaxRows(self._s.max_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Freeze the end of a ``Trigger.AvailableNow`` run at the current high watermarks.
+
+        Partitions that appear later are not read by this run.
+        """
+        self._available_now_target = {tp: high for tp, (_, high) in self._watermarks().items()}
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        """End offsets of the next micro-batch, at most ``limit`` records past ``start``."""
+        begin = _from_json(start)
+        marks = self._watermarks()
+        self._last_latest = {tp: high for tp, (_, high) in marks.items()}
+        target = self._available_now_target
+
+        end: OffsetMap = dict(begin)  # partitions that vanished keep their offsets
+        first: OffsetMap = {}
+        backlog: Dict[TopicPart, int] = {}
+        for tp, (low, high) in marks.items():
+            if target is not None:
+                if tp not in target:
+                    continue  # appeared after the AvailableNow snapshot
+                high = min(high, target[tp])
+            # A partition discovered since the last batch starts at its earliest offset.
+            first[tp] = begin.get(tp, low)
+            backlog[tp] = max(0, high - first[tp])
+
+        if isinstance(limit, ReadMaxRows):
+            take = apportion(backlog, int(limit.max_rows))
+        else:
+            take = backlog
+        for tp, offset in first.items():
+            end[tp] = offset + take.get(tp, 0)
+        return _to_json(end)
+
+    def reportLatestOffset(self) -> Optional[dict]:
+        """High watermarks seen by the last ``latestOffset`` call (for query progress)."""
+        return _to_json(self._last_latest) if self._last_latest is not None else None
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        """One input partition per topic-partition whose range ``[start, end)`` is non-empty."""
+        begin, stop = _from_json(start), _from_json(end)
+        lows: Optional[Dict[TopicPart, Tuple[int, int]]] = None
+        out: List[InputPartition] = []
+        for tp in sorted(stop):
+            if tp in begin:
+                first = begin[tp]
+            else:
+                # New partition: it started at its earliest offset in latestOffset.
+                if lows is None:
+                    lows = self._watermarks()
+                first = lows[tp][0] if tp in lows else 0
+            last = stop[tp]
+            if last < first:
+                # Offsets went backwards: the topic was recreated or truncated.
+                if self._s.fail_on_data_loss:
+                    raise RuntimeError(
+                        f"{SHORT_NAME}: offset of {tp[0]}:{tp[1]} went back from {first} to "
+                        f"{last}; data may have been lost (set failOnDataLoss=false to go on)")
+                continue
+            if last > first:
+                out.append(KafkaInputPartition(tp[0], tp[1], first, last))
+        return out
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: progress lives in Spark's checkpoint, not in Kafka."""
+
+    def stop(self) -> None:
+        """Close the driver-side consumer."""
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            consumer.close()
+
+    # -- executor side: records -------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Yield the records ``[start, end)`` of one topic-partition as Arrow batches."""
+        # Duck typing rather than isinstance: when the module is shipped by value the
+        # partition's class and this module's class can be distinct objects.
+        p: Any = partition
+        batches = _read_range(self._s, str(p.topic), int(p.partition), int(p.start), int(p.end))
+        if self._s.memwal_prepare is None:
+            return batches
+        from memwal.streaming.sink import Prepare
+
+        return Prepare.from_json(self._s.memwal_prepare)(batches)
+
+
+class _ConsumerPool:
+    """Consumers kept per worker process between read tasks.
+
+    Creating a consumer (client, broker connections) costs tens of milliseconds, a large
+    share of a small micro-batch. Idle consumers are closed after a while: they hold
+    connections, and would keep retrying (and logging) forever once the broker is gone.
+    Only effective when this module is imported on the workers (``register(...,
+    ship_by_value=False)``): a copy shipped by value is unpickled afresh for every task.
+    """
+
+    IDLE_S = 3.0
+    MAX_IDLE_PER_CONF = 4
+
+    def __init__(self) -> None:
+        self._idle: Dict[str, List[Tuple[float, Any]]] = {}
+        self._lock = threading.Lock()
+        self._reaper: Optional[threading.Thread] = None
+
+    @staticmethod
+    def _key(conf: Mapping[str, Any]) -> str:
+        return json.dumps(conf, sort_keys=True, default=str)
+
+    def take(self, conf: Dict[str, Any]) -> Any:
+        with self._lock:
+            idle = self._idle.get(self._key(conf))
+            if idle:
+                return idle.pop()[1]
+        return confluent_kafka.Consumer(conf)
+
+    def give_back(self, conf: Dict[str, Any], consumer: Any) -> None:
+        with self._lock:
+            if self._reaper is None:
+                self._reaper = threading.Thread(target=self._reap, name="memwal-kafka-reaper", daemon=True)
+                self._reaper.start()
+            idle = self._idle.setdefault(self._key(conf), [])
+            if len(idle) < self.MAX_IDLE_PER_CONF:
+                idle.append((time.monotonic(), consumer))
+                return
+        consumer.close()
+
+    def _reap(self) -> None:
+        while True:
+            time.sleep(self.IDLE_S / 2)
+            expired = []
+            with self._lock:
+                now = time.monotonic()
+                for key, idle in self._idle.items():
+                    expired += [c for t, c in idle if now - t >= self.IDLE_S]
+                    self._idle[key] = [(t, c) for t, c in idle if now - t < self.IDLE_S]
+            for c in expired:
+                c.close()
+
+
+# Created on first use, in the worker: a module shipped by value must not carry a lock.
+_POOL: Optional[_ConsumerPool] = None
+
+
+def _pool() -> _ConsumerPool:
+    global _POOL
+    if _POOL is None:
+        _POOL = _ConsumerPool()
+    return _POOL
+
+
+def _read_range(s: _Settings, topic: str, part: int, start: int, end: int
+                ) -> Iterator[pa.RecordBatch]:
+    conf = s.consumer_conf()
+    consumer = _pool().take(conf)
+    reusable = False
+    try:
+        consumer.assign([confluent_kafka.TopicPartition(topic, part, start)])
+        rows = _Rows(topic, part)
+        next_offset = start
+        last_progress = time.monotonic()
+        while next_offset < end:
+            msgs = consumer.consume(num_messages=min(end - next_offset, 5_000), timeout=1.0)
+            if not msgs:
+                if time.monotonic() - last_progress > s.poll_timeout_s:
+                    raise TimeoutError(
+                        f"{SHORT_NAME}: nothing received from {topic}:{part} at offset "
+                        f"{next_offset} for {s.poll_timeout_s:.0f}s (range end {end})")
+                continue
+            last_progress = time.monotonic()
+            for msg in msgs:
+                err = msg.error()
+                if err is not None:
+                    if err.code() == confluent_kafka.KafkaError._PARTITION_EOF:
+                        # At the high watermark.  Short of the planned end only if the
+                        # log was truncated after planning.
+                        eof_at = msg.offset()
+                        if eof_at is not None and eof_at < end and s.fail_on_data_loss:
+                            raise RuntimeError(
+                                f"{SHORT_NAME}: {topic}:{part} ends at {eof_at}, before "
+                                f"the planned end {end}; data was lost")
+                        next_offset = end
+                        break
+                    if err.code() == confluent_kafka.KafkaError._AUTO_OFFSET_RESET:
+                        raise RuntimeError(
+                            f"{SHORT_NAME}: offset {next_offset} of {topic}:{part} is no longer "
+                            f"available ({err.str()}); data was lost. Set failOnDataLoss=false "
+                            "to skip to the earliest available offset.")
+                    raise confluent_kafka.KafkaException(err)
+                off = msg.offset()
+                if off is None:  # only error events lack an offset
+                    continue
+                if off >= end:
+                    # Past the range (compaction or transaction markers can leave the
+                    # last planned offset without a record).
+                    next_offset = end
+                    break
+                if off < next_offset:
+                    continue  # never emit a record twice
+                rows.add(msg)
+                next_offset = off + 1
+            if len(rows) >= _ROWS_PER_ARROW_BATCH:
+                yield rows.flush()
+        if len(rows):
+            yield rows.flush()
+        reusable = True
+    finally:
+        if reusable:
+            # unassign() drops anything prefetched, so the next task starts clean.
+            consumer.unassign()
+            _pool().give_back(conf, consumer)
+        else:
+            consumer.close()
+
+
+class _Rows:
+    """Column buffers for one topic-partition, turned into Arrow record batches."""
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self._clear()
+
+    def _clear(self) -> None:
+        self.keys: List[Optional[bytes]] = []
+        self.values: List[Optional[bytes]] = []
+        self.offsets: List[int] = []
+        self.ts: List[Optional[int]] = []
+        self.ts_types: List[int] = []
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def add(self, msg: Any) -> None:
+        self.keys.append(msg.key())
+        self.values.append(msg.value())
+        self.offsets.append(msg.offset())
+        ts_type, ts_ms = msg.timestamp()
+        kind = _TS_TYPE.get(ts_type)
+        if kind is None:  # TIMESTAMP_NOT_AVAILABLE: pre-0.10 message format
+            self.ts.append(None)
+            self.ts_types.append(_NO_TIMESTAMP_TYPE)
+        else:
+            self.ts.append(ts_ms * 1000)
+            self.ts_types.append(kind)
+
+    def flush(self) -> pa.RecordBatch:
+        n = len(self.offsets)
+        batch = pa.RecordBatch.from_arrays([
+            pa.array(self.keys, pa.binary()),
+            pa.array(self.values, pa.binary()),
+            pa.array([self.topic] * n, pa.string()),
+            pa.array([self.partition] * n, pa.int32()),
+            pa.array(self.offsets, pa.int64()),
+            pa.array(self.ts, pa.timestamp("us", tz="UTC")),
+            pa.array(self.ts_types, pa.int32()),
+        ], schema=KAFKA_ARROW_SCHEMA)
+        self._clear()
+        return batch
+
+
+class KafkaDataSource(DataSource):
+    """``format("memwal-kafka")``: Spark's Kafka source options and schema on librdkafka.
+
+    Options are validated when the data source is created, so mistakes fail at
+    ``load()`` rather than when the query starts.
+    """
+
+    def __init__(self, options: Dict[str, str]) -> None:
+        super().__init__(options)
+        self._settings = _Settings(options)
+
+    @classmethod
+    def name(cls) -> str:
+        """The short name used with ``spark.readStream.format(...)``."""
+        return SHORT_NAME
+
+    def schema(self) -> StructType:
+        """The fixed Kafka record schema (or, with ``memwal.prepare``, memwal's prepared rows);
+        user-specified schemas are not supported."""
+        if self._settings.memwal_prepare is not None:
+            from memwal.streaming.sink import Prepare
+
+            return Prepare.from_json(self._settings.memwal_prepare).spark_schema()
+        return KAFKA_SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        """A reader for one streaming query."""
+        if schema != self.schema():
+            raise ValueError(f"{SHORT_NAME} has a fixed schema; do not pass a schema to load()")
+        return KafkaStreamReader(self._settings)
+
+
+def register(spark: Any, *, ship_by_value: bool = True) -> None:
+    """Register ``format("memwal-kafka")`` with ``spark``.
+
+    With ``ship_by_value`` (the default) this module's classes are pickled by value
+    when Spark sends the data source to its Python workers, so the workers need
+    only pyspark, pyarrow and confluent-kafka installed, not this project on their
+    ``PYTHONPATH``.  Pass ``False`` when the project is installed on the workers.
+    """
+    if ship_by_value:
+        # pyspark pickles with its vendored cloudpickle, not the PyPI one.
+        from pyspark import cloudpickle
+
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    spark.dataSource.register(KafkaDataSource)

@@ -1,0 +1,291 @@
+"""End-to-end tests of the ``memwal-kafka`` streaming source against real brokers.
+
+Every test runs against both broker kinds of :mod:`brokers` (Apache Kafka 0.9.0.1
+and noida-db) with a real local SparkSession; nothing is mocked.  Queries use
+``trigger(availableNow=True)`` so they end by themselves, and a ``foreachBatch``
+collector so each micro-batch can be inspected.
+
+The ``spark`` fixture (one SparkSession for the whole test session) is in ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+try:
+    from brokers import BROKER_KINDS, Broker, produce, start_broker
+except ImportError:  # tests/ turned into a package
+    from tests.brokers import (  # type: ignore[no-redef]
+        BROKER_KINDS,
+        Broker,
+        produce,
+        start_broker,
+    )
+
+from memwal.streaming.kafka_source import KAFKA_SCHEMA, SHORT_NAME, apportion, register
+
+QUERY_TIMEOUT_S = 120
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def spark_kafka(test: _F) -> _F:
+    """Marks a test that starts Spark and a broker (markers declared in pyproject.toml)."""
+    return pytest.mark.spark(pytest.mark.kafka(test))
+
+
+# --------------------------------------------------------------------------------------
+# Fixtures
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=BROKER_KINDS)
+def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[Broker]:
+    """A running broker of each kind, shared by the tests of this module."""
+    kind = request.param
+    with start_broker(kind, tmp_path_factory.mktemp(f"broker-{kind}")) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def kafka_spark(spark: Any) -> Any:
+    """``spark`` with the memwal-kafka source registered."""
+    register(spark)
+    return spark
+
+
+# --------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------
+
+Row = Tuple[Optional[bytes], Optional[bytes], str, int, int]
+
+
+def new_topic(broker: Broker, partitions: int = 3) -> str:
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    broker.create_topic(name, partitions)
+    return name
+
+
+def fill(broker: Broker, topic: str, per_partition: Dict[int, int], tag: str = "a"
+         ) -> List[Row]:
+    """Produce ``per_partition[p]`` records to each partition; return the expected rows."""
+    records = [
+        (f"{tag}-k{p}-{i}".encode(), f"{tag}-v{p}-{i}".encode(), p)
+        for p, n in sorted(per_partition.items())
+        for i in range(n)
+    ]
+    placed = produce(broker, topic, records)
+    return [(k, v, topic, p, off) for (k, v, _), (p, off) in zip(records, placed, strict=True)]
+
+
+def run_available_now(spark: Any, broker: Broker, topic: str, checkpoint: Path,
+                      **options: str) -> List[List[Any]]:
+    """Run one ``availableNow`` query to its end; return the rows of each micro-batch."""
+    batches: Dict[int, List[Any]] = {}
+
+    def collect(df: Any, batch_id: int) -> None:
+        batches[batch_id] = df.collect()
+
+    reader = (spark.readStream.format(SHORT_NAME)
+              .options(**broker.spark_options())
+              .option("subscribe", topic))
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    query = (reader.load().writeStream.foreachBatch(collect)
+             .option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True)
+             .start())
+    try:
+        finished = query.awaitTermination(QUERY_TIMEOUT_S)
+    finally:
+        if query.isActive:
+            query.stop()
+    assert finished, f"availableNow query did not finish in {QUERY_TIMEOUT_S}s"
+    if query.exception() is not None:
+        raise AssertionError(f"query failed: {query.exception()}")
+    return [batches[b] for b in sorted(batches)]
+
+
+def as_tuples(rows: List[Any]) -> List[Row]:
+    return [(r.key, r.value, r.topic, r.partition, r.offset) for r in rows]
+
+
+def flat(batches: List[List[Any]]) -> List[Any]:
+    return [r for b in batches for r in b]
+
+
+# --------------------------------------------------------------------------------------
+# Tests
+# --------------------------------------------------------------------------------------
+
+
+@spark_kafka
+def test_available_now_reads_every_record_once(kafka_spark: Any, broker: Broker,
+                                               tmp_path: Path) -> None:
+    topic = new_topic(broker, 3)
+    expected = fill(broker, topic, {0: 7, 1: 5, 2: 6})
+    # A record without key and value (a tombstone) must come through as nulls.
+    [(p, off)] = produce(broker, topic, [(None, None, 1)])
+    expected.append((None, None, topic, p, off))
+
+    batches = run_available_now(kafka_spark, broker, topic, tmp_path / "ck",
+                                startingOffsets="earliest")
+    rows = flat(batches)
+
+    got = as_tuples(rows)
+    assert len(got) == len(set(got)), "a record was delivered twice"
+    assert sorted(got, key=repr) == sorted(expected, key=repr)
+    if broker.kind == "kafka09":
+        # 0.9 stores no timestamps: documented as null / timestampType -1.
+        assert {(r.timestamp, r.timestampType) for r in rows} == {(None, -1)}
+    else:
+        assert all(r.timestamp is not None and r.timestampType == 0 for r in rows)
+
+
+@spark_kafka
+def test_schema_matches_builtin_kafka_source(kafka_spark: Any, broker: Broker) -> None:
+    df = (kafka_spark.readStream.format(SHORT_NAME).options(**broker.spark_options())
+          .option("subscribe", "anything").load())
+    assert df.schema == KAFKA_SCHEMA
+    assert [(f.name, f.dataType.simpleString()) for f in df.schema.fields] == [
+        ("key", "binary"), ("value", "binary"), ("topic", "string"), ("partition", "int"),
+        ("offset", "bigint"), ("timestamp", "timestamp"), ("timestampType", "int")]
+
+
+@spark_kafka
+def test_max_offsets_per_trigger_splits_batches(kafka_spark: Any, broker: Broker,
+                                                tmp_path: Path) -> None:
+    topic = new_topic(broker, 3)
+    expected = fill(broker, topic, {0: 6, 1: 3, 2: 1})
+
+    batches = run_available_now(kafka_spark, broker, topic, tmp_path / "ck",
+                                startingOffsets="earliest", maxOffsetsPerTrigger="4")
+
+    sizes = [len(b) for b in batches if b]
+    assert sizes == [4, 4, 2], sizes
+    got = as_tuples(flat(batches))
+    assert sorted(got, key=repr) == sorted(expected, key=repr)
+    # Within a partition, batches follow offset order.
+    for p in range(3):
+        offsets = [r.offset for b in batches for r in b if r.partition == p]
+        assert offsets == sorted(offsets)
+
+
+@spark_kafka
+def test_restart_from_checkpoint_reads_only_new_records(kafka_spark: Any, broker: Broker,
+                                                        tmp_path: Path) -> None:
+    topic = new_topic(broker, 3)
+    first = fill(broker, topic, {0: 3, 1: 3, 2: 3}, tag="first")
+    checkpoint = tmp_path / "ck"
+
+    run1 = as_tuples(flat(run_available_now(kafka_spark, broker, topic, checkpoint,
+                                            startingOffsets="earliest")))
+    assert sorted(run1, key=repr) == sorted(first, key=repr)
+
+    second = fill(broker, topic, {0: 2, 1: 0, 2: 4}, tag="second")
+    # startingOffsets only applies to a fresh checkpoint; "latest" here must not matter.
+    run2 = as_tuples(flat(run_available_now(kafka_spark, broker, topic, checkpoint,
+                                            startingOffsets="latest")))
+    assert sorted(run2, key=repr) == sorted(second, key=repr)
+
+    run3 = flat(run_available_now(kafka_spark, broker, topic, checkpoint))
+    assert run3 == []
+
+
+@spark_kafka
+def test_starting_offsets_latest(kafka_spark: Any, broker: Broker, tmp_path: Path) -> None:
+    topic = new_topic(broker, 3)
+    fill(broker, topic, {0: 2, 1: 2, 2: 2}, tag="old")
+    checkpoint = tmp_path / "ck"
+
+    assert flat(run_available_now(kafka_spark, broker, topic, checkpoint,
+                                  startingOffsets="latest")) == []
+
+    # The first run checkpointed "latest" as concrete offsets: only newer records follow.
+    new = fill(broker, topic, {0: 1, 1: 0, 2: 2}, tag="new")
+    got = as_tuples(flat(run_available_now(kafka_spark, broker, topic, checkpoint,
+                                           startingOffsets="latest")))
+    assert sorted(got, key=repr) == sorted(new, key=repr)
+
+
+@spark_kafka
+def test_starting_offsets_json(kafka_spark: Any, broker: Broker, tmp_path: Path) -> None:
+    topic = new_topic(broker, 3)
+    expected = fill(broker, topic, {0: 4, 1: 4, 2: 4})
+    start = {topic: {"0": 1, "1": -2, "2": -1}}  # offset 1, earliest, latest
+
+    got = as_tuples(flat(run_available_now(kafka_spark, broker, topic, tmp_path / "ck",
+                                           startingOffsets=json.dumps(start))))
+
+    want = [r for r in expected if (r[3] == 0 and r[4] >= 1) or r[3] == 1]
+    assert sorted(got, key=repr) == sorted(want, key=repr)
+
+
+@spark_kafka
+def test_starting_offsets_json_must_name_every_partition(kafka_spark: Any, broker: Broker,
+                                                         tmp_path: Path) -> None:
+    topic = new_topic(broker, 2)
+    with pytest.raises(Exception, match="must specify every partition"):
+        run_available_now(kafka_spark, broker, topic, tmp_path / "ck",
+                          startingOffsets=json.dumps({topic: {"0": 0}}))
+
+
+@spark_kafka
+def test_unsupported_option_fails_at_load(kafka_spark: Any, broker: Broker) -> None:
+    reader = (kafka_spark.readStream.format(SHORT_NAME).options(**broker.spark_options())
+              .option("subscribePattern", "t-.*"))
+    with pytest.raises(Exception, match="not supported"):
+        reader.load()
+
+
+def test_apportion_is_proportional_and_deterministic() -> None:
+    backlog = {("a", 0): 6, ("a", 1): 3, ("a", 2): 1, ("b", 0): 0}
+    assert apportion(backlog, 4) == {("a", 0): 3, ("a", 1): 1, ("a", 2): 0}
+    assert apportion(backlog, 100) == {("a", 0): 6, ("a", 1): 3, ("a", 2): 1}
+    # Ties go to the lower (topic, partition); the total is always the limit.
+    even = {("a", 0): 1, ("a", 1): 1, ("a", 2): 1}
+    assert apportion(even, 2) == {("a", 0): 1, ("a", 1): 1, ("a", 2): 0}
+    for limit in range(1, 12):
+        take = apportion(backlog, limit)
+        assert sum(take.values()) == min(limit, 10)
+        assert all(0 <= take[tp] <= backlog[tp] for tp in take)
+
+
+@spark_kafka
+def test_subscribe_several_topics_one_missing(kafka_spark: Any, broker: Broker,
+                                              tmp_path: Path) -> None:
+    # A topic that does not exist yet contributes no partitions instead of failing
+    # or hanging (Kafka 0.9 + librdkafka cannot even parse metadata naming it).
+    t1, t2 = new_topic(broker, 2), new_topic(broker, 1)
+    expected = fill(broker, t1, {0: 2, 1: 1}) + fill(broker, t2, {0: 2})
+    missing = f"missing-{uuid.uuid4().hex[:8]}"
+
+    got = as_tuples(flat(run_available_now(kafka_spark, broker, f"{t1}, {missing},{t2}",
+                                           tmp_path / "ck", startingOffsets="earliest")))
+    assert sorted(got, key=repr) == sorted(expected, key=repr)
+
+
+@given(backlog=st.dictionaries(st.tuples(st.sampled_from("abc"), st.integers(0, 7)),
+                               st.integers(0, 10_000), max_size=12),
+       limit=st.integers(1, 50_000))
+def test_apportion_properties(backlog: Dict[Tuple[str, int], int], limit: int) -> None:
+    take = apportion(backlog, limit)
+    total = sum(backlog.values())
+    assert sum(take.values()) == min(limit, total)
+    for tp, n in take.items():
+        assert 0 <= n <= backlog[tp]
+        # Within one record of the exact proportional share.
+        assert abs(n * total - backlog[tp] * min(limit, total)) < total or total == 0
+    # Depends only on the contents, not on the order of the mapping.
+    assert apportion(dict(reversed(list(backlog.items()))), limit) == take

@@ -1,0 +1,43 @@
+"""LSM merge helpers: newest row per key, anti-join on keys."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from hypothesis import given
+from hypothesis import strategies as st
+
+from memwal.lsm import newest_across, newest_per_key, without_keys
+
+VEC = pa.list_(pa.float32(), 2)
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3), st.integers(-(2**63), 2**63 - 1)), max_size=40))
+def test_newest_per_key_is_the_last_occurrence(rows):
+    t = pa.table({"a": [r[0] for r in rows], "b": [r[1] for r in rows], "v": [r[2] for r in rows]})
+    expected = {}
+    for a, b, v in rows:
+        expected.pop((a, b), None)
+        expected[(a, b)] = v  # re-inserting keeps the order of last occurrences
+    got = newest_per_key(t, ["a", "b"]).to_pylist()
+    assert [((r["a"], r["b"]), r["v"]) for r in got] == list(expected.items())
+
+
+def test_newest_across_tables_prefers_later_tables():
+    old = pa.table({"k": [1, 2], "v": ["o1", "o2"]})
+    new = pa.table({"k": [2, 3], "v": ["n2", "n3"]})
+    assert sorted(newest_across([old, new], ["k"]).to_pylist(), key=lambda r: r["k"]) == [
+        {"k": 1, "v": "o1"}, {"k": 2, "v": "n2"}, {"k": 3, "v": "n3"}
+    ]
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 4), st.integers(0, 2)), max_size=20),
+    st.lists(st.tuples(st.integers(0, 4), st.integers(0, 2)), max_size=10),
+)
+def test_without_keys_single_and_composite(rows, drop):
+    t = pa.table({"a": [r[0] for r in rows], "b": [r[1] for r in rows], "vec": pa.array([[1.0, 2.0]] * len(rows), VEC)})
+    keys = pa.table({"a": pa.array([d[0] for d in drop], pa.int64()), "b": pa.array([d[1] for d in drop], pa.int64())})
+    got = without_keys(t, keys, ["a", "b"]).to_pylist()
+    assert [(r["a"], r["b"]) for r in got] == [r for r in rows if r not in set(drop)]
+    got1 = without_keys(t, keys, ["a"]).to_pylist()
+    assert [r["a"] for r in got1] == [r[0] for r in rows if r[0] not in {d[0] for d in drop}]

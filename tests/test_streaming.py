@@ -1,0 +1,236 @@
+"""The Spark sink end to end: real SparkSession, real brokers, real process kills."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pytest
+from brokers import produce, start_broker
+
+from memwal import Table, readers
+from memwal.failpoints import DIR_ENV, ENV
+from memwal.streaming import SinkOptions, ingest
+from memwal.streaming.dead_letters import dead_letter_uri, read_dead_letters
+from memwal.streaming.sink import partition_keys
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+
+SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.float64()), ("vec", pa.list_(pa.float32(), 4))])
+
+
+def workload(n: int, keys: int, seed: int, partitions: int = 3):
+    """Keyed JSON records (upserts and deletes, several per key) and the model they produce."""
+    rng = random.Random(seed)
+    model: dict[int, dict] = {}
+    records = []
+    for i in range(n):
+        k = rng.randrange(keys)
+        if rng.random() < 0.15:
+            value = {"id": k, "op": "delete"}
+            model.pop(k, None)
+        else:
+            row = {"id": k, "name": f"n{i}", "score": round(rng.random() * 100, 3), "vec": [float(i % 7)] * 4}
+            value = {**row, "op": "upsert"}
+            model[k] = row
+        # keyed by id, like a real producer: one key's history stays in one partition, in order
+        records.append((str(k).encode(), json.dumps(value).encode(), k % partitions))
+    return records, model
+
+
+def table_rows(uri: str, consistency: str = "eventual") -> dict[int, dict]:
+    rows = readers.open(uri, consistency=consistency).scan().to_pylist()
+    return {r["id"]: r for r in rows}
+
+
+def approx(rows: dict[int, dict]) -> dict[int, dict]:
+    return {k: {**v, "vec": [round(x, 3) for x in v["vec"]] if v.get("vec") is not None else None} for k, v in rows.items()}
+
+
+@pytest.mark.parametrize("kind", ["noida", "kafka09"])
+def test_ingest_end_to_end_equals_the_model(spark, tmp_path, kind):
+    with start_broker(kind, tmp_path / "broker") as broker:
+        broker.create_topic("users", 3)
+        records, model = workload(6000, 800, seed=1)
+        produce(broker, "users", records)
+        uri = str(tmp_path / "users")
+        Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)").close()
+        job = ingest(
+            spark,
+            bootstrap=broker.bootstrap,
+            topic="users",
+            table_uri=uri,
+            checkpoint=str(tmp_path / "ckpt"),
+            available_now=True,
+            max_offsets_per_trigger=2000,
+            kafka_options=broker.client_config(),
+        )
+        job.await_termination()
+    assert job.query.exception() is None
+    totals = job.sink.totals()
+    assert totals["batches"] >= 3 and totals["dead_letters"] == 0
+    assert approx(table_rows(uri)) == approx(model)  # eventual: the end of the query flushed everything
+    assert len(Table.open(uri).manifests.list_shards()) == 4
+    # the query's progress carries memwal's counters; the listener adds the write side
+    progress = job.listener.progress
+    assert sum(p["observed"].get("rows", 0) for p in progress.values()) == len(records)
+    assert all(p["sink"] is not None and p["sink"]["shards"] == 4 for p in progress.values() if p["input_rows"])
+
+
+def test_dead_letters_of_a_mixed_stream(spark, noida, tmp_path):
+    topic = f"mixed-{time.monotonic_ns()}"
+    noida.create_topic(topic, 3)
+    records, model = workload(3000, 500, seed=2)
+    bad = [
+        (b"b1", b"{not json", 0),
+        (b"b2", json.dumps({"id": "twelve", "name": "x"}).encode(), 1),  # wrong type
+        (b"b3", json.dumps({"name": "no key"}).encode(), 2),  # null key
+        (b"b4", json.dumps({"id": 5, "op": "merge"}).encode(), 0),  # unknown operation
+        (b"b5", json.dumps({"id": 6, "name": "x" * 5000}).encode(), 1),  # oversized
+        (b"b6", None, 2),  # no value at all
+        (b"b7", json.dumps([1, 2, 3]).encode(), 0),  # not an object
+    ]
+    mixed = records[:1000] + bad[:4] + records[1000:2000] + bad[4:] + records[2000:]
+    placed = produce(noida, topic, mixed)
+    coords = {(topic, p, off) for (key, _, _), (p, off) in zip(mixed, placed) if key.startswith(b"b") and not key[1:].isdigit() or key in {b[0] for b in bad}}
+    uri = str(tmp_path / "users")
+    Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)").close()
+    job = ingest(
+        spark,
+        bootstrap=noida.bootstrap,
+        topic=topic,
+        table_uri=uri,
+        checkpoint=str(tmp_path / "ckpt"),
+        available_now=True,
+        max_offsets_per_trigger=1000,
+        options=SinkOptions(source="kafka-json", max_row_bytes=4096),
+    )
+    job.await_termination()
+    assert job.query.exception() is None
+    assert approx(table_rows(uri)) == approx(model)  # every good record arrived
+    dlq = read_dead_letters(dead_letter_uri(uri)).to_pylist()
+    assert len(dlq) == len(bad) == job.sink.totals()["dead_letters"]
+    assert {(d["topic"], d["partition"], d["offset"]) for d in dlq} == coords
+    errors = {d["key"]: d["error"] for d in dlq}
+    assert "not valid JSON" in errors[b"b1"]
+    assert "/id" in errors[b"b2"] and "string" in errors[b"b2"]
+    assert "primary key column 'id' is null" in errors[b"b3"]
+    assert "unknown operation 'merge'" in errors[b"b4"]
+    assert "more than the limit of 4096" in errors[b"b5"]
+    assert "no value" in errors[b"b6"]
+    assert "not an object" in errors[b"b7"]
+    assert all(d["value"] is not None for d in dlq if d["key"] != b"b6")
+
+
+def test_sequence_field_orders_versions(spark, noida, tmp_path):
+    topic = f"seq-{time.monotonic_ns()}"
+    noida.create_topic(topic, 1)
+    schema = pa.schema([("id", pa.int64()), ("v", pa.string()), ("version", pa.int64())])
+    uri = str(tmp_path / "t")
+    Table.create(uri, schema, ["id"], "bucket(id, 2)").close()
+
+    def rec(k, v, version):
+        return (str(k).encode(), json.dumps({"id": k, "v": v, "version": version}).encode(), 0)
+
+    # batch 1: out of order within the batch; batch 2: an older version arrives late
+    produce(noida, topic, [rec(1, "new", 5), rec(1, "old", 3), rec(2, "a", 1)])
+    opts = SinkOptions(source="kafka-json", sequence_field="version", drop_stale_across_batches=True)
+    ckpt = str(tmp_path / "ckpt")
+    job = ingest(spark, bootstrap=noida.bootstrap, topic=topic, table_uri=uri, checkpoint=ckpt, available_now=True, options=opts)
+    job.await_termination()
+    produce(noida, topic, [rec(1, "late", 4), rec(2, "b", 2)])
+    job = ingest(spark, bootstrap=noida.bootstrap, topic=topic, table_uri=uri, checkpoint=ckpt, available_now=True, options=opts)
+    job.await_termination()
+    got = {r["id"]: (r["v"], r["version"]) for r in readers.open(uri).scan().to_pylist()}
+    assert got == {1: ("new", 5), 2: ("b", 2)}
+    assert job.sink.totals()["stale_dropped"] == 1
+
+
+def test_partition_keys_map_each_shard_to_its_own_task(spark):
+    from pyspark.sql import functions as F
+
+    for n in (1, 3, 4, 16):
+        keys = partition_keys(n)
+        df = spark.createDataFrame([(p, k) for p, k in enumerate(keys)], "want int, k int")
+        got = df.repartition(n, "k").withColumn("got", F.spark_partition_id()).collect()
+        assert all(r.want == r.got for r in got)
+
+
+# -- crashes and competing writers, with real processes ------------------------------------------
+
+
+def ingest_cli(uri, ckpt, broker, topic, extra_env=None, *args):
+    env = dict(os.environ, **(extra_env or {}))
+    return subprocess.Popen(
+        [sys.executable, "-m", "memwal", "-v", "ingest", "--bootstrap", broker.bootstrap, "--topic", topic,
+         "--table", uri, "--checkpoint", ckpt, "--available-now", *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )
+
+
+def test_sigkill_mid_batch_then_restart_from_checkpoint(noida, tmp_path):
+    topic = f"crash-{time.monotonic_ns()}"
+    noida.create_topic(topic, 3)
+    records, model = workload(8000, 1000, seed=3)
+    produce(noida, topic, records)
+    uri, ckpt = str(tmp_path / "users"), str(tmp_path / "ckpt")
+    Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)").close()
+    marker_dir = tmp_path / "markers"
+    marker_dir.mkdir()
+    # Pause in a write task of micro-batch 2, after it wrote a shard: two batches are
+    # committed, the third is half written. Then kill the whole driver process tree.
+    p = ingest_cli(uri, ckpt, noida, topic, {ENV: "sink.wrote.batch-2=pause", DIR_ENV: str(marker_dir)},
+                   "--max-offsets-per-trigger", "2000")
+    deadline = time.monotonic() + 300
+    while not (marker_dir / "sink.wrote.batch-2").exists():
+        assert p.poll() is None, p.stderr.read().decode()[-3000:]
+        assert time.monotonic() < deadline, "the ingest never reached batch 2"
+        time.sleep(0.1)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    assert p.returncode == -signal.SIGKILL
+    half = table_rows(uri, "strong")
+    assert half and approx(half) != approx(model)  # the crash left the table partly written
+    p = ingest_cli(uri, ckpt, noida, topic, None, "--max-offsets-per-trigger", "2000")
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err.decode()[-3000:]
+    assert "batch 2:" in err.decode()  # Spark replayed the interrupted batch
+    assert approx(table_rows(uri)) == approx(model)
+    scanned = subprocess.run([sys.executable, "-m", "memwal", "scan", uri, "--json"], capture_output=True, text=True, check=True)
+    assert approx({r["id"]: r for r in map(json.loads, scanned.stdout.splitlines())}) == approx(model)
+
+
+def test_two_concurrent_queries_on_the_same_shard(spark, noida, tmp_path):
+    """Two pipelines (two Spark applications) write disjoint keys into one unsharded table at
+    the same time: they keep claiming the shard from each other. Every write survives."""
+    uri = str(tmp_path / "t")
+    Table.create(uri, SCHEMA, ["id"], "unsharded").close()
+    topics = [f"race-a-{time.monotonic_ns()}", f"race-b-{time.monotonic_ns()}"]
+    models = []
+    for i, topic in enumerate(topics):
+        noida.create_topic(topic, 2)
+        records, model = workload(3000, 400, seed=10 + i, partitions=2)
+        # disjoint key ranges per pipeline
+        records = [(k, json.dumps({**json.loads(v), "id": json.loads(v)["id"] + i * 10_000}).encode(), p) for k, v, p in records]
+        models.append({key + i * 10_000: {**row, "id": key + i * 10_000} for key, row in model.items()})
+        produce(noida, topic, records)
+    other = ingest_cli(uri, str(tmp_path / "ckpt-b"), noida, topics[1], None, "--max-offsets-per-trigger", "200", "--flush-interval", "0")
+    job = ingest(
+        spark, bootstrap=noida.bootstrap, topic=topics[0], table_uri=uri, checkpoint=str(tmp_path / "ckpt-a"),
+        available_now=True, max_offsets_per_trigger=200, options=SinkOptions(source="kafka-json", flush_interval_seconds=0),
+    )
+    job.await_termination()
+    out, err = other.communicate(timeout=300)
+    assert other.returncode == 0, err.decode()[-3000:]
+    fenced_here = job.sink.totals()["fenced_retries"]
+    fenced_there = sum(int(line.split(" fenced retr")[0].rsplit(", ", 1)[1]) for line in err.decode().splitlines() if " fenced retr" in line)
+    assert fenced_here + fenced_there > 0  # they really did take the shard from each other
+    Table.open(uri).flush_stranded(0)
+    expected = {**models[0], **models[1]}
+    assert approx(table_rows(uri)) == approx(expected)
