@@ -1,13 +1,21 @@
 """End-to-end demo on a local, embedded setup: ``python -m memwal.demo`` (``make demo``).
 
-Creates a sharded table, streams upserts and deletes into it, reads it back through
-memwal's reader and checks the result against what was sent, then prints the table status.
-Exits non-zero if what a reader sees differs from what was written.
+1. starts a Kafka-protocol broker on 127.0.0.1 (noida-db) and a local Spark;
+2. creates a table sharded ``bucket(id, 4)`` and produces synthetic upserts and deletes
+   (integers, strings, a float vector) to a 3-partition topic;
+3. ingests the topic with memwal's Spark sink (Kafka -> Structured Streaming -> shards);
+4. reads the table back and checks it equals what the producer sent (last write per key);
+5. runs maintenance (compaction into the base table, index catch-up, garbage collection)
+   and checks again; then shows the table's status.
+
+Exits non-zero if a reader ever sees something other than what was sent.
+``--python-only`` skips Kafka and Spark and writes through the Python API instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import random
@@ -22,82 +30,144 @@ import pyarrow as pa  # noqa: E402
 
 log = logging.getLogger("memwal.demo")
 
+DIM = 8
 SCHEMA = pa.schema(
     [
         pa.field("id", pa.int64()),
         pa.field("name", pa.string()),
         pa.field("score", pa.float64()),
-        pa.field("embedding", pa.list_(pa.float32(), 8)),
+        pa.field("embedding", pa.list_(pa.float32(), DIM)),
     ]
 )
 
 
-def synthetic_batches(n_batches: int, batch_rows: int, key_space: int, seed: int):
-    """Yield (kind, table) pairs: mostly upserts of random keys, some deletes."""
+def synthetic_records(n: int, keys: int, seed: int) -> tuple[list[dict], dict[int, dict]]:
+    """Records with an ``op`` field, about one in eight a delete, and the model they produce."""
     rng = random.Random(seed)
-    for b in range(n_batches):
-        if b % 4 == 3:
-            ids = sorted(rng.sample(range(key_space), batch_rows // 10))
-            yield "delete", pa.table({"id": pa.array(ids, pa.int64())})
+    records: list[dict] = []
+    model: dict[int, dict] = {}
+    for i in range(n):
+        k = rng.randrange(keys)
+        if rng.random() < 0.125:
+            records.append({"id": k, "op": "delete"})
+            model.pop(k, None)
             continue
-        ids = [rng.randrange(key_space) for _ in range(batch_rows)]
-        yield "upsert", pa.table(
-            {
-                "id": pa.array(ids, pa.int64()),
-                "name": [f"user-{i}-v{b}" for i in ids],
-                "score": [round(rng.uniform(0, 100), 2) for _ in ids],
-                "embedding": pa.array([[rng.random() for _ in range(8)] for _ in ids], pa.list_(pa.float32(), 8)),
-            },
-            schema=SCHEMA,
-        )
+        row = {
+            "id": k,
+            "name": f"user-{k}-v{i}",
+            "score": round(rng.uniform(0, 100), 2),
+            # values exact in float32, so what is read back compares equal
+            "embedding": [rng.randrange(-512, 512) / 256 for _ in range(DIM)],
+        }
+        records.append({**row, "op": "upsert"})
+        model[k] = row
+    return records, model
 
 
-def run_python_flow(workdir: str, shards: int, batches: int, batch_rows: int) -> bool:
-    from memwal import Table, readers
+def check(label: str, uri: str, model: dict[int, dict], consistency: str = "eventual") -> bool:
+    from memwal import readers
+
+    seen = {r["id"]: r for r in readers.open(uri, consistency=consistency).scan().to_pylist()}
+    ok = seen == model
+    print(f"== {label}: reader ({consistency}) sees {len(seen)} live rows, producer model has {len(model)}: "
+          f"{'MATCH' if ok else 'MISMATCH'}")
+    if not ok:
+        missing = sorted(set(model) - set(seen))[:5]
+        extra = sorted(set(seen) - set(model))[:5]
+        wrong = [k for k in model if k in seen and seen[k] != model[k]][:5]
+        print(f"   missing {missing} extra {extra} different {wrong}")
+    return ok
+
+
+def run_kafka_flow(workdir: str, records: int, keys: int) -> bool:
+    from memwal import Table
+    from memwal.gc import GcConfig
+    from memwal.maintenance import Maintenance, MaintenanceConfig
+    from memwal.streaming import ingest, local_session
+    from memwal.streaming.local_broker import start_local_broker
 
     uri = os.path.join(workdir, "users")
-    print(f"== creating {uri}: primary key id, sharding bucket(id, {shards})")
-    table = Table.create(uri, SCHEMA, ["id"], f"bucket(id, {shards})")
-    model: dict[int, dict] = {}
-    t0 = time.perf_counter()
-    rows = 0
-    for kind, data in synthetic_batches(batches, batch_rows, key_space=batch_rows * 3, seed=7):
-        if kind == "upsert":
-            table.write(data)
-            for r in data.to_pylist():
-                model[r["id"]] = r
-        else:
-            table.delete(data)
-            for i in data.column("id").to_pylist():
-                model.pop(i, None)
-        rows += data.num_rows
-    table.flush()
-    elapsed = time.perf_counter() - t0
-    print(f"== wrote {rows} rows ({batches} batches) in {elapsed:.2f}s: {rows / elapsed:,.0f} rows/s")
+    print(f"== starting a local Kafka-protocol broker and Spark (local[2])")
+    with start_local_broker(os.path.join(workdir, "broker")) as broker:
+        spark = local_session(app="memwal-demo")
+        broker.create_topic("users", 3)
+        Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)").close()
+        print(f"== created {uri}: primary key id, sharding bucket(id, 4)")
 
-    reader = readers.open(uri)
-    seen = {r["id"]: r for r in reader.scan().to_pylist()}
-    ok = seen == model
-    print(f"== reader sees {len(seen)} live rows; model has {len(model)}: {'MATCH' if ok else 'MISMATCH'}")
-    some = next(iter(model))
-    print(f"== get({some}) -> {reader.get(some, columns=['id', 'name', 'score'])}")
-    print()
-    print(table.status().render())
+        rows, model = synthetic_records(records, keys, seed=7)
+        t0 = time.perf_counter()
+        broker.produce("users", ((str(r["id"]).encode(), json.dumps(r).encode(), r["id"] % 3) for r in rows))
+        print(f"== produced {len(rows)} records ({sum(r['op'] == 'delete' for r in rows)} deletes) "
+              f"over {keys} keys to topic users in {time.perf_counter() - t0:.1f}s")
+
+        t0 = time.perf_counter()
+        job = ingest(
+            spark,
+            bootstrap=broker.bootstrap,
+            topic="users",
+            table_uri=uri,
+            checkpoint=os.path.join(workdir, "checkpoint"),
+            available_now=True,
+            max_offsets_per_trigger=10_000,
+        )
+        job.await_termination()
+        elapsed = time.perf_counter() - t0
+        totals = job.sink.totals()
+        print(f"== Spark ingested {int(totals['rows'])} records in {int(totals['batches'])} micro-batches, "
+              f"{elapsed:.1f}s ({totals['rows'] / elapsed:,.0f} records/s), {int(totals['dead_letters'])} dead letters")
+        ok = check("after ingest", uri, model)
+
+        report = Maintenance(uri, MaintenanceConfig(gc_config=GcConfig(reader_grace_seconds=0))).run_cycle()
+        print(f"== maintenance: compacted {report.generations_compacted} SSTables in {report.compaction_commits} "
+              f"commits ({report.rows_compacted} rows), reclaimed {report.sstables_removed} SSTables "
+              f"({report.bytes_reclaimed:,} bytes)")
+        ok = check("after maintenance", uri, model) and ok
+        print()
+        print(Table.open(uri).status().render())
+        spark.stop()
+    return ok
+
+
+def run_python_flow(workdir: str, records: int, keys: int) -> bool:
+    from memwal import Table
+
+    uri = os.path.join(workdir, "users")
+    table = Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)")
+    rows, model = synthetic_records(records, keys, seed=7)
+    t0 = time.perf_counter()
+    for i in range(0, len(rows), 5_000):
+        chunk = rows[i : i + 5_000]
+        # one write per run of same-kind records keeps their order
+        start = 0
+        for j in range(1, len(chunk) + 1):
+            if j == len(chunk) or chunk[j]["op"] != chunk[start]["op"]:
+                part = chunk[start:j]
+                if part[0]["op"] == "delete":
+                    table.delete({"id": [r["id"] for r in part]})
+                else:
+                    table.write(pa.Table.from_pylist([{k: v for k, v in r.items() if k != "op"} for r in part], schema=SCHEMA))
+                start = j
     table.close()
+    print(f"== wrote {len(rows)} records through the Python API in {time.perf_counter() - t0:.2f}s")
+    ok = check("after writes", uri, model)
+    print()
+    print(Table.open(uri).status().render())
     return ok
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m memwal.demo", description=__doc__.splitlines()[0])
-    p.add_argument("--workdir", help="where to create tables (default: a temporary directory, removed afterwards)")
-    p.add_argument("--shards", type=int, default=4)
-    p.add_argument("--batches", type=int, default=20)
-    p.add_argument("--batch-rows", type=int, default=5_000)
+    p.add_argument("--workdir", help="where to put tables and the broker (default: a temporary directory, removed afterwards)")
+    p.add_argument("--records", type=int, default=50_000)
+    p.add_argument("--keys", type=int, default=8_000)
+    p.add_argument("--python-only", action="store_true", help="no Kafka or Spark: write through the Python API")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("memwal.streaming").setLevel(logging.INFO)  # one line per micro-batch
     workdir = args.workdir or tempfile.mkdtemp(prefix="memwal-demo-")
     try:
-        ok = run_python_flow(workdir, args.shards, args.batches, args.batch_rows)
+        flow = run_python_flow if args.python_only else run_kafka_flow
+        ok = flow(workdir, args.records, args.keys)
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)

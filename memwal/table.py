@@ -22,6 +22,7 @@ import pyarrow as pa
 from memwal import paths
 from memwal.errors import (
     MemwalError,
+    PrimaryKeyError,
     ShardingSpecError,
     TableExistsError,
     TableNotFoundError,
@@ -101,8 +102,9 @@ class Table:
         *,
         writer: WriterConfig | None = None,
         indexes: IndexConfig | None = None,
+        initial_data: Any = None,
     ) -> "Table":
-        """Create an empty table.
+        """Create a table, empty or bulk-loaded with ``initial_data`` (one row per key).
 
         ``schema`` may hold internal-looking columns only if they do not start with ``_``.
         Non-key columns become nullable: a delete is stored as a tombstone row whose non-key
@@ -143,8 +145,14 @@ class Table:
             writer=writer or WriterConfig(),
             indexes=indexes,
         )
+        base = schema.empty_table()
+        if initial_data is not None:
+            base = conform(as_table(initial_data, schema), schema, what="initial data")
+            keys = base.select(list(primary_key))
+            if keys.group_by(list(primary_key)).aggregate([]).num_rows != base.num_rows:
+                raise PrimaryKeyError("initial data repeats a primary key; load one row per key")
         # Stable row ids keep row identity across compaction, which views' change feeds need.
-        ds = lance.write_dataset(pa.Table.from_pylist([], schema=schema), uri, enable_stable_row_ids=True)
+        ds = lance.write_dataset(base, uri, enable_stable_row_ids=True)
         ds.update_config({CONFIG_KEY: meta.to_json()})
         ds = lance.dataset(uri)
         if indexes.primary_key_btree and len(primary_key) == 1:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -77,6 +78,11 @@ class IngestJob:
         self._finish()
 
     def _finish(self) -> None:
+        # Listener events are delivered asynchronously: give the last progress a moment.
+        last = self.query.lastProgress
+        deadline = time.monotonic() + 10
+        while last and last["batchId"] not in self.listener.progress and time.monotonic() < deadline:
+            time.sleep(0.05)
         try:
             self.spark.streams.removeListener(self.listener)
         except Exception:  # noqa: BLE001 - already removed
@@ -139,7 +145,7 @@ def ingest(
     options = options or SinkOptions(source="kafka-json")
     if options.source != "kafka-json":
         raise ValueError("ingest reads Kafka: options.source must be 'kafka-json'")
-    sink = MemwalSink(table_uri, options)
+    sink = MemwalSink(table_uri, options).bind(spark)
     name = query_name or f"memwal-ingest-{topic}"
     listener = MemwalProgressListener(sink, name)
     spark.streams.addListener(listener)

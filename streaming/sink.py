@@ -31,7 +31,7 @@ import os
 import threading
 import time
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Iterator
 
@@ -99,9 +99,11 @@ class SinkOptions:
     flush_interval_seconds: float | None = 2.0
     #: Partitions for shards of specs without a fixed shard count (identity, time, ...).
     partitions_for_open_specs: int = 8
-    #: At most this many write tasks per micro-batch, each writing several shards in
-    #: parallel threads (None: one task per shard). Fewer, fuller tasks cost less Spark
-    #: scheduling on small clusters; every shard is still written by exactly one task.
+    #: At most this many write tasks per micro-batch (None: Spark's default parallelism,
+    #: i.e. its task slots). With more shards than that, a task writes several shards in
+    #: parallel threads; every shard is still written by exactly one task. A wave of tasks
+    #: beyond the slots costs a micro-batch more than the writes it parallelizes
+    #: (docs/benchmarks.md).
     max_write_tasks: int | None = None
     #: Dead-letter table; default ``{table}_dead_letters``.
     dead_letter_uri: str | None = None
@@ -223,7 +225,38 @@ def _partition_of(spec, values: tuple, shard_id: str, n: int) -> int:
 # ---------------------------------------------------------------------------------------
 
 
+#: What the prepare stage hands to Spark: one row per (input task, write partition) with
+#: the prepared rows as an Arrow IPC payload. Spark shuffles a few opaque blobs instead
+#: of converting every row (vectors especially) to its internal format and back.
+COUNT_ROWS = "rows"
+COUNT_DEAD = "dead_letters"
+COUNT_DELETES = "deletes"
+PAYLOAD = "payload"
+EXCHANGE_SCHEMA = pa.schema(
+    [
+        pa.field(PART, pa.int32()),
+        pa.field(COUNT_ROWS, pa.int64()),
+        pa.field(COUNT_DEAD, pa.int64()),
+        pa.field(COUNT_DELETES, pa.int64()),
+        pa.field(PAYLOAD, pa.binary()),
+    ]
+)
+
+
+def to_payload(rows: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, rows.schema) as w:
+        w.write_table(rows)
+    return sink.getvalue().to_pybytes()
+
+
+def from_payload(data: bytes) -> pa.Table:
+    with pa.ipc.open_stream(data) as r:
+        return r.read_all()
+
+
 def prepared_schema(table_schema: pa.Schema) -> pa.Schema:
+    """The schema of prepared rows inside a payload."""
     internal = [
         pa.field(PART, pa.int32()),
         pa.field(SHARD, pa.string()),
@@ -256,26 +289,38 @@ class Prepare:
         return cls(d["uri"], SinkOptions(**d["options"]))
 
     def spark_schema(self):
-        from memwal.table import Table
-
-        return spark_schema(prepared_schema(Table.open(self.uri).schema))
+        return spark_schema(EXCHANGE_SCHEMA)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """Prepared rows of ``batches``."""
+        """Exchange rows (see :data:`EXCHANGE_SCHEMA`) for ``batches``."""
         from pyspark import TaskContext
 
         table = _table(self.uri)
         ctx = TaskContext.get()
         task_partition = ctx.partitionId() if ctx is not None else 0
-        out_schema = exchange_schema(prepared_schema(table.schema))
+        schema = prepared_schema(table.schema)
         n = shard_partitions(table.spec, self.options)
         row = 0
         for batch in batches:
             if batch.num_rows == 0:
                 continue
-            out = self.prepare(table, pa.Table.from_batches([batch]), task_partition, row, n)
+            out = self.prepare(table, pa.Table.from_batches([batch]), task_partition, row, n).cast(schema)
             row += batch.num_rows
-            yield from out.cast(out_schema).to_batches()
+            parts = out.column(PART)
+            exchange = []
+            for part in pc.unique(parts).to_pylist():
+                rows = out.filter(pc.equal(parts, part))
+                bad = pc.is_valid(rows.column(ERROR))
+                exchange.append(
+                    {
+                        PART: part,
+                        COUNT_ROWS: rows.num_rows,
+                        COUNT_DEAD: pc.sum(bad.cast(pa.int64())).as_py() or 0,
+                        COUNT_DELETES: pc.sum(pc.and_(rows.column(DELETE), pc.invert(bad)).cast(pa.int64())).as_py() or 0,
+                        PAYLOAD: to_payload(rows),
+                    }
+                )
+            yield pa.RecordBatch.from_pylist(exchange, schema=EXCHANGE_SCHEMA)
 
     def prepare(self, table, data: pa.Table, task_partition: int, first_row: int, n: int) -> pa.Table:
         opts = self.options
@@ -381,15 +426,6 @@ def spark_schema(schema: pa.Schema):
     return from_arrow_schema(schema)
 
 
-@lru_cache(maxsize=32)
-def exchange_schema(schema: pa.Schema) -> pa.Schema:
-    """The Arrow schema Spark exchanges for ``schema``: what batches handed to Spark must have
-    (e.g. a fixed-size list travels as a list, since Spark has only one array type)."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    return to_arrow_schema(spark_schema(schema), timezone="UTC")
-
-
 def _row_json(data: pa.Table, i: int) -> str:
     from memwal.formats import row_to_json
 
@@ -411,7 +447,7 @@ class Write:
         self.dead_letter_uri = dead_letter_uri
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
+        tables = [from_payload(p) for b in batches for p in b.column(PAYLOAD).to_pylist() if p]
         if not tables:
             return
         data = pa.concat_tables(tables)
@@ -574,33 +610,44 @@ class MemwalSink:
         self.reports: list[BatchReport] = []
         self._report_lock = threading.Lock()
 
+    def bind(self, spark) -> "MemwalSink":
+        """Fix the number of write tasks from ``spark``'s parallelism (once; the prepare and
+        write stages must agree on it for the life of the query)."""
+        if self.options.max_write_tasks is None:
+            self.options = replace(self.options, max_write_tasks=max(1, spark.sparkContext.defaultParallelism))
+            from memwal.table import Table
+
+            self.partitions = shard_partitions(Table.open(self.uri).spec, self.options)
+        return self
+
     def prepare_spec(self) -> Prepare:
         """The prepare stage, for running it elsewhere (the Kafka source's ``memwal.prepare``)."""
         return Prepare(self.uri, self.options)
 
     def prepare(self, df):
         """``df`` decoded, validated and routed (a lazy transformation; streaming DataFrames too)."""
-        return df.mapInArrow(self.prepare_spec(), spark_schema(prepared_schema(self.schema)))
+        self.bind(df.sparkSession)
+        return df.mapInArrow(self.prepare_spec(), spark_schema(EXCHANGE_SCHEMA))
 
     def observe(self, prepared, name: str = "memwal"):
         """``prepared`` with observed metrics (rows, upserts, deletes, dead letters, shards)
         that Spark reports in every ``StreamingQueryProgress.observedMetrics[name]``."""
         from pyspark.sql import functions as F
 
-        bad = F.col(ERROR).isNotNull()
+        rows, dead, deletes = F.col(COUNT_ROWS), F.col(COUNT_DEAD), F.col(COUNT_DELETES)
         return prepared.observe(
             name,
-            F.count(F.lit(1)).alias("rows"),
-            F.sum(F.when(bad, 1).otherwise(0)).alias("dead_letters"),
-            F.sum(F.when(~bad & F.col(DELETE), 1).otherwise(0)).alias("deletes"),
-            F.sum(F.when(~bad & ~F.col(DELETE), 1).otherwise(0)).alias("upserts"),
-            F.approx_count_distinct(F.when(~bad, F.col(SHARD))).alias("shards"),
+            F.coalesce(F.sum(rows), F.lit(0)).alias("rows"),
+            F.coalesce(F.sum(dead), F.lit(0)).alias("dead_letters"),
+            F.coalesce(F.sum(deletes), F.lit(0)).alias("deletes"),
+            F.coalesce(F.sum(rows - dead - deletes), F.lit(0)).alias("upserts"),
         )
 
     def __call__(self, df, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
         t0 = time.perf_counter()
+        self.bind(df.sparkSession)
         prepared = df if PART in df.columns else self.prepare(df)
         write = Write(self.uri, self.options, batch_id, self.dead_letter_uri)
         # One task per write partition: Spark hash-partitions the magic key of partition p

@@ -1,0 +1,95 @@
+"""Shared pieces of the benchmarks: the workload of docs/benchmarks.md and small statistics."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import random
+import statistics
+import subprocess
+
+import numpy as np
+import pyarrow as pa
+
+DIM = 64
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64()),
+        pa.field("val", pa.float64()),
+        pa.field("name", pa.string()),
+        pa.field("vec", pa.list_(pa.float32(), DIM)),
+    ]
+)
+
+
+def machine() -> str:
+    """One line naming the machine, for the results table."""
+    try:
+        model = next(
+            (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?"
+        )
+    except OSError:
+        model = platform.processor() or "?"
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{os.cpu_count()} cores ({model}), {mem:.0f} GiB, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+
+
+def today() -> str:
+    return dt.date.today().isoformat()
+
+
+def git_rev() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
+def base_rows(n: int, seed: int = 0) -> pa.Table:
+    """``n`` rows with ids 0..n-1: the 1M-row base of the workload."""
+    rng = np.random.default_rng(seed)
+    vec = pa.FixedSizeListArray.from_arrays(pa.array(rng.random(n * DIM, dtype=np.float32)), DIM)
+    return pa.table(
+        {
+            "id": pa.array(np.arange(n, dtype=np.int64)),
+            "val": pa.array(rng.random(n)),
+            "name": pa.array([f"name-{i:012d}-base" for i in range(n)]),
+            "vec": vec,
+        },
+        schema=SCHEMA,
+    )
+
+
+def batch_rows(batch: int, size: int, base: int, seed: int = 1) -> list[dict]:
+    """Micro-batch ``batch``: half updates of existing ids, half new ids (as in the baselines)."""
+    rng = random.Random(seed * 1_000_003 + batch)
+    half = size // 2
+    updates = rng.sample(range(base), half)
+    new = range(base + batch * half, base + batch * half + (size - half))
+    rows = []
+    for i in list(updates) + list(new):
+        rows.append(
+            {
+                "id": i,
+                "val": rng.random(),
+                "name": f"name-{i:012d}-b{batch:04d}",
+                "vec": [round(rng.random(), 4) for _ in range(DIM)],
+            }
+        )
+    return rows
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, int(round(p / 100 * (len(s) - 1)))))]
+
+
+def summary_ms(values: list[float]) -> str:
+    return f"{pct(values, 50) * 1000:.0f} / {pct(values, 99) * 1000:.0f}"
+
+
+def mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")

@@ -1,0 +1,293 @@
+"""Ingest benchmark: memwal's Spark sink against the naive sink, in one run, same data.
+
+The naive sink is what a user writes today: ``foreachBatch`` decoding the Kafka JSON with
+Spark's ``from_json``, collecting the micro-batch and running Lance ``merge_insert`` on
+the driver. The memwal sink is :func:`memwal.streaming.ingest`. Both read the same
+records from the same local broker through the same Kafka source.
+
+Workload (as in ../shared/notes/baselines.md): a base table of ``--base-rows`` rows
+(id int64 key, val float64, name ~20 chars, vec 64 x float32), micro-batches of 10k rows,
+half updates of existing ids and half new ids.
+
+Phases:
+1. throughput: the topic is filled first, then each sink drains it (``availableNow``,
+   ``maxOffsetsPerTrigger`` = batch size): rows/s and micro-batch latency p50/p99;
+2. freshness: a producer sends at a fixed rate while the query runs; a probe record
+   carries its send time, and a reader polling the table records when each probe becomes
+   visible: producer send -> visible, p50/p99.
+
+Run: ``python bench/ingest.py`` (add ``--base-rows 3000000`` to see the trend with size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
+
+import lance  # noqa: E402
+import pyarrow as pa  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import DIM, SCHEMA, base_rows, batch_rows, git_rev, machine, pct, today  # noqa: E402
+
+from memwal import Table, readers  # noqa: E402
+from memwal.streaming import SinkOptions, ingest, kafka_stream, local_session  # noqa: E402
+from memwal.streaming.local_broker import start_local_broker  # noqa: E402
+
+PROBE = -1
+log = logging.getLogger("bench.ingest")
+
+
+def produce_batches(broker, topic: str, batches: int, size: int, base: int, first: int = 0) -> int:
+    sent = 0
+    for b in range(first, first + batches):
+        rows = batch_rows(b, size, base)
+        sent += broker.produce(topic, ((str(r["id"]).encode(), json.dumps(r).encode(), r["id"] % 3) for r in rows))
+    return sent
+
+
+# -- the naive sink ------------------------------------------------------------------------------
+
+
+class NaiveSink:
+    """foreachBatch: from_json in Spark, collect, keep the last record per key (merge_insert
+    refuses two source rows for one key), Lance merge_insert on the driver."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self.durations: list[float] = []
+        self.rows = 0
+
+    def __call__(self, df, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import ArrayType, DoubleType, FloatType, LongType, StringType, StructField, StructType
+
+        t0 = time.perf_counter()
+        spark_schema = StructType(
+            [
+                StructField("id", LongType()),
+                StructField("val", DoubleType()),
+                StructField("name", StringType()),
+                StructField("vec", ArrayType(FloatType())),
+            ]
+        )
+        data = (
+            df.select(F.from_json(F.col("value").cast("string"), spark_schema).alias("r"), "partition", "offset")
+            .select("r.*", "partition", "offset")
+            .toArrow()
+        )
+        if data.num_rows:
+            from memwal.lsm import newest_per_key  # a user would write this dedup by hand
+
+            data = newest_per_key(data.sort_by([("partition", "ascending"), ("offset", "ascending")]), ["id"])
+            vec = pa.FixedSizeListArray.from_arrays(data.column("vec").combine_chunks().flatten(), DIM)
+            data = pa.table({"id": data["id"], "val": data["val"], "name": data["name"], "vec": vec}, schema=SCHEMA)
+            lance.dataset(self.uri).merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(data)
+            self.rows += data.num_rows
+            self.durations.append(time.perf_counter() - t0)
+
+
+def run_naive(spark, broker, topic: str, uri: str, ckpt: str, batch: int, available_now: bool = True, stop: threading.Event | None = None):
+    sink = NaiveSink(uri)
+    writer = kafka_stream(spark, broker.bootstrap, topic, max_offsets_per_trigger=batch).writeStream.foreachBatch(sink).option("checkpointLocation", ckpt)
+    writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime="0 seconds")
+    t0 = time.perf_counter()
+    q = writer.start()
+    if available_now:
+        q.awaitTermination()
+    else:
+        stop.wait()
+        q.stop()
+    return sink, time.perf_counter() - t0
+
+
+def run_memwal(spark, broker, topic: str, uri: str, ckpt: str, batch: int, tasks: int | None, available_now: bool = True, stop: threading.Event | None = None):
+    job = ingest(
+        spark,
+        bootstrap=broker.bootstrap,
+        topic=topic,
+        table_uri=uri,
+        checkpoint=ckpt,
+        available_now=available_now,
+        max_offsets_per_trigger=batch,
+        options=SinkOptions(source="kafka-json", op_field=None, max_write_tasks=tasks),
+    )
+    t0 = time.perf_counter()
+    if available_now:
+        job.await_termination()
+    else:
+        stop.wait()
+        job.stop()
+    return job, time.perf_counter() - t0
+
+
+# -- freshness -----------------------------------------------------------------------------------
+
+
+def freshness(spark, broker, name: str, run, read_probe, rate: int, seconds: float, base: int, size: int) -> list[float]:
+    """Producer at ``rate`` rows/s with a probe every 100 ms; returns send -> visible delays."""
+    topic = f"fresh-{name}-{time.monotonic_ns()}"
+    broker.create_topic(topic, 3)
+    stop_query = threading.Event()
+    done = threading.Event()
+    samples: list[float] = []
+    last_sent = [0.0]
+
+    def produce():
+        import confluent_kafka
+
+        producer = confluent_kafka.Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
+        b = 10_000  # batch numbers far from the throughput phase's
+        t_end = time.time() + seconds
+        next_probe = 0.0
+        while time.time() < t_end:
+            t0 = time.time()
+            for r in batch_rows(b, rate // 10, base + 50_000_000):
+                producer.produce(topic, key=str(r["id"]).encode(), value=json.dumps(r).encode(), partition=r["id"] % 3)
+            if t0 >= next_probe:
+                sent = time.time()
+                probe = {"id": PROBE, "val": sent, "name": "probe", "vec": [0.0] * DIM}
+                producer.produce(topic, key=b"probe", value=json.dumps(probe).encode(), partition=0)
+                last_sent[0] = sent
+                next_probe = t0 + 0.1
+            producer.poll(0)
+            b += 1
+            time.sleep(max(0.0, 0.1 - (time.time() - t0)))
+        producer.flush(30)
+        done.set()
+
+    def poll():
+        seen = 0.0
+        while not stop_query.is_set():
+            try:
+                v = read_probe()
+            except Exception:  # noqa: BLE001 - the table may be between commits
+                v = None
+            now = time.time()
+            if v is not None and v > seen:
+                seen = v
+                samples.append(now - v)
+                if done.is_set() and v >= last_sent[0]:
+                    stop_query.set()
+            time.sleep(0.02)
+
+    runner = threading.Thread(target=run, args=(topic, stop_query))
+    producer = threading.Thread(target=produce)
+    poller = threading.Thread(target=poll)
+    runner.start()
+    time.sleep(6)  # the query's start-up is not part of freshness
+    producer.start()
+    poller.start()
+    producer.join()
+    poller.join(timeout=seconds + 120)
+    stop_query.set()
+    runner.join(timeout=120)
+    return samples[3:]  # drop the first probes, sent while the query warmed up
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--base-rows", type=int, default=1_000_000)
+    p.add_argument("--batches", type=int, default=30)
+    p.add_argument("--batch-rows", type=int, default=10_000)
+    p.add_argument("--freshness-rate", type=int, default=5_000, help="rows/s the freshness producer sends")
+    p.add_argument("--freshness-seconds", type=float, default=30)
+    p.add_argument("--workdir")
+    p.add_argument("--json", help="write the results here too")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    work = args.workdir or tempfile.mkdtemp(prefix="memwal-bench-ingest-")
+    results: dict = {"date": today(), "machine": machine(), "commit": git_rev(), "args": vars(args)}
+    try:
+        spark = local_session(app="memwal-bench")
+        spark.sparkContext.setLogLevel("ERROR")
+        with start_local_broker(os.path.join(work, "broker")) as broker:
+            t0 = time.perf_counter()
+            base = base_rows(args.base_rows)
+            naive_uri = os.path.join(work, "naive")
+            lance.write_dataset(base, naive_uri)
+            # None: as many write tasks as Spark has slots (2 here), the default
+            variants = {"memwal": None, "memwal (1 task per shard)": 4, "memwal (1 write task)": 1}
+            uris = {}
+            for name in variants:
+                uris[name] = os.path.join(work, name.replace(" ", "_").replace("(", "").replace(")", ""))
+                Table.create(uris[name], SCHEMA, ["id"], "bucket(id, 4)", initial_data=base).close()
+            print(f"base tables of {args.base_rows:,} rows ready in {time.perf_counter() - t0:.1f}s")
+
+            topic = "throughput"
+            broker.create_topic(topic, 3)
+            sent = produce_batches(broker, topic, args.batches, args.batch_rows, args.base_rows)
+            print(f"produced {sent:,} records ({args.batches} micro-batches of {args.batch_rows:,})")
+
+            rows = []
+            naive, elapsed = run_naive(spark, broker, topic, naive_uri, os.path.join(work, "ckpt-naive"), args.batch_rows)
+            assert lance.dataset(naive_uri).count_rows() == args.base_rows + args.batches * (args.batch_rows // 2)
+            rows.append(("naive (merge_insert per batch)", naive.rows, sum(naive.durations), elapsed, naive.durations))
+            for name, tasks in variants.items():
+                job, elapsed = run_memwal(spark, broker, topic, uris[name], os.path.join(work, f"ckpt-{tasks}"), args.batch_rows, tasks)
+                durations = [r.seconds for r in job.sink.reports]
+                total_rows = int(job.sink.totals()["rows"])
+                count = readers.open(uris[name]).count()
+                assert count == args.base_rows + args.batches * (args.batch_rows // 2), count
+                rows.append((name, total_rows, sum(durations), elapsed, durations))
+
+            naive_rate = rows[0][1] / rows[0][2]
+            print(f"\n{'sink':32} {'rows/s (sink)':>14} {'x naive':>8} {'rows/s (query)':>15} {'batch p50 / p99 ms':>20}")
+            results["throughput"] = []
+            for name, n, busy, elapsed, durations in rows:
+                rate = n / busy
+                print(f"{name:32} {rate:14,.0f} {rate / naive_rate:8.2f} {n / elapsed:15,.0f} {pct(durations, 50) * 1000:9.0f} / {pct(durations, 99) * 1000:.0f}")
+                results["throughput"].append(
+                    {"sink": name, "rows": n, "rows_per_s": rate, "x_naive": rate / naive_rate, "query_rows_per_s": n / elapsed,
+                     "batch_p50_ms": pct(durations, 50) * 1000, "batch_p99_ms": pct(durations, 99) * 1000}
+                )
+
+            if args.freshness_seconds > 0:
+                results["freshness"] = []
+
+                def naive_probe():
+                    t = lance.dataset(naive_uri).to_table(columns=["val"], filter=f"id = {PROBE}")
+                    return t.column(0)[0].as_py() if t.num_rows else None
+
+                strong = readers.open(uris["memwal"], consistency="strong")
+                eventual = readers.open(uris["memwal"], refresh_interval_ms=0)
+
+                def strong_probe():
+                    r = strong.get(PROBE, columns=["val"])
+                    return r["val"] if r else None
+
+                def eventual_probe():
+                    r = eventual.get(PROBE, columns=["val"])
+                    return r["val"] if r else None
+
+                cases = [
+                    ("naive", lambda topic, stop: run_naive(spark, broker, topic, naive_uri, os.path.join(work, f"ckpt-fn-{topic}"), args.batch_rows, False, stop), naive_probe),
+                    ("memwal, strong reader", lambda topic, stop: run_memwal(spark, broker, topic, uris["memwal"], os.path.join(work, f"ckpt-fm-{topic}"), args.batch_rows, None, False, stop), strong_probe),
+                    ("memwal, eventual reader", lambda topic, stop: run_memwal(spark, broker, topic, uris["memwal"], os.path.join(work, f"ckpt-fe-{topic}"), args.batch_rows, None, False, stop), eventual_probe),
+                ]
+                print(f"\nfreshness at {args.freshness_rate:,} rows/s for {args.freshness_seconds:.0f}s (producer send -> visible to a reader)")
+                for name, run, probe in cases:
+                    samples = freshness(spark, broker, name.split(",")[0], run, probe, args.freshness_rate, args.freshness_seconds, args.base_rows, args.batch_rows)
+                    print(f"{name:32} p50 {pct(samples, 50) * 1000:6.0f} ms   p99 {pct(samples, 99) * 1000:6.0f} ms   ({len(samples)} probes)")
+                    results["freshness"].append({"reader": name, "p50_ms": pct(samples, 50) * 1000, "p99_ms": pct(samples, 99) * 1000, "probes": len(samples)})
+        spark.stop()
+    finally:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"\n{results['date']}, {results['machine']}, commit {results['commit']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
