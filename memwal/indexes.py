@@ -26,6 +26,20 @@ log = logging.getLogger(__name__)
 #: IVF_PQ needs rows to train on; below this the vector index is not created yet.
 MIN_ROWS_FOR_VECTOR_INDEX = 5_000
 
+#: Tokenizer of the inverted (full-text) index: Lance's "simple" tokenizer, lower-cased, no
+#: stemming or stop words. memwal.readers.bm25 tokenizes the same way, so the statistics
+#: it aggregates across LSM levels count the same terms as the index.
+FTS_MAX_TOKEN_LEN = 40
+FTS_PARAMS = {
+    "base_tokenizer": "simple",
+    "lower_case": True,
+    "stem": False,
+    "remove_stop_words": False,
+    "ascii_folding": False,
+    "max_token_length": FTS_MAX_TOKEN_LEN,
+    "with_position": False,
+}
+
 
 def vector_index_name(column: str) -> str:
     return f"{column}_ivf_pq"
@@ -83,7 +97,7 @@ class IndexMaintainer:
             created.append(f"{pk[0]}_idx")
         if cfg.fts_column and fts_index_name(cfg.fts_column) not in have:
             ds = self.table.dataset()
-            ds.create_scalar_index(cfg.fts_column, "INVERTED", name=fts_index_name(cfg.fts_column))
+            ds.create_scalar_index(cfg.fts_column, "INVERTED", name=fts_index_name(cfg.fts_column), **FTS_PARAMS)
             created.append(fts_index_name(cfg.fts_column))
         if cfg.vector_column and vector_index_name(cfg.vector_column) not in have:
             ds = self.table.dataset()

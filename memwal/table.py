@@ -42,7 +42,7 @@ from memwal.sharding import (
     parse_sharding_spec,
 )
 from memwal.snapshot import Snapshot, take_snapshot
-from memwal.indexes import index_lag
+from memwal.indexes import FTS_PARAMS, fts_index_name, index_lag
 from memwal.status import ShardStatus, TableStatus, read_maintenance_metrics
 from memwal.wal import WalTailReader
 from memwal.writer import ShardWriterPool
@@ -157,6 +157,10 @@ class Table:
         ds = lance.dataset(uri)
         if indexes.primary_key_btree and len(primary_key) == 1:
             ds.create_scalar_index(primary_key[0], "BTREE", name=f"{primary_key[0]}_idx")
+            ds = lance.dataset(uri)
+        if indexes.fts_column is not None:
+            # Before the MemWAL starts, so every MemTable maintains it too.
+            ds.create_scalar_index(indexes.fts_column, "INVERTED", name=fts_index_name(indexes.fts_column), **FTS_PARAMS)
             ds = lance.dataset(uri)
         ds.initialize_mem_wal(**lance_init_kwargs(spec), **meta.writer.lance_kwargs())
         log.info("created table %s (primary key %s, sharding %s)", uri, list(primary_key), spec.render())

@@ -6,9 +6,9 @@ term rare in a small SSTable looks more significant than in the base). Here the 
 count, average length and document frequencies are those of the live rows only: a
 document superseded by a newer version or deleted counts nowhere.
 
-Tokenization matches the inverted index memwal builds on the base table (Lance's
-``simple`` tokenizer, lower-cased, no stemming or stop words): maximal runs of letters
-and digits, at most 40 characters long.
+Tokenization matches the inverted index memwal builds on the base table
+(``memwal.indexes.FTS_PARAMS``: Lance's ``simple`` tokenizer, lower-cased, no stemming or
+stop words): maximal runs of letters and digits, at most 40 characters long.
 """
 
 from __future__ import annotations
@@ -19,21 +19,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from memwal.indexes import FTS_MAX_TOKEN_LEN as MAX_TOKEN_LEN
+
 K1 = 1.2
 B = 0.75
-MAX_TOKEN_LEN = 40
 _TOKEN = re.compile(r"[^\W_]+", re.UNICODE)
-
-#: Inverted-index parameters that make Lance tokenize as :func:`tokenize` does.
-LANCE_FTS_PARAMS = {
-    "base_tokenizer": "simple",
-    "lower_case": True,
-    "stem": False,
-    "remove_stop_words": False,
-    "ascii_folding": False,
-    "max_token_length": MAX_TOKEN_LEN,
-    "with_position": False,
-}
 
 
 def tokenize(text: str | None) -> list[str]:

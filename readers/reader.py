@@ -12,13 +12,17 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Sequence
 
+import lance
 import lance.mem_wal
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal.readers.keys import keys_predicate, keys_table, normalize_key
 from memwal.readers.pruning import Pruning, prune
+from memwal.readers import text
 from memwal.readers.sql import filter_rows
+from memwal.readers.vectors import as_matrix, distances, vector_columns
 from memwal.lsm import without_keys
 from memwal.schema import TOMBSTONE
 from memwal.snapshot import Snapshot
@@ -257,6 +261,103 @@ class Reader:
         if snap.num_live_sstables == 0:
             return snap.dataset.count_rows(filter=where)
         return self._scanner(snap, None, where, None).count_rows()
+
+
+    # -- vector search ---------------------------------------------------------------------------
+
+    def _vector_column(self, column: str | None) -> str:
+        if column is not None:
+            return column
+        configured = self.table.metadata.indexes.vector_column
+        if configured:
+            return configured
+        candidates = vector_columns(self.table.schema)
+        if len(candidates) != 1:
+            raise ValueError(f"name the vector column to search (candidates: {candidates})")
+        return candidates[0]
+
+    def search(
+        self,
+        vector: Sequence[float] | np.ndarray,
+        k: int = 10,
+        *,
+        column: str | None = None,
+        where: str | None = None,
+        nprobes: int = 20,
+        columns: Sequence[str] | None = None,
+        metric: str | None = None,
+    ) -> pa.Table:
+        """The ``k`` live rows nearest to ``vector``, with their ``_distance`` (nearest first).
+
+        Only the newest version of a row can appear. With an IVF index on the base table,
+        Lance's LSM vector planner searches every level (distances re-ranked exactly);
+        without one the search is exact over the live rows. Strong readers also search the
+        unflushed WAL tail.
+        """
+        if k <= 0:
+            raise ValueError(f"k must be positive, got {k}")
+        col = self._vector_column(column)
+        metric = metric or self.table.metadata.indexes.vector_metric
+        dim = self.table.schema.field(col).type.list_size
+        query = np.asarray(vector, dtype=np.float32).reshape(-1)
+        if query.shape[0] != dim:
+            raise ValueError(f"the query has {query.shape[0]} dimensions; {col!r} has {dim}")
+        pk = list(self.table.primary_key)
+        out = list(columns) if columns else self.table.schema.names
+        wanted = list(dict.fromkeys([*pk, col, *out]))
+        p = self.pruning(where)
+        snap, tail = self._view(sorted(p.shard_ids) if p.shard_ids is not None else None)
+        fetch = k + (tail.num_rows if tail is not None else 0)
+        if has_vector_index(snap.dataset, col):
+            planner = lance.mem_wal.LsmVectorSearchPlanner(
+                snap.dataset, snap.lance_snapshots(), col, pk, distance_type=metric, filter=where
+            )
+            found = planner.plan_search(
+                pa.array(query), fetch, nprobes, wanted, refine_base_table=True, overfetch_factor=2.0
+            ).to_table()
+        else:
+            rows = self._scan_snapshot(snap, wanted, where, None)
+            d = distances(as_matrix(rows.column(col), dim), query, metric)
+            order = np.argsort(d, kind="stable")[:fetch]
+            found = rows.take(pa.array(order, pa.int64())).append_column("_distance", pa.array(d[order], pa.float32()))
+        if tail is not None:
+            newer = filter_rows(tail.filter(pc.invert(tail.column(TOMBSTONE))).drop_columns([TOMBSTONE]), where)
+            d = distances(as_matrix(newer.column(col), dim), query, metric)
+            newer = newer.select(wanted).append_column("_distance", pa.array(d, pa.float32()))
+            found = without_keys(found.select([*wanted, "_distance"]), tail, pk)
+            found = pa.concat_tables([found, newer.cast(found.schema)])
+        found = found.sort_by([("_distance", "ascending")]).slice(0, k)
+        return found.select([*out, "_distance"])
+
+    # -- full-text search -------------------------------------------------------------------------
+
+    def text_search(
+        self,
+        query: str,
+        k: int = 10,
+        *,
+        column: str | None = None,
+        where: str | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> pa.Table:
+        """The ``k`` live rows best matching ``query`` by BM25, with their ``_score`` (best first).
+
+        Scores use corpus statistics of the live rows across every LSM level (GlobalBM25),
+        so rows from the base table, SSTables and the WAL tail are comparable.
+        """
+        col = column or self.table.metadata.indexes.fts_column
+        if col is None:
+            raise ValueError("name the text column to search (or configure the table's fts_column)")
+        # No shard pruning: BM25 statistics are those of the whole live table.
+        snap, tail = self._view()
+        out = list(columns) if columns else self.table.schema.names
+        return text.search(self, snap, tail, query, k, col, where, out)
+
+
+def has_vector_index(ds: lance.LanceDataset, column: str) -> bool:
+    """Whether the base table has a vector (IVF) index on ``column``."""
+    field_id = ds.lance_schema.field(column).id()
+    return any(field_id in d.fields and "VectorIndexDetails" in d.type_url for d in ds.describe_indices())
 
 
 def _key_mask(rows: pa.Table, key: dict[str, Any]) -> pa.ChunkedArray:

@@ -1,0 +1,48 @@
+"""Exact vector distances, as Lance defines them (for brute-force search and the WAL tail)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from memwal.errors import MemwalError
+
+METRICS = ("l2", "cosine", "dot")
+
+
+def as_matrix(col: pa.ChunkedArray | pa.Array, dim: int) -> np.ndarray:
+    """A fixed-size-list (or list) column as an (n, dim) float32 matrix (nulls -> NaN rows)."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    n = len(arr)
+    if n == 0:
+        return np.zeros((0, dim), np.float32)
+    out = np.full((n, dim), np.nan, np.float32)
+    valid = ~np.asarray(arr.is_null()) if arr.null_count else np.ones(n, bool)
+    if valid.any():
+        flat = arr.filter(pa.array(valid)).flatten().to_numpy(zero_copy_only=False).astype(np.float32)
+        out[valid] = flat.reshape(-1, dim)
+    return out
+
+
+def distances(matrix: np.ndarray, query: np.ndarray, metric: str) -> np.ndarray:
+    """Lance's distances: squared Euclidean (``l2``), ``1 - cosine similarity``, ``1 - dot``."""
+    q = query.astype(np.float32)
+    if metric == "l2":
+        diff = matrix - q
+        return np.einsum("ij,ij->i", diff, diff)
+    if metric == "cosine":
+        norms = np.linalg.norm(matrix, axis=1) * np.linalg.norm(q)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return 1.0 - (matrix @ q) / norms
+    if metric == "dot":
+        return 1.0 - matrix @ q
+    raise MemwalError(f"unknown distance metric {metric!r}; use one of {METRICS}")
+
+
+def vector_columns(schema: pa.Schema) -> list[str]:
+    """Columns that hold float vectors (fixed-size lists of floats)."""
+    return [
+        f.name
+        for f in schema
+        if pa.types.is_fixed_size_list(f.type) and pa.types.is_floating(f.type.value_type)
+    ]

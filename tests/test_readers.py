@@ -1,0 +1,226 @@
+"""The read API against a model: a differential stateful test and cross-process strong reads."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from memwal import IndexConfig, Table, WriterConfig, readers
+from memwal.compactor import Compactor
+from memwal.indexes import IndexMaintainer
+from memwal.readers.bm25 import CorpusStats, score, tokenize
+
+WORDS = ["lance", "spark", "kafka", "arrow", "shard", "merge", "delta", "vector"]
+CATS = ["a", "b", "c"]
+SCHEMA = pa.schema([("id", pa.int64()), ("cat", pa.string()), ("body", pa.string()), ("vec", pa.list_(pa.float32(), 4))])
+KEYS = st.lists(st.integers(0, 30), min_size=1, max_size=8)
+
+
+def brute_knn(model: dict[int, dict], q: np.ndarray, k: int) -> list[float]:
+    d = sorted(float(np.sum((np.asarray(r["vec"], np.float32) - q) ** 2)) for r in model.values())
+    return d[:k]
+
+
+def brute_bm25(model: dict[int, dict], query: str, k: int) -> dict[int, float]:
+    stats = CorpusStats.of(r["body"] for r in model.values())
+    terms = tokenize(query)
+    scored = {i: score(terms, tokenize(r["body"]), stats) for i, r in model.items() if set(terms) & set(tokenize(r["body"]))}
+    return scored
+
+
+class ReadMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="memwal-readers-")
+        self.uri = f"{self.dir}/t"
+        self.table = Table.create(
+            self.uri, SCHEMA, ["id"], "bucket(id, 2)",
+            writer=WriterConfig(max_memtable_rows=100_000), indexes=IndexConfig(fts_column="body"),
+        )
+        self.compactor = Compactor(Table.open(self.uri))
+        self.strong = readers.open(self.uri, consistency="strong")
+        self.model: dict[int, dict] = {}
+        self.flushed = True
+        self.indexed = False
+        self.step = 0
+
+    @rule(keys=KEYS, seed=st.integers(0, 2**16))
+    def upsert(self, keys, seed):
+        rng = np.random.default_rng(seed)
+        rows = []
+        for k in keys:
+            self.step += 1
+            rows.append({
+                "id": k,
+                "cat": CATS[int(rng.integers(3))],
+                "body": " ".join(rng.choice(WORDS, int(rng.integers(1, 6)))),
+                # small integers: exact in float32, so distances compare exactly
+                "vec": [float(x) for x in rng.integers(0, 8, 4)],
+            })
+        self.table.write(pa.Table.from_pylist(rows, schema=SCHEMA))
+        for r in rows:
+            self.model[r["id"]] = r
+        self.flushed = False
+
+    @rule(keys=KEYS)
+    def delete(self, keys):
+        self.table.delete({"id": keys})
+        for k in keys:
+            self.model.pop(k, None)
+        self.flushed = False
+
+    @rule()
+    def flush(self):
+        self.table.flush()
+        self.flushed = True
+
+    @rule()
+    def compact(self):
+        self.compactor.table.manifests.clear_cache()
+        self.compactor.run_once()
+
+    @precondition(lambda self: not self.indexed)
+    @rule()
+    def build_vector_index(self):
+        ds = lance.dataset(self.uri)
+        if ds.count_rows() >= 8:
+            ds.create_index("vec", "IVF_PQ", num_partitions=2, num_sub_vectors=2)
+            self.indexed = True
+
+    @rule()
+    def catch_up_indexes(self):
+        IndexMaintainer(self.compactor.table).catch_up()
+
+    @invariant()
+    def scans_and_lookups(self):
+        r = self.strong
+        assert {row["id"]: row for row in r.scan().to_pylist()} == self.model
+        assert r.count() == len(self.model)
+        want = {i for i, row in self.model.items() if row["cat"] == "a" and i > 5}
+        assert {row["id"] for row in r.scan(columns=["id"], where="cat = 'a' AND id > 5").to_pylist()} == want
+        assert r.count("cat = 'a' AND id > 5") == len(want)
+        pinned = [1, 2, 17, 29]
+        assert {row["id"] for row in r.scan(where=f"id IN ({', '.join(map(str, pinned))})").to_pylist()} == set(pinned) & set(self.model)
+        limited = r.scan(columns=["id", "cat"], where="id < 20", limit=3).to_pylist()
+        assert len(limited) == min(3, sum(1 for i in self.model if i < 20))
+        assert all(self.model[row["id"]]["cat"] == row["cat"] for row in limited)
+        for k in (0, 3, 11, 29):
+            assert r.get(k) == self.model.get(k)
+        got = r.get_many(range(0, 31), columns=["id", "body"]).to_pylist()
+        assert {row["id"]: row["body"] for row in got} == {i: row["body"] for i, row in self.model.items()}
+        if self.flushed:
+            eventual = readers.open(self.uri, refresh_interval_ms=0)
+            assert {row["id"]: row for row in eventual.scan().to_pylist()} == self.model
+
+    @invariant()
+    def vector_search_equals_brute_force(self):
+        q = np.array([3.0, 1.0, 4.0, 1.0], np.float32)
+        found = self.strong.search(q, k=5, nprobes=2)  # 2 partitions: all of them
+        expect = brute_knn(self.model, q, 5)
+        assert [round(float(d), 4) for d in found.column("_distance").to_pylist()] == [round(d, 4) for d in expect]
+        for row in found.to_pylist():  # only the newest version of a row may appear
+            live = self.model[row["id"]]
+            assert row["vec"] == live["vec"]
+            assert math.isclose(row["_distance"], float(np.sum((np.asarray(live["vec"]) - q) ** 2)), abs_tol=1e-4)
+
+    @invariant()
+    def text_search_equals_brute_force_bm25(self):
+        for query in ("kafka spark", "vector"):
+            found = self.strong.text_search(query, k=6, column="body").to_pylist()
+            expect = brute_bm25(self.model, query, 6)
+            top = sorted(expect.values(), reverse=True)[:6]
+            assert [round(r["_score"], 6) for r in found] == [round(s, 6) for s in top]
+            for row in found:
+                assert math.isclose(row["_score"], expect[row["id"]], rel_tol=1e-9)
+                assert row["body"] == self.model[row["id"]]["body"]
+
+    def teardown(self) -> None:
+        self.table.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+ReadMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=25, deadline=None)
+TestReadsEqualTheModel = ReadMachine.TestCase
+
+
+# -- cross-process, composite keys, time travel, pruning ------------------------------------------
+
+
+def test_strong_reader_in_another_process_sees_an_acknowledged_write(table_uri):
+    t = Table.create(table_uri, SCHEMA, ["id"], "bucket(id, 2)")
+    t.write(pa.Table.from_pylist([{"id": 1, "cat": "a", "body": "first", "vec": [0.0] * 4}], schema=SCHEMA))
+    t.flush()
+    t.write(pa.Table.from_pylist([{"id": 1, "cat": "b", "body": "second", "vec": [1.0] * 4}], schema=SCHEMA))
+    t.delete({"id": [7]})
+    t.write(pa.Table.from_pylist([{"id": 2, "cat": "c", "body": "new", "vec": [2.0] * 4}], schema=SCHEMA))
+    # acknowledged (in the WAL), not flushed: only this process's MemTable has it
+    code = (
+        "import sys, json; from memwal import readers\n"
+        "s = readers.open(sys.argv[1], consistency='strong'); e = readers.open(sys.argv[1])\n"
+        "print(json.dumps([s.get(1)['body'], s.get(2)['body'], e.get(1)['body'], e.get(2), s.count()]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, table_uri], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == '["second", "new", "first", null, 2]'
+    t.close()
+
+
+def test_composite_keys_point_lookups(table_uri):
+    schema = pa.schema([("tenant", pa.string()), ("id", pa.int32()), ("v", pa.int64())])
+    with Table.create(table_uri, schema, ["tenant", "id"], "identity(tenant)") as t:
+        t.write({"tenant": ["x", "y", "x", "z"], "id": [1, 1, 2, 3], "v": [10, 20, 30, 40]})
+        t.flush()
+        t.write({"tenant": ["x"], "id": [1], "v": [11]})
+        t.delete({"tenant": ["z"], "id": [3]})
+    for consistency in ("eventual", "strong"):
+        r = readers.open(table_uri, consistency=consistency)
+        assert r.get(("x", 1))["v"] == 11
+        assert r.get({"tenant": "y", "id": 1})["v"] == 20
+        assert r.get(("z", 3)) is None
+        many = r.get_many([("x", 1), ("x", 2), ("z", 3), ("q", 9)])
+        assert sorted(many.column("v").to_pylist()) == [11, 30]
+        keys = [("x", i) for i in range(40)]  # above the point-lookup batch: a filtered scan
+        assert sorted(r.get_many(keys).column("v").to_pylist()) == [11, 30]
+
+
+def test_time_travel_reads_a_base_version(table_uri):
+    t = Table.create(table_uri, SCHEMA, ["id"], "unsharded")
+    rows = lambda ids, body: pa.Table.from_pylist([{"id": i, "cat": "a", "body": body, "vec": [0.0] * 4} for i in ids], schema=SCHEMA)  # noqa: E731
+    t.write(rows(range(5), "v1"))
+    t.flush()
+    Compactor(t).run_once()
+    v1 = t.dataset().version
+    t.write(rows(range(3), "v2"))
+    t.delete({"id": [4]})
+    t.flush()
+    Compactor(t).run_once()
+    past = readers.open(table_uri, version=v1)
+    assert {r["id"]: r["body"] for r in past.scan().to_pylist()} == {i: "v1" for i in range(5)}
+    assert past.get(4)["body"] == "v1" and past.count() == 5
+    now = readers.open(table_uri)
+    assert {r["id"]: r["body"] for r in now.scan().to_pylist()} == {0: "v2", 1: "v2", 2: "v2", 3: "v1"}
+    with pytest.raises(ValueError, match="time travel"):
+        readers.open(table_uri, version=v1, consistency="strong")
+
+
+def test_shard_pruning_reads_only_matching_shards(table_uri):
+    with Table.create(table_uri, SCHEMA, ["id"], "bucket(id, 8)") as t:
+        t.write(pa.Table.from_pylist([{"id": i, "cat": "a", "body": "x", "vec": [0.0] * 4} for i in range(200)], schema=SCHEMA))
+    r = readers.open(table_uri)
+    plan = r.plan("id IN (3, 4) AND cat = 'a'")
+    shards = {Table.open(table_uri).shard_of_key({"id": i}) for i in (3, 4)}
+    assert set(plan.shards) == shards and len(plan.pruned_shards) == 8 - len(shards)
+    assert "pinned to 2 value(s)" in r.explain("id IN (3, 4) AND cat = 'a'")
+    assert len(r.plan("id > 3").shards) == 8  # a range cannot be pruned
+    assert len(r.plan("id = 3 OR cat = 'b'").shards) == 8  # nor an OR with an open side
+    assert sorted(x["id"] for x in r.scan(where="id IN (3, 4) AND cat = 'a'").to_pylist()) == [3, 4]
