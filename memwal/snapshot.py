@@ -12,7 +12,7 @@ pinned compacted generation are exactly the ones this base version lacks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 import lance
@@ -28,6 +28,10 @@ class ShardState:
 
     manifest: ShardManifest
     compacted_generation: int
+    #: Read SSTables above this generation instead of above the compacted one: lower for
+    #: the indexed read plan, which also reads the compacted generations a base index does
+    #: not cover yet (see :meth:`Snapshot.with_index_gap`).
+    read_after: int | None = None
 
     @property
     def shard_id(self) -> str:
@@ -35,10 +39,11 @@ class ShardState:
 
     @property
     def live_sstables(self) -> tuple[SsTable, ...]:
-        """SSTables not yet compacted into the base version, oldest first."""
+        """SSTables the read merges (by default: not yet compacted into the base), oldest first."""
+        after = self.compacted_generation if self.read_after is None else self.read_after
         return tuple(
             sorted(
-                (s for s in self.manifest.sstables if s.generation > self.compacted_generation),
+                (s for s in self.manifest.sstables if s.generation > after),
                 key=lambda s: s.generation,
             )
         )
@@ -71,6 +76,24 @@ class Snapshot:
             if s.shard_id == shard_id:
                 return s
         return None
+
+    def with_index_gap(self, index_name: str) -> "Snapshot":
+        """This snapshot also reading, per shard, the compacted SSTables that base index
+        ``index_name`` does not cover yet (``index_catchup``): the indexed read plan.
+
+        Safe where reading compacted SSTables otherwise is not: a generation above the
+        index's catch-up is newer than anything the index covers, and every generation
+        newer than it is read too (it is in the gap, or live). GC keeps these SSTables
+        until the index catches up.
+        """
+        if self.index is None:
+            return self
+        caught = self.index.index_catchup.get(index_name, {})
+        shards = tuple(
+            replace(s, read_after=min(s.compacted_generation, caught.get(s.shard_id, 0)))
+            for s in self.shards
+        )
+        return Snapshot(self.dataset, self.index, shards)
 
     def restrict(self, shard_ids: Iterable[str]) -> "Snapshot":
         """The same snapshot with only the given shards (shard pruning)."""

@@ -23,6 +23,7 @@ from memwal.readers.pruning import Pruning, prune
 from memwal.readers import text
 from memwal.readers.sql import filter_rows
 from memwal.readers.vectors import as_matrix, distances, vector_columns
+from memwal import paths
 from memwal.lsm import without_keys
 from memwal.schema import TOMBSTONE
 from memwal.snapshot import Snapshot
@@ -308,13 +309,26 @@ class Reader:
         p = self.pruning(where)
         snap, tail = self._view(sorted(p.shard_ids) if p.shard_ids is not None else None)
         fetch = k + (tail.num_rows if tail is not None else 0)
-        if has_vector_index(snap.dataset, col):
+        index_name = vector_index_name(snap.dataset, col)
+        if index_name is not None:
+            # Lance's LSM planner searches only what the base index covers; the generations
+            # compacted since the index last caught up are read from their SSTables instead
+            # (the spec's indexed read plan): no flat scan of unindexed base data.
+            snap = snap.with_index_gap(index_name)
             planner = lance.mem_wal.LsmVectorSearchPlanner(
                 snap.dataset, snap.lance_snapshots(), col, pk, distance_type=metric, filter=where
             )
             found = planner.plan_search(
                 pa.array(query), fetch, nprobes, wanted, refine_base_table=True, overfetch_factor=2.0
             ).to_table()
+            # Lance's planner silently skips SSTables flushed from MemTables that predate the
+            # vector index (they have none); search their newest rows exactly.
+            extra = _unindexed_sstable_rows(snap, col, wanted, pk)
+            if extra is not None:
+                extra = filter_rows(extra, where)
+                d = distances(as_matrix(extra.column(col), dim), query, metric)
+                extra = extra.append_column("_distance", pa.array(d, pa.float32()))
+                found = pa.concat_tables([found.select([*wanted, "_distance"]), extra.cast(found.select([*wanted, "_distance"]).schema)])
         else:
             rows = self._scan_snapshot(snap, wanted, where, None)
             d = distances(as_matrix(rows.column(col), dim), query, metric)
@@ -354,10 +368,40 @@ class Reader:
         return text.search(self, snap, tail, query, k, col, where, out)
 
 
-def has_vector_index(ds: lance.LanceDataset, column: str) -> bool:
-    """Whether the base table has a vector (IVF) index on ``column``."""
+def _unindexed_sstable_rows(snap: Snapshot, column: str, wanted: list[str], pk: list[str]) -> pa.Table | None:
+    """Live rows of SSTables without a vector index on ``column`` that no newer generation
+    of their shard supersedes (tombstones dropped); None if every SSTable is indexed."""
+    out = []
+    for shard in snap.shards:
+        ssts = shard.live_sstables
+        for i, sst in enumerate(ssts):
+            path = paths.sstable_path(snap.dataset.uri, shard.shard_id, sst.path)
+            ds = lance.dataset(path)
+            if has_vector_index(ds, column):
+                continue
+            rows = ds.to_table(columns=[*wanted, TOMBSTONE])
+            rows = rows.filter(pc.invert(rows.column(TOMBSTONE))).drop_columns([TOMBSTONE])
+            for newer in ssts[i + 1 :]:
+                keys = lance.dataset(paths.sstable_path(snap.dataset.uri, shard.shard_id, newer.path)).to_table(columns=pk)
+                rows = without_keys(rows, keys, pk)
+            out.append(rows)
+    if not out:
+        return None
+    return pa.concat_tables(out)
+
+
+def vector_index_name(ds: lance.LanceDataset, column: str) -> str | None:
+    """The name of the vector (IVF) index on ``column``, if the dataset has one."""
     field_id = ds.lance_schema.field(column).id()
-    return any(field_id in d.fields and "VectorIndexDetails" in d.type_url for d in ds.describe_indices())
+    for d in ds.describe_indices():
+        if field_id in d.fields and "VectorIndexDetails" in d.type_url:
+            return d.name
+    return None
+
+
+def has_vector_index(ds: lance.LanceDataset, column: str) -> bool:
+    """Whether the dataset has a vector (IVF) index on ``column``."""
+    return vector_index_name(ds, column) is not None
 
 
 def _key_mask(rows: pa.Table, key: dict[str, Any]) -> pa.ChunkedArray:
