@@ -18,7 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal.readers.keys import keys_predicate, keys_table, normalize_key
+from memwal.readers import sstables
+from memwal.readers.keys import keys_predicate, keys_table, normalize_key, quote_ident, sql_literal
 from memwal.readers.pruning import Pruning, prune
 from memwal.readers import text
 from memwal.readers.sql import filter_rows
@@ -80,9 +81,9 @@ class Reader:
         self.version = version
         self._snapshot: Snapshot | None = None
         self._taken_at = 0.0
-        #: keyed by (base version, shard, shard manifest version): valid for as long as those hold
-        self._planners: dict[tuple[int, str, int], lance.mem_wal.LsmPointLookupPlanner] = {}
         self._wal = WalTailReader(table.uri, table.io, table.manifests, table.primary_key)
+        #: which plan the last vector search used (for explain and the benchmark)
+        self.last_vector_plan = ""
 
     # -- snapshots ------------------------------------------------------------------------------
 
@@ -97,8 +98,6 @@ class Reader:
             snap = self.table.snapshot()
         self._snapshot = snap
         self._taken_at = time.monotonic()
-        if len(self._planners) > 1024:
-            self._planners.clear()
         return snap
 
     @property
@@ -131,26 +130,6 @@ class Reader:
 
     # -- point lookups -------------------------------------------------------------------------
 
-    def _planner(self, snap: Snapshot, shard_id: str) -> lance.mem_wal.LsmPointLookupPlanner:
-        state = snap.shard(shard_id)
-        key = (snap.base_version, shard_id, state.manifest.version if state else 0)
-        planner = self._planners.get(key)
-        if planner is None:
-            planner = lance.mem_wal.LsmPointLookupPlanner(
-                snap.dataset, snap.lance_snapshots([shard_id]), list(self.table.primary_key)
-            )
-            self._planners[key] = planner
-        return planner
-
-    def _pk_value(self, key: dict[str, Any]) -> pa.Array:
-        pk = self.table.primary_key
-        schema = self.table.schema
-        if len(pk) == 1:
-            return pa.array([key[pk[0]]], schema.field(pk[0]).type)
-        return pa.StructArray.from_arrays(
-            [pa.array([key[c]], schema.field(c).type) for c in pk], fields=[schema.field(c) for c in pk]
-        )
-
     def _lookup(self, key: dict[str, Any], columns: Sequence[str] | None) -> pa.Table:
         shard_id = self.table.shard_of_key(key)
         snap, tail = self._view([shard_id])
@@ -160,8 +139,20 @@ class Reader:
                 if hit.column(TOMBSTONE)[0].as_py():
                     return self._output_schema(columns).empty_table()
                 return hit.select(self._output_schema(columns).names)
-        plan = self._planner(snap, shard_id).plan_lookup(self._pk_value(key), list(columns) if columns else None)
-        return plan.to_table()
+        out = self._output_schema(columns).names
+        pk = list(self.table.primary_key)
+        predicate = " AND ".join(f"{quote_ident(c)} = {sql_literal(key[c])}" for c in pk)
+        state = snap.shard(shard_id)
+        wanted = sstables.lookup_key(key, pk)
+        for sst in reversed(state.live_sstables if state is not None else ()):  # newest first
+            path = paths.sstable_path(snap.dataset.uri, shard_id, sst.path)
+            found = sstables.keys(path, pk)
+            if wanted in found:
+                if found[wanted]:  # the newest version is a delete
+                    return self._output_schema(columns).empty_table()
+                return sstables.dataset(path).to_table(columns=out, filter=predicate)
+        # No SSTable holds the key: the base table's row (via its primary-key index), if any.
+        return snap.dataset.to_table(columns=out, filter=predicate)
 
     def get(self, key: Any, columns: Sequence[str] | None = None) -> dict[str, Any] | None:
         """The live row with primary key ``key`` (scalar, tuple or dict), or None."""
@@ -203,23 +194,26 @@ class Reader:
         """A readable plan: base version, shards read and pruned, SSTables merged."""
         return self.plan(where).render()
 
-    def _scanner(self, snap: Snapshot, columns: Sequence[str] | None, where: str | None, limit: int | None):
-        sc = lance.mem_wal.LsmScanner.from_snapshots(snap.dataset, snap.lance_snapshots())
-        if columns:
-            sc = sc.project(list(columns))
-        if where:
-            sc = sc.filter(where)
-        if limit is not None:
-            sc = sc.limit(limit)
-        return sc
-
-    def _scan_snapshot(
-        self, snap: Snapshot, columns: Sequence[str] | None, where: str | None, limit: int | None
+    def _merge(
+        self, snap: Snapshot, tail: pa.Table | None, wanted: Sequence[str], where: str | None, limit: int | None
     ) -> pa.Table:
-        if snap.num_live_sstables == 0:
-            # Everything is compacted: the base table holds one row per key, no merge needed.
-            return snap.dataset.to_table(columns=list(columns) if columns else None, filter=where, limit=limit)
-        return self._scanner(snap, columns, where, limit).to_table()
+        """Live rows matching ``where`` (``wanted`` holds the primary key): the base rows whose
+        key the delta does not hold, plus the delta's live rows.
+
+        This is the LSM merge with the base table read once, filtered and projected by Lance,
+        and the (small) delta merged in memory, rather than deduplicating every row of every
+        level as Lance's LsmScanner does (docs/benchmarks.md measures the difference).
+        """
+        pk = list(self.table.primary_key)
+        delta = sstables.delta(snap, tail, self.table.schema.names, pk)
+        if delta is None:
+            return snap.dataset.to_table(columns=list(wanted), filter=where, limit=limit)
+        fetch = None if limit is None else limit + delta.num_rows
+        base = without_keys(snap.dataset.to_table(columns=list(wanted), filter=where, limit=fetch), delta, pk)
+        live = delta.filter(pc.invert(delta.column(TOMBSTONE))).drop_columns([TOMBSTONE])
+        newer = filter_rows(live, where).select(list(wanted))
+        rows = pa.concat_tables([base, newer.cast(base.schema)])
+        return rows.slice(0, limit) if limit is not None else rows
 
     def scan(
         self,
@@ -231,18 +225,8 @@ class Reader:
         out = self._output_schema(columns).names
         p = self.pruning(where)
         snap, tail = self._view(sorted(p.shard_ids) if p.shard_ids is not None else None)
-        if tail is None:
-            return self._scan_snapshot(snap, columns, where, limit).select(out)
-        # Strong read: rows of keys written since the last flush come from the WAL tail.
-        pk = list(self.table.primary_key)
-        wanted = list(dict.fromkeys([*(columns or self.table.schema.names), *pk]))
-        fetch = None if limit is None else limit + tail.num_rows
-        older = self._scan_snapshot(snap, wanted, where, fetch)
-        older = without_keys(older, tail, pk)
-        newer = filter_rows(tail.filter(pc.invert(tail.column(TOMBSTONE))).drop_columns([TOMBSTONE]), where)
-        rows = pa.concat_tables([older.select(wanted), newer.select(wanted).cast(older.select(wanted).schema)])
-        rows = rows.select(out)
-        return rows.slice(0, limit) if limit is not None else rows
+        wanted = list(dict.fromkeys([*out, *self.table.primary_key]))
+        return self._merge(snap, tail, wanted, where, limit).select(out)
 
     def to_batches(
         self,
@@ -257,11 +241,9 @@ class Reader:
         """Number of live rows matching ``where``."""
         p = self.pruning(where)
         snap, tail = self._view(sorted(p.shard_ids) if p.shard_ids is not None else None)
-        if tail is not None:
-            return self.scan(columns=list(self.table.primary_key), where=where).num_rows
-        if snap.num_live_sstables == 0:
+        if tail is None and snap.num_live_sstables == 0:
             return snap.dataset.count_rows(filter=where)
-        return self._scanner(snap, None, where, None).count_rows()
+        return self._merge(snap, tail, list(self.table.primary_key), where, None).num_rows
 
 
     # -- vector search ---------------------------------------------------------------------------
@@ -287,8 +269,12 @@ class Reader:
         nprobes: int = 20,
         columns: Sequence[str] | None = None,
         metric: str | None = None,
+        overfetch: float = 4.0,
     ) -> pa.Table:
         """The ``k`` live rows nearest to ``vector``, with their ``_distance`` (nearest first).
+
+        ``overfetch`` candidates per result are re-ranked with exact distances (recall
+        against latency, see docs/benchmarks.md).
 
         Only the newest version of a row can appear. With an IVF index on the base table,
         Lance's LSM vector planner searches every level (distances re-ranked exactly);
@@ -311,29 +297,43 @@ class Reader:
         fetch = k + (tail.num_rows if tail is not None else 0)
         index_name = vector_index_name(snap.dataset, col)
         if index_name is not None:
-            # Lance's LSM planner searches only what the base index covers; the generations
-            # compacted since the index last caught up are read from their SSTables instead
-            # (the spec's indexed read plan): no flat scan of unindexed base data.
-            snap = snap.with_index_gap(index_name)
+            # Lance's LSM planner searches only the part of the base its index covers. The
+            # rows compacted since the index last caught up are found either through the
+            # SSTables they came from (the spec's indexed read plan: their own indexes) or
+            # by an exact search of the unindexed base fragments, whichever costs less.
+            gap_snap = snap.with_index_gap(index_name)
+            gap = gap_snap.num_live_sstables - snap.num_live_sstables
+            unindexed = unindexed_fragments(snap.dataset, index_name)
+            unindexed_rows = sum(f.count_rows() for f in unindexed)
+            use_gap = gap > 0 and unindexed_rows > GAP_PLAN_MIN_ROWS_PER_SSTABLE * gap
+            plan_snap = gap_snap if use_gap else snap
+            self.last_vector_plan = "index gap SSTables" if use_gap else ("flat unindexed" if unindexed_rows else "indexed")
             planner = lance.mem_wal.LsmVectorSearchPlanner(
-                snap.dataset, snap.lance_snapshots(), col, pk, distance_type=metric, filter=where
+                plan_snap.dataset, plan_snap.lance_snapshots(), col, pk, distance_type=metric, filter=where
             )
             found = planner.plan_search(
-                pa.array(query), fetch, nprobes, wanted, refine_base_table=True, overfetch_factor=2.0
-            ).to_table()
-            # Lance's planner silently skips SSTables flushed from MemTables that predate the
-            # vector index (they have none); search their newest rows exactly.
-            extra = _unindexed_sstable_rows(snap, col, wanted, pk)
-            if extra is not None:
-                extra = filter_rows(extra, where)
-                d = distances(as_matrix(extra.column(col), dim), query, metric)
-                extra = extra.append_column("_distance", pa.array(d, pa.float32()))
-                found = pa.concat_tables([found.select([*wanted, "_distance"]), extra.cast(found.select([*wanted, "_distance"]).schema)])
+                pa.array(query), fetch, nprobes, wanted, refine_base_table=True, overfetch_factor=overfetch
+            ).to_table().select([*wanted, "_distance"])
+            extra = []
+            # Lance's planner also skips SSTables flushed from MemTables that predate the
+            # vector index (they have none): search their newest rows exactly.
+            unindexed_sst = _unindexed_sstable_rows(plan_snap, col, wanted, pk)
+            if unindexed_sst is not None:
+                extra.append(filter_rows(unindexed_sst, where))
+            if unindexed_rows and not use_gap:
+                flat = snap.dataset.scanner(fragments=unindexed, columns=wanted, filter=where).to_table()
+                newer = sstables.delta(snap, None, self.table.schema.names, pk)
+                extra.append(without_keys(flat, newer, pk) if newer is not None else flat)
+            for rows in extra:
+                d = distances(as_matrix(rows.column(col), dim), query, metric)
+                rows = rows.select(wanted).append_column("_distance", pa.array(d, pa.float32()))
+                found = pa.concat_tables([found, rows.cast(found.schema)])
         else:
-            rows = self._scan_snapshot(snap, wanted, where, None)
+            rows = self._merge(snap, tail, wanted, where, None)  # exact: every live row, the WAL tail's too
             d = distances(as_matrix(rows.column(col), dim), query, metric)
-            order = np.argsort(d, kind="stable")[:fetch]
+            order = np.argsort(d, kind="stable")[:k]
             found = rows.take(pa.array(order, pa.int64())).append_column("_distance", pa.array(d[order], pa.float32()))
+            tail = None
         if tail is not None:
             newer = filter_rows(tail.filter(pc.invert(tail.column(TOMBSTONE))).drop_columns([TOMBSTONE]), where)
             d = distances(as_matrix(newer.column(col), dim), query, metric)
@@ -376,18 +376,33 @@ def _unindexed_sstable_rows(snap: Snapshot, column: str, wanted: list[str], pk: 
         ssts = shard.live_sstables
         for i, sst in enumerate(ssts):
             path = paths.sstable_path(snap.dataset.uri, shard.shard_id, sst.path)
-            ds = lance.dataset(path)
-            if has_vector_index(ds, column):
+            if sstables.has_index(path, column, "VectorIndexDetails"):
                 continue
-            rows = ds.to_table(columns=[*wanted, TOMBSTONE])
+            rows = sstables.dataset(path).to_table(columns=[*wanted, TOMBSTONE])
             rows = rows.filter(pc.invert(rows.column(TOMBSTONE))).drop_columns([TOMBSTONE])
             for newer in ssts[i + 1 :]:
-                keys = lance.dataset(paths.sstable_path(snap.dataset.uri, shard.shard_id, newer.path)).to_table(columns=pk)
+                keys = sstables.dataset(paths.sstable_path(snap.dataset.uri, shard.shard_id, newer.path)).to_table(columns=pk)
                 rows = without_keys(rows, keys, pk)
             out.append(rows)
     if not out:
         return None
     return pa.concat_tables(out)
+
+
+#: The indexed read plan reads the index gap's SSTables instead of scanning the unindexed
+#: base fragments when those hold more than this many rows per gap SSTable. Measured here
+#: (bench/read.py): an exact scan costs ~0.25 us per 64-d row, a gap SSTable ~1.2 ms.
+GAP_PLAN_MIN_ROWS_PER_SSTABLE = 5_000
+
+
+def unindexed_fragments(ds: lance.LanceDataset, index_name: str) -> list:
+    """The base fragments index ``index_name`` does not cover yet."""
+    covered: set[int] = set()
+    for d in ds.describe_indices():
+        if d.name == index_name:
+            for seg in d.segments:
+                covered.update(int(f) for f in seg.fragment_ids)
+    return [f for f in ds.get_fragments() if f.fragment_id not in covered]
 
 
 def vector_index_name(ds: lance.LanceDataset, column: str) -> str | None:

@@ -2,8 +2,8 @@
 
 Lance 14.0.2 searches the LSM levels' text only in Rust; this is memwal's own plan:
 
-1. the *delta*: the newest version of every key written since the base version (live
-   SSTables, plus the WAL tail for strong readers), tombstones included;
+1. the *delta* (:func:`memwal.readers.sstables.delta`): the newest version of every key
+   written since the base version, tombstones included;
 2. corpus statistics of the live rows: the base table's (computed once per base version)
    minus the base documents the delta shadows, plus the delta's live documents;
 3. candidates: base documents containing a query term (from the base's inverted index
@@ -20,8 +20,8 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal import paths
-from memwal.lsm import newest_per_key, without_keys
+from memwal.lsm import without_keys
+from memwal.readers import sstables
 from memwal.readers.bm25 import CorpusStats, score, tokenize
 from memwal.readers.keys import keys_predicate
 from memwal.readers.sql import filter_rows
@@ -33,15 +33,12 @@ if TYPE_CHECKING:
 
 SCORE = "_score"
 
-# Base statistics per (table, base version, column) and SSTable contents per path: both
-# immutable, so cached until cleared (memwal.readers.text.clear_caches()).
+# Base statistics per (table, base version, column): immutable, so cached until cleared.
 _BASE_STATS: dict[tuple[str, int, str], CorpusStats] = {}
-_SSTABLES: dict[str, pa.Table] = {}
 
 
 def clear_caches() -> None:
     _BASE_STATS.clear()
-    _SSTABLES.clear()
 
 
 def _base_stats(ds: lance.LanceDataset, column: str) -> CorpusStats:
@@ -56,30 +53,6 @@ def _base_stats(ds: lance.LanceDataset, column: str) -> CorpusStats:
             _BASE_STATS.clear()
         _BASE_STATS[key] = stats
     return stats
-
-
-def _sstable(path: str, columns: list[str]) -> pa.Table:
-    t = _SSTABLES.get(path)
-    if t is None:
-        t = lance.dataset(path).to_table(columns=[*columns, TOMBSTONE])
-        if len(_SSTABLES) > 1024:
-            _SSTABLES.clear()
-        _SSTABLES[path] = t
-    return t
-
-
-def delta(snap: Snapshot, tail: pa.Table | None, columns: list[str], primary_key: Sequence[str]) -> pa.Table | None:
-    """Newest version of every key written after the snapshot's base version (with tombstones)."""
-    parts = []
-    for shard in snap.shards:
-        for sst in shard.live_sstables:  # oldest first
-            parts.append(_sstable(paths.sstable_path(snap.dataset.uri, shard.shard_id, sst.path), columns))
-    if tail is not None:
-        parts.append(tail.select([*columns, TOMBSTONE]))
-    if not parts:
-        return None
-    rows = pa.concat_tables(parts, promote_options="permissive")
-    return newest_per_key(rows, primary_key)
 
 
 def _matches(texts: pa.ChunkedArray, terms: set[str]) -> pa.Array:
@@ -109,7 +82,7 @@ def search(
     # Live corpus statistics.
     stats = _base_stats(ds, column)
     stats = CorpusStats(stats.docs, stats.length, stats.df.copy())
-    newer = delta(snap, tail, columns, pk)
+    newer = sstables.delta(snap, tail, columns, pk)
     if newer is not None and newer.num_rows:
         shadowed = ds.to_table(columns=[*pk, column], filter=keys_predicate(newer.select(pk)))
         for text in shadowed.column(column).to_pylist():

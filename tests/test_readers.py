@@ -210,6 +210,42 @@ def test_vector_search_with_ivf_pq_equals_brute_force(table_uri):
     t.close()
 
 
+@pytest.mark.parametrize("rows_per_sstable", [0, 10**9], ids=["gap-sstables", "flat-unindexed"])
+def test_vector_search_while_the_index_lags_behind_compaction(table_uri, monkeypatch, rows_per_sstable):
+    import memwal.readers.reader as reader_module
+
+    monkeypatch.setattr(reader_module, "GAP_PLAN_MIN_ROWS_PER_SSTABLE", rows_per_sstable)
+    rng = np.random.default_rng(3)
+
+    def rows(ids):
+        return pa.table(
+            {"id": pa.array(ids, pa.int64()), "cat": ["a"] * len(ids), "body": ["x"] * len(ids),
+             "vec": pa.FixedSizeListArray.from_arrays(pa.array(rng.integers(0, 16, len(ids) * 4).astype(np.float32)), 4)},
+        )
+
+    base = rows(list(range(1000)))
+    t = Table.create(table_uri, SCHEMA, ["id"], "bucket(id, 2)", initial_data=base)
+    lance.dataset(table_uri).create_index("vec", "IVF_FLAT", num_partitions=4)
+    model = {r["id"]: r for r in base.to_pylist()}
+    for g in range(4):  # compacted generations the index does not cover
+        batch = rows(list(range(g * 100, g * 100 + 150)))
+        t.write(batch)
+        t.delete({"id": [g * 100 + 7]})
+        t.flush()
+        model.update({r["id"]: r for r in batch.to_pylist()})
+        model.pop(g * 100 + 7)
+        if g < 3:
+            Compactor(t).run_once()
+    r = readers.open(table_uri)
+    assert r.snapshot.with_index_gap("vec_idx").num_live_sstables > r.snapshot.num_live_sstables
+    for q in rng.integers(0, 16, (5, 4)).astype(np.float32):
+        found = r.search(q, k=8, nprobes=4)
+        assert [round(d, 4) for d in found.column("_distance").to_pylist()] == [round(d, 4) for d in brute_knn(model, q, 8)]
+        assert all(row["vec"] == model[row["id"]]["vec"] for row in found.to_pylist())
+    assert r.last_vector_plan == ("index gap SSTables" if rows_per_sstable == 0 else "flat unindexed")
+    t.close()
+
+
 def test_composite_keys_point_lookups(table_uri):
     schema = pa.schema([("tenant", pa.string()), ("id", pa.int32()), ("v", pa.int64())])
     with Table.create(table_uri, schema, ["tenant", "id"], "identity(tenant)") as t:

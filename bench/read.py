@@ -1,0 +1,191 @@
+"""Read benchmark: memwal's reader against a plain Lance table, in one run.
+
+1. point lookups p50/p99 on a ``--base-rows`` table with 0, 10 and 100 uncompacted SSTables
+   (one shard, so a lookup sees all of them), against a plain Lance table with a BTREE on
+   the key and no MemWAL;
+2. full scan rows/s, same tables;
+3. vector search latency and recall@10 against exact brute force, on a ``--vector-rows``
+   table with an IVF_PQ index, with SSTables on top;
+4. the indexed read plan: vector search while the base index lags behind compaction,
+   memwal's plan (the compacted SSTables' own indexes for the gap) against Lance's own
+   search of the base (flat scan of the unindexed fragments).
+
+Run: ``python bench/read.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
+
+import lance  # noqa: E402
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import DIM, SCHEMA, base_rows, git_rev, machine, pct, today  # noqa: E402
+
+from memwal import Table, WriterConfig, readers  # noqa: E402
+from memwal.compactor import Compactor  # noqa: E402
+
+
+def update_rows(rng: np.random.Generator, ids: np.ndarray) -> pa.Table:
+    n = len(ids)
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "val": pa.array(rng.random(n)),
+            "name": pa.array([f"name-{i:012d}-upd" for i in ids]),
+            "vec": pa.FixedSizeListArray.from_arrays(pa.array(rng.random(n * DIM, dtype=np.float32)), DIM),
+        },
+        schema=SCHEMA,
+    )
+
+
+def add_sstables(table: Table, count: int, rows_each: int, base: int, rng: np.random.Generator) -> None:
+    """``count`` flushes of ``rows_each`` rows (half updates, half new ids): one SSTable each."""
+    for i in range(count):
+        ids = np.concatenate([rng.choice(base, rows_each // 2, replace=False), base + i * rows_each + np.arange(rows_each // 2)])
+        table.write(update_rows(rng, ids))
+        table.flush()
+
+
+def time_calls(fn, args: list) -> list[float]:
+    out = []
+    for a in args:
+        t0 = time.perf_counter()
+        fn(a)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--base-rows", type=int, default=1_000_000)
+    p.add_argument("--lookups", type=int, default=500)
+    p.add_argument("--sstable-rows", type=int, default=2_000)
+    p.add_argument("--vector-rows", type=int, default=200_000)
+    p.add_argument("--queries", type=int, default=50)
+    p.add_argument("--gap-sstables", type=int, default=10, help="flushes (x4 shards) compacted but not indexed, for part 4")
+    p.add_argument("--gap-sstable-rows", type=int, default=2_000, help="rows per flush in part 4")
+    p.add_argument("--workdir")
+    p.add_argument("--json")
+    args = p.parse_args()
+    work = args.workdir or tempfile.mkdtemp(prefix="memwal-bench-read-")
+    results: dict = {"date": today(), "machine": machine(), "commit": git_rev(), "args": vars(args)}
+    rng = np.random.default_rng(0)
+    try:
+        base = base_rows(args.base_rows)
+        plain_uri = os.path.join(work, "plain")
+        plain = lance.write_dataset(base, plain_uri)
+        plain.create_scalar_index("id", "BTREE")
+        plain = lance.dataset(plain_uri)
+        uri = os.path.join(work, "memwal")
+        table = Table.create(uri, SCHEMA, ["id"], "unsharded", initial_data=base, writer=WriterConfig(max_memtable_rows=100_000))
+        keys = [int(k) for k in rng.integers(0, args.base_rows, args.lookups)]
+
+        # 1 + 2: lookups and scans
+        plain_lookup = lambda k: plain.to_table(filter=f"id = {k}", columns=["id", "val", "name"])  # noqa: E731
+        plain_lat = time_calls(plain_lookup, keys)
+        t0 = time.perf_counter()
+        n = plain.count_rows()
+        plain.to_table(columns=["id", "val", "name"])
+        plain_scan = n / (time.perf_counter() - t0)
+        results["plain"] = {"lookup_p50_ms": pct(plain_lat, 50) * 1000, "lookup_p99_ms": pct(plain_lat, 99) * 1000, "scan_rows_per_s": plain_scan}
+        print(f"{'table':36} {'lookup p50 / p99 ms':>20} {'x plain p50':>12} {'scan rows/s':>14}")
+        print(f"{'plain Lance + BTREE (no MemWAL)':36} {pct(plain_lat, 50) * 1000:9.2f} / {pct(plain_lat, 99) * 1000:6.2f} {1.0:12.2f} {plain_scan:14,.0f}")
+        results["memwal"] = []
+        made = 0
+        for sstables in (0, 10, 100):
+            add_sstables(table, sstables - made, args.sstable_rows, args.base_rows, rng)
+            made = sstables
+            reader = readers.open(uri, refresh_interval_ms=None)
+            assert reader.snapshot.num_live_sstables == sstables
+            reader.get(keys[0])  # warm the planner
+            lat = time_calls(lambda k: reader.get(k, columns=["id", "val", "name"]), keys)
+            t0 = time.perf_counter()
+            rows = reader.scan(columns=["id", "val", "name"]).num_rows
+            scan = rows / (time.perf_counter() - t0)
+            ratio = pct(lat, 50) / pct(plain_lat, 50)
+            print(f"{f'memwal, {sstables} SSTables':36} {pct(lat, 50) * 1000:9.2f} / {pct(lat, 99) * 1000:6.2f} {ratio:12.2f} {scan:14,.0f}")
+            results["memwal"].append({"sstables": sstables, "lookup_p50_ms": pct(lat, 50) * 1000, "lookup_p99_ms": pct(lat, 99) * 1000,
+                                      "x_plain_p50": ratio, "scan_rows_per_s": scan})
+
+        # 3: vector search
+        vbase = base.slice(0, args.vector_rows)
+        vuri = os.path.join(work, "vectors")
+        vt = Table.create(vuri, SCHEMA, ["id"], "bucket(id, 4)", initial_data=vbase)
+        t0 = time.perf_counter()
+        lance.dataset(vuri).create_index("vec", "IVF_PQ", num_partitions=64, num_sub_vectors=16)
+        build = time.perf_counter() - t0
+        add_sstables(vt, 3, args.sstable_rows, args.vector_rows, rng)  # 3 flushes x 4 shards
+        live = readers.open(vuri).scan(columns=["id", "vec"])
+        ids = live.column("id").to_numpy()
+        mat = np.stack(live.column("vec").to_numpy(zero_copy_only=False)).astype(np.float32)
+        queries = rng.random((args.queries, DIM), dtype=np.float32)
+        r = readers.open(vuri, refresh_interval_ms=None)
+        print(f"\nvector search, {args.vector_rows:,} rows + {r.snapshot.num_live_sstables} SSTables, IVF_PQ 64 partitions (built in {build:.0f}s)")
+        results["vector"] = []
+
+        def exact_ids(q: np.ndarray) -> set[int]:
+            return set(ids[np.argsort(((mat - q) ** 2).sum(1))[:10]].tolist())
+
+        truth = [exact_ids(q) for q in queries]
+        for nprobes, overfetch in ((8, 1.0), (20, 1.0), (20, 4.0), (64, 4.0), (64, 16.0)):
+            lat, recall = [], []
+            for q, want in zip(queries, truth):
+                t0 = time.perf_counter()
+                got = r.search(q, k=10, nprobes=nprobes, columns=["id"], overfetch=overfetch)
+                lat.append(time.perf_counter() - t0)
+                recall.append(len(set(got.column("id").to_pylist()) & want) / 10)
+            print(f"  nprobes {nprobes:3}, overfetch {overfetch:4.0f}: p50 {pct(lat, 50) * 1000:6.1f} ms  p99 {pct(lat, 99) * 1000:6.1f} ms  recall@10 {np.mean(recall):.3f}")
+            results["vector"].append({"nprobes": nprobes, "overfetch": overfetch, "p50_ms": pct(lat, 50) * 1000,
+                                      "p99_ms": pct(lat, 99) * 1000, "recall_at_10": float(np.mean(recall))})
+
+        # 4: the indexed read plan while the base index lags behind compaction
+        import memwal.readers.reader as reader_module
+
+        add_sstables(vt, args.gap_sstables, args.gap_sstable_rows, args.vector_rows, rng)
+        Compactor(vt).run_once()  # everything compacted; the IVF index does not cover it yet
+        ds = lance.dataset(vuri)
+        unindexed = ds.stats.index_stats("vec_idx")["num_unindexed_rows"]
+        live = readers.open(vuri).scan(columns=["id", "vec"])
+        ids = live.column("id").to_numpy()
+        mat = np.stack(live.column("vec").to_numpy(zero_copy_only=False)).astype(np.float32)
+        truth = [exact_ids(q) for q in queries]
+        r = readers.open(vuri, refresh_interval_ms=None)
+        gap = r.snapshot.with_index_gap("vec_idx").num_live_sstables
+        print(f"\nindex lagging by {gap} compacted SSTables ({unindexed:,} unindexed base rows), nprobes 20, overfetch 4:")
+        results["index_gap"] = {"gap_sstables": gap, "unindexed_rows": unindexed}
+        default = reader_module.GAP_PLAN_MIN_ROWS_PER_SSTABLE
+        for name, threshold in (("gap SSTables' indexes", 0), ("exact scan of unindexed base", 10**12), ("automatic choice", default)):
+            reader_module.GAP_PLAN_MIN_ROWS_PER_SSTABLE = threshold
+            lat, recall = [], []
+            for q, want in zip(queries, truth):
+                t0 = time.perf_counter()
+                got = r.search(q, k=10, nprobes=20, columns=["id"])
+                lat.append(time.perf_counter() - t0)
+                recall.append(len(set(got.column("id").to_pylist()) & want) / 10)
+            label = f"{name} ({r.last_vector_plan})" if threshold == default else name
+            print(f"  {label:44} p50 {pct(lat, 50) * 1000:6.1f} ms  p99 {pct(lat, 99) * 1000:6.1f} ms  recall@10 {np.mean(recall):.3f}")
+            results["index_gap"][name] = {"p50_ms": pct(lat, 50) * 1000, "p99_ms": pct(lat, 99) * 1000, "recall_at_10": float(np.mean(recall))}
+        reader_module.GAP_PLAN_MIN_ROWS_PER_SSTABLE = default
+    finally:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"\n{results['date']}, {results['machine']}, commit {results['commit']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
