@@ -15,6 +15,7 @@ os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
 import argparse  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
 import time
 from typing import Any, Sequence
@@ -194,6 +195,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         compact=not args.no_compact,
         indexes=not args.no_indexes,
         gc=not args.no_gc,
+        views=not args.no_views,
         max_generations_per_commit=args.max_generations_per_commit,
         flush_stranded_after_seconds=args.flush_stranded_after,
         gc_config=GcConfig(
@@ -260,6 +262,76 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         f"{int(totals.get('dead_letters', 0))} dead letter(s)"
     )
     return 0
+
+
+def _parse_udf(text: str):
+    from memwal.views import UdfColumn
+
+    # name=module:function(input,input)->type@version
+    m = re.fullmatch(r"\s*(\w+)\s*=\s*([\w.]+:[\w.]+)\s*\(([^)]*)\)\s*->\s*([^@]+?)\s*(?:@\s*(\S+))?\s*", text)
+    if not m:
+        raise ValueError(f"--udf {text!r}: expected name=module:function(col,...)->type[@version]")
+    inputs = tuple(c.strip() for c in m.group(3).split(",") if c.strip())
+    return UdfColumn(m.group(1), m.group(2), inputs, m.group(4), m.group(5) or "1")
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    from memwal.views import View, list_views
+
+    if args.view_command == "create":
+        view = View.create(
+            args.uri,
+            args.name,
+            select=args.select or [],
+            where=args.where,
+            group_by=args.group_by or [],
+            udfs=[_parse_udf(u) for u in args.udf or []],
+            shuffle_seed=args.shuffle_seed,
+            refresh=not args.no_refresh,
+            max_rows_per_fragment=args.max_rows_per_fragment,
+        )
+        print(f"created view {view.definition.name}: {view.uri}")
+        return 0
+    if args.view_command == "list":
+        for name in list_views(args.uri):
+            print(name)
+        return 0
+    view = View.open(args.uri, args.name)
+    if args.view_command == "refresh":
+        record = view.refresh(args.src_version, max_rows_per_fragment=args.max_rows_per_fragment)
+        if record is None:
+            print(f"view {args.name} is up to date")
+        else:
+            print(f"view {args.name} refreshed to base version {record.base_version} ({record.mode}, "
+                  f"{record.rows_changed} rows changed, {record.udf_calls} UDF calls, {record.seconds:.2f}s)")
+        return 0
+    if args.view_command == "status":
+        f = view.freshness()
+        history = view.history()
+        doc = {
+            "name": view.definition.name,
+            "uri": view.uri,
+            "definition": json.loads(view.definition.to_json()),
+            "rows": view.dataset().count_rows(),
+            "freshness": f.__dict__,
+            "refreshes": [r.__dict__ for r in history[-args.history:]],
+        }
+        if args.json:
+            print(json.dumps(doc, sort_keys=True, default=str))
+        else:
+            print(f"view {doc['name']} at {doc['uri']}: {doc['rows']} rows")
+            print(f"  reflects base version {f.base_version_reflected} of {f.base_version_latest} "
+                  f"({f.versions_behind} behind, {f.seconds_behind if f.seconds_behind is not None else '-'}s); "
+                  f"{f.uncompacted_sstables} SSTables ({f.uncompacted_rows} rows) not yet compacted")
+            for r in history[-args.history:]:
+                print(f"  base v{r.base_version} -> view v{r.view_version}: {r.mode}, {r.rows_changed} rows, "
+                      f"{r.udf_calls} UDF calls, {r.seconds:.2f}s at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r.refreshed_at))}")
+        return 0
+    if args.view_command == "drop":
+        view.drop()
+        print(f"dropped view {args.name}")
+        return 0
+    raise AssertionError(args.view_command)
 
 
 # -- parser -------------------------------------------------------------------------------------
@@ -342,6 +414,35 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--maintain", action="store_true", help="also run the maintenance service in this process")
     s.set_defaults(func=cmd_ingest)
 
+    s = sub.add_parser("view", help="materialized views", description="Materialized views over a table, refreshed incrementally.")
+    vsub = s.add_subparsers(dest="view_command", required=True, metavar="ACTION")
+    v = vsub.add_parser("create", help="define a view and fill it", description="Define a view: SELECT expressions and a WHERE predicate (DataFusion SQL), Python UDF columns, or GROUP BY aggregates (count, sum, min, max, avg).")
+    v.add_argument("uri", metavar="URI", help="the table")
+    v.add_argument("name", metavar="NAME")
+    v.add_argument("--select", action="append", metavar="EXPR", help="an output column, e.g. 'upper(name) AS uname' or 'sum(score) AS total'; repeat")
+    v.add_argument("--where", metavar="SQL")
+    v.add_argument("--group-by", action="append", metavar="COL", help="group by this column (repeat); the other --select items must be aggregates")
+    v.add_argument("--udf", action="append", metavar="SPEC", help="name=module:function(col,...)->type[@version], e.g. emb=myudfs:embed(text)->list<float32>[8]@2")
+    v.add_argument("--shuffle-seed", type=int, help="store rows in a deterministic pseudo-random order")
+    v.add_argument("--max-rows-per-fragment", type=int, default=1_000_000)
+    v.add_argument("--no-refresh", action="store_true", help="define only; fill on the first refresh")
+    v = vsub.add_parser("refresh", help="bring a view up to date", description="Refresh a view from the table's change feed (one atomic commit).")
+    v.add_argument("uri", metavar="URI")
+    v.add_argument("name", metavar="NAME")
+    v.add_argument("--src-version", type=int, help="refresh to this base table version (default: latest)")
+    v.add_argument("--max-rows-per-fragment", type=int, default=1_000_000)
+    v = vsub.add_parser("status", help="definition, freshness and refresh history", description="Show a view's definition, freshness and refresh history.")
+    v.add_argument("uri", metavar="URI")
+    v.add_argument("name", metavar="NAME")
+    v.add_argument("--json", action="store_true")
+    v.add_argument("--history", type=int, default=10, help="refreshes to show (default 10)")
+    v = vsub.add_parser("list", help="views of a table", description="List the views of a table.")
+    v.add_argument("uri", metavar="URI")
+    v = vsub.add_parser("drop", help="delete a view", description="Delete a view and its data.")
+    v.add_argument("uri", metavar="URI")
+    v.add_argument("name", metavar="NAME")
+    s.set_defaults(func=cmd_view)
+
     s = sub.add_parser(
         "maintain",
         help="compact, index and collect garbage",
@@ -358,6 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-compact", action="store_true")
     s.add_argument("--no-indexes", action="store_true")
     s.add_argument("--no-gc", action="store_true")
+    s.add_argument("--no-views", action="store_true", help="do not refresh the table's views")
     s.set_defaults(func=cmd_maintain)
 
     return p

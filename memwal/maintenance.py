@@ -30,6 +30,8 @@ class MaintenanceConfig:
     compact: bool = True
     indexes: bool = True
     gc: bool = True
+    #: Refresh the table's materialized views after every cycle that compacted something.
+    views: bool = True
     max_generations_per_commit: int = 8
     #: Flush acknowledged writes that sat unflushed this long with no writer (None: never).
     flush_stranded_after_seconds: float | None = 60.0
@@ -53,6 +55,7 @@ class CycleReport:
     rows_compacted: int = 0
     rows_per_second: float = 0.0
     base_fragments_compacted: int = 0
+    views_refreshed: int = 0
     indexes_caught_up: bool = False
     indexes_created: list[str] = field(default_factory=list)
     index_lag: dict[str, int] = field(default_factory=dict)
@@ -104,6 +107,8 @@ class Maintenance:
                 report.bytes_reclaimed += r.bytes_reclaimed
             report.bytes_reclaimed += self.gc.base_bytes_reclaimed
         if report.compaction_commits:
+            if self.config.views:
+                report.views_refreshed = self._refresh_views()
             for hook in self.after_compaction:
                 hook(report)
         snap = self.table.snapshot()
@@ -122,6 +127,21 @@ class Maintenance:
             sum(report.pending_sstables.values()), report.index_lag or "none", report.seconds,
         )
         return report
+
+    def _refresh_views(self) -> int:
+        """Refresh every view of the table; a view that fails is logged, the others go on."""
+        from memwal.views import View, ViewBusyError, list_views
+
+        done = 0
+        for name in list_views(self.table.uri):
+            try:
+                if View.open(self.table.uri, name).refresh() is not None:
+                    done += 1
+            except ViewBusyError as e:
+                log.info("view %s: %s", name, e)
+            except Exception:  # noqa: BLE001 - one broken view must not stop maintenance
+                log.exception("refreshing view %s failed", name)
+        return done
 
     def _compact_base_files(self) -> int:
         """Merge the small base fragments that each compaction commit adds, once there are many."""
