@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import platform
 import random
@@ -93,3 +94,13 @@ def summary_ms(values: list[float]) -> str:
 
 def mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
+
+
+
+def report(results: dict, json_path: str | None) -> None:
+    """End a benchmark run: print the date, machine and commit; write the results as
+    JSON when asked."""
+    print(f"\n{results['date']}, {results['machine']}, commit {results['commit']}")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(results, f, indent=2)

@@ -37,7 +37,7 @@ import lance  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import DIM, SCHEMA, base_rows, batch_rows, git_rev, machine, pct, today  # noqa: E402
+from common import DIM, SCHEMA, base_rows, batch_rows, git_rev, machine, pct, report, today  # noqa: E402
 
 from memwal import Table, readers  # noqa: E402
 from memwal.streaming import SinkOptions, ingest, kafka_stream, local_session  # noqa: E402
@@ -283,10 +283,7 @@ def main() -> None:
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"\n{results['date']}, {results['machine']}, commit {results['commit']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    report(results, args.json)
 
 
 if __name__ == "__main__":

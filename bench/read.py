@@ -16,7 +16,6 @@ Run: ``python bench/read.py``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
@@ -31,7 +30,7 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import DIM, SCHEMA, base_rows, git_rev, machine, pct, today  # noqa: E402
+from common import DIM, SCHEMA, base_rows, git_rev, machine, pct, report, today  # noqa: E402
 
 from memwal import Table, WriterConfig, readers  # noqa: E402
 from memwal.compactor import Compactor  # noqa: E402
@@ -181,10 +180,7 @@ def main() -> None:
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"\n{results['date']}, {results['machine']}, commit {results['commit']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    report(results, args.json)
 
 
 if __name__ == "__main__":

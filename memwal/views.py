@@ -162,6 +162,18 @@ class ViewDefinition:
         d["udfs"] = tuple(UdfColumn(**{**u, "inputs": tuple(u["inputs"])}) for u in d.get("udfs", ()))
         return cls(**d)
 
+    def columns_used(self, names: Sequence[str]) -> list[str]:
+        """The base columns (of ``names``) the view reads: every one it names in its SQL or
+        its UDF inputs, or all of them for ``SELECT *``. Reading only these keeps a refresh
+        from pulling vector columns it never uses."""
+        if not self.select or any(re.fullmatch(r"\s*(\w+\.)?\*\s*", item) for item in self.select):
+            return list(names)
+        text = " ".join([*self.select, self.where or "", *self.group_by])
+        words = {w.lower() for w in re.findall(r'[A-Za-z_][A-Za-z0-9_]*|"[^"]+"', text)}
+        words |= {w.strip('"').lower() for w in words}
+        used = {c for u in self.udfs for c in u.inputs}
+        return [n for n in names if n.lower() in words or n in used]
+
     def aggregates(self) -> list[tuple[str, str, str]]:
         """(function, expression, alias) of every aggregate in ``select``."""
         out = []
@@ -199,23 +211,33 @@ def project_rows(defn: ViewDefinition, rows: pa.Table) -> pa.Table:
     return out
 
 
-def _group_exprs(defn: ViewDefinition) -> list[str]:
-    return list(defn.group_by)
+def group_expr(defn: ViewDefinition, column: str) -> str:
+    """The SQL expression of a GROUP BY column: its ``select`` item's (``EXPR AS column``),
+    or the base column itself."""
+    for item in defn.select:
+        m = _ALIAS.match(item)
+        if m and m.group(2) == column and not _AGG.match(item):
+            return m.group(1).strip()
+    return column
 
 
 def partial_aggregates(defn: ViewDefinition, rows: pa.Table) -> pa.Table:
     """Aggregate view: per group, the mergeable partial state of every aggregate."""
-    items = [f"{g}" for g in defn.group_by]
+    items = [f"{group_expr(defn, g)} AS {g}" for g in defn.group_by]
     items.append(f"count(*) AS {COUNT}")
     for func, expr, alias in defn.aggregates():
         if func in ("sum", "avg"):
             items.append(f"sum({expr}) AS __s_{alias}")
             items.append(f"count({expr}) AS __c_{alias}")
+            # compensation term of a floating-point sum (Neumaier): adding and subtracting
+            # partial sums refresh after refresh stays as exact as summing from scratch
+            items.append(f"CAST(0.0 AS DOUBLE) AS __k_{alias}")
         elif func == "count":
             items.append(f"count({expr}) AS __c_{alias}")
         else:
             items.append(f"{func}({expr}) AS __m_{alias}")
-    return _sql(rows, f"SELECT {', '.join(items)} FROM src{_where(defn)} GROUP BY {', '.join(defn.group_by)}")
+    groups = ", ".join(group_expr(defn, g) for g in defn.group_by)
+    return _sql(rows, f"SELECT {', '.join(items)} FROM src{_where(defn)} GROUP BY {groups}")
 
 
 def finish_aggregates(defn: ViewDefinition, state: pa.Table) -> pa.Table:
@@ -227,10 +249,10 @@ def finish_aggregates(defn: ViewDefinition, state: pa.Table) -> pa.Table:
         if func == "count":
             cols[alias] = state.column(f"__c_{alias}")
         elif func == "sum":
-            s, c = state.column(f"__s_{alias}"), state.column(f"__c_{alias}")
+            s, c = _compensated(state, alias), state.column(f"__c_{alias}")
             cols[alias] = pc.if_else(pc.greater(c, 0), s, pa.nulls(len(s), s.type))
         elif func == "avg":
-            s, c = state.column(f"__s_{alias}"), state.column(f"__c_{alias}")
+            s, c = _compensated(state, alias), state.column(f"__c_{alias}")
             cols[alias] = pc.if_else(pc.greater(c, 0), pc.divide(pc.cast(s, pa.float64()), pc.cast(c, pa.float64())), pa.nulls(len(s), pa.float64()))
         else:
             cols[alias] = state.column(f"__m_{alias}")
@@ -239,6 +261,20 @@ def finish_aggregates(defn: ViewDefinition, state: pa.Table) -> pa.Table:
         if name.startswith("__"):
             out = out.append_column(name, state.column(name))
     return out
+
+
+def _compensated(state: pa.Table, alias: str) -> pa.ChunkedArray:
+    s = state.column(f"__s_{alias}")
+    if pa.types.is_floating(s.type):
+        return pc.add(s, pc.cast(state.column(f"__k_{alias}"), s.type))
+    return s
+
+
+def _neumaier(total: float, comp: float, x: float) -> tuple[float, float]:
+    """Add ``x`` to a compensated sum (``total`` + ``comp``)."""
+    t = total + x
+    comp += (total - t) + x if abs(total) >= abs(x) else (x - t) + total
+    return t, comp
 
 
 def group_keys(defn: ViewDefinition, rows: pa.Table) -> pa.Array:
@@ -548,17 +584,35 @@ class View:
             )
             self._commit(view_ds, remove, self._shuffled(add), record, max_rows_per_fragment, overwrite=full)
             _clear_checkpoints(self.uri)
+            self._index_key()
         log.info(
             "refreshed view %s to base v%d (%s, %d rows changed, %d UDF calls) in %.2fs",
             self.definition.name, base.version, record.mode, changed, self.udf_stats.calls, time.perf_counter() - t0,
         )
         return record
 
+    #: unindexed view rows tolerated before the key index is brought up to date
+    INDEX_SLACK_ROWS = 50_000
+
+    def _index_key(self) -> None:
+        """Keep a BTREE on the view's key column (source row id, or group key) so the
+        next refresh finds the rows it replaces in time proportional to the change, not to
+        the view. Small refreshes leave a few unindexed rows; they are folded in once they
+        add up to ``INDEX_SLACK_ROWS``."""
+        ds = self.dataset()
+        column = GROUP_KEY if self.definition.aggregate else ROW_ID
+        names = [i["name"] for i in ds.list_indices() if column in i["fields"]]
+        if not names:
+            if ds.count_rows():
+                ds.create_scalar_index(column, "BTREE", name=f"{column}_idx")
+        elif ds.stats.index_stats(names[0]).get("num_unindexed_rows", 0) > self.INDEX_SLACK_ROWS:
+            ds.optimize.optimize_indices(index_names=names)
+
     def _udfs_current(self, last: RefreshRecord) -> bool:
         return all(last.udf_versions.get(u.name) == u.identity() for u in self.definition.udfs)
 
     def _full(self, base: lance.LanceDataset, view_ds: lance.LanceDataset, refresh_key: str):
-        rows = base.to_table(with_row_id=True)
+        rows = base.to_table(columns=self.definition.columns_used(base.schema.names), with_row_id=True)
         add = self._compute(base, rows, refresh_key)
         return None, add, add.num_rows
 
@@ -618,7 +672,7 @@ class View:
             [updated.column("_rowid").combine_chunks().cast(pa.uint64()), deleted.column("_rowid").combine_chunks().cast(pa.uint64())]
         ) if (updated.num_rows or deleted.num_rows) else pa.array([], pa.uint64())
         prev = table.dataset(from_version)
-        old = prev._take_rows(old_ids.to_pylist(), columns=prev.schema.names, with_row_id=True) if len(old_ids) else None
+        old = prev._take_rows(old_ids.to_pylist(), columns=defn.columns_used(prev.schema.names), with_row_id=True) if len(old_ids) else None
         new = pa.concat_tables([inserted, updated])
         parts_new = partial_aggregates(defn, new) if new.num_rows else None
         parts_old = partial_aggregates(defn, old) if old is not None and old.num_rows else None
@@ -642,26 +696,35 @@ class View:
                     if func in ("sum", "avg", "count"):
                         if func != "count":
                             s = row.get(f"__s_{alias}")
-                            if s is not None:
+                            if isinstance(s, float):
+                                cur[f"__s_{alias}"], cur[f"__k_{alias}"] = _neumaier(
+                                    cur.get(f"__s_{alias}") or 0.0, cur.get(f"__k_{alias}") or 0.0, sign * (s + (row.get(f"__k_{alias}") or 0.0))
+                                )
+                            elif s is not None:
                                 cur[f"__s_{alias}"] = (cur.get(f"__s_{alias}") or 0) + sign * s
                         cur[f"__c_{alias}"] = (cur.get(f"__c_{alias}") or 0) + sign * (row.get(f"__c_{alias}") or 0)
                     else:
                         m = row.get(f"__m_{alias}")
-                        if sign < 0:
-                            recompute.add(key)  # a lost row may have been the extreme
-                        elif m is not None:
-                            old_m = cur.get(f"__m_{alias}")
-                            if old_m is None or (m < old_m if func == "min" else m > old_m):
+                        current = cur.get(f"__m_{alias}")
+                        if sign > 0:
+                            if m is not None and (current is None or (m < current if func == "min" else m > current)):
                                 cur[f"__m_{alias}"] = m
-                    if isinstance(cur.get(f"__s_{alias}"), float) and sign < 0:
-                        recompute.add(key)  # float sums drift under subtraction; recompute exactly
+                        elif m is not None and (current is None or not (m > current if func == "min" else m < current)):
+                            recompute.add(key)  # the removed row may have been the extreme
         if recompute:
             predicate = " OR ".join(
-                "(" + " AND ".join(f"{g} IS NOT DISTINCT FROM {_sql_value(v)}" for g, v in zip(defn.group_by, json.loads(k))) + ")"
+                "(" + " AND ".join(f"({group_expr(defn, g)}) IS NOT DISTINCT FROM {_sql_value(v)}" for g, v in zip(defn.group_by, json.loads(k))) + ")"
                 for k in recompute
             )
-            where = f"({defn.where}) AND ({predicate})" if defn.where else predicate
-            fresh = base.to_table(with_row_id=True, filter=where)
+            if all(group_expr(defn, g) == g for g in defn.group_by):
+                where = f"({defn.where}) AND ({predicate})" if defn.where else predicate
+                fresh = base.to_table(columns=defn.columns_used(base.schema.names), with_row_id=True, filter=where)
+            else:
+                # a computed group key cannot be pushed into Lance's filter: select in memory
+                fresh = _sql(
+                    base.to_table(columns=defn.columns_used(base.schema.names), with_row_id=True, filter=defn.where),
+                    f"SELECT * FROM src WHERE {predicate}",
+                )
             exact = partial_aggregates(defn, fresh) if fresh.num_rows else None
             exact_rows = {k: r for k, r in zip(group_keys(defn, exact).to_pylist(), exact.to_pylist())} if exact is not None else {}
             for key in recompute:

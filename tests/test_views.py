@@ -331,3 +331,16 @@ def test_view_cli(table_uri, tmp_path):
     memwal("view", "drop", table_uri, "agg")
     assert memwal("view", "list", table_uri).split() == ["top"]
     assert lance.dataset(View.open(table_uri, "top").uri).count_rows() == status["rows"]  # a plain Lance table
+
+
+def test_refresh_reads_only_the_columns_the_view_uses():
+    from memwal.views import ViewDefinition
+
+    names = ["id", "val", "name", "vec", "Region"]
+    defn = ViewDefinition("v", "t", select=("name", "val * 2 AS v2", "upper(\"Region\") AS r"), where="id > 3",
+                          udfs=(UdfColumn("f", "m:f", ("name",), "int32"),))
+    assert defn.columns_used(names) == ["id", "val", "name", "Region"]
+    agg = ViewDefinition("a", "t", select=("k AS k", "count(*) AS n"), group_by=("k",))
+    assert agg.columns_used(["k", "vec"]) == ["k"]
+    assert ViewDefinition("s", "t").columns_used(names) == names
+    assert ViewDefinition("s", "t", select=("*",)).columns_used(names) == names

@@ -1,0 +1,143 @@
+"""View benchmark: incremental refresh against full recompute, in one run.
+
+A ``--base-rows`` memwal table; a row view (filter, computed column, a Python UDF; once with a
+vectorized UDF and once with a row-at-a-time one) and an
+aggregate view (GROUP BY with count/sum/min/max/avg). The first refresh computes
+everything; then ``--changes`` rows change (updates and deletes, compacted into the base)
+and each view is refreshed incrementally, and recomputed in full for comparison. The UDF
+counts the rows it is called with: an incremental refresh must call it for exactly the
+changed rows that pass the filter.
+
+Run: ``python bench/views.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import SCHEMA, base_rows, git_rev, machine, report, today  # noqa: E402
+
+from memwal import Table  # noqa: E402
+from memwal.compactor import Compactor  # noqa: E402
+from memwal.views import UdfColumn, View  # noqa: E402
+
+UDF_ROWS = [0]
+
+
+def name_length(batch: pa.RecordBatch) -> pa.Array:
+    """A vectorized UDF (one Arrow kernel): the cheapest a UDF gets, so a full recompute
+    is mostly I/O. Counts the rows it is given."""
+    UDF_ROWS[0] += batch.num_rows
+    return pc.utf8_length(batch.column(0))
+
+
+def name_digest(batch: pa.RecordBatch) -> pa.Array:
+    """A row-at-a-time Python UDF (a hash feature), the kind users write: about a
+    microsecond per row. Counts the rows it is given."""
+    UDF_ROWS[0] += batch.num_rows
+    return pa.array(
+        [int.from_bytes(hashlib.blake2b(s.encode(), digest_size=4).digest(), "little") >> 1 for s in batch.column(0).to_pylist()],
+        pa.int32(),
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--base-rows", type=int, default=1_000_000)
+    p.add_argument("--changes", type=int, default=1_000)
+    p.add_argument("--workdir")
+    p.add_argument("--json")
+    args = p.parse_args()
+    work = args.workdir or tempfile.mkdtemp(prefix="memwal-bench-views-")
+    results: dict = {"date": today(), "machine": machine(), "commit": git_rev(), "args": vars(args)}
+    sys.modules.setdefault("bench_views_udf", sys.modules[__name__])
+    try:
+        uri = os.path.join(work, "t")
+        base = base_rows(args.base_rows).drop_columns(["vec"])
+        schema = pa.schema([f for f in SCHEMA if f.name != "vec"])
+        table = Table.create(uri, schema, ["id"], "bucket(id, 4)", initial_data=base)
+        row_views = []
+        for name, fn in (("rows", "name_length"), ("rows_py", "name_digest")):
+            udf = UdfColumn("feature", f"bench_views_udf:{fn}", ("name",), "int32")
+            UDF_ROWS[0] = 0
+            t0 = time.perf_counter()
+            row_views.append(View.create(uri, name, select=["name", "val * 2 AS v2"], where="val > 0.1", udfs=[udf]))
+            print(f"{args.base_rows:,}-row base: first (full) refresh of view {name} ({fn}) {time.perf_counter() - t0:.2f}s, "
+                  f"{UDF_ROWS[0]:,} UDF rows")
+        t0 = time.perf_counter()
+        groups = View.create(
+            uri, "groups",
+            select=["substr(name, 18, 1) AS bucket", "count(*) AS n", "sum(id) AS ids", "min(val) AS lo", "max(val) AS hi", "avg(val) AS mean"],
+            group_by=["bucket"],
+        )
+        print(f"{args.base_rows:,}-row base: first (full) refresh of view groups {time.perf_counter() - t0:.2f}s")
+
+        rng = np.random.default_rng(1)
+        changed = rng.choice(args.base_rows, args.changes, replace=False)
+        dead, upd = changed[: args.changes // 10], changed[args.changes // 10 :]
+        updates = base.take(pa.array(upd)).set_column(1, "val", pa.array(rng.random(len(upd))))
+        table.write(updates)
+        table.delete({"id": pa.array(dead)})
+        table.flush()
+        Compactor(table).run_once()
+        expected_udf = int(pc.sum(pc.greater(updates.column("val"), 0.1)).as_py())
+
+        results["views"] = []
+        for view in (*row_views, groups):
+            UDF_ROWS[0] = 0
+            t0 = time.perf_counter()
+            rec = view.refresh()
+            incremental = time.perf_counter() - t0
+            udf_rows = UDF_ROWS[0]
+            incremental_state = view.to_table().sort_by(view.to_table().schema.names[0])
+            # full recompute of the same state: a fresh view over the same base version
+            t0 = time.perf_counter()
+            fresh = View.create(uri, f"{view.definition.name}_full", select=list(view.definition.select), where=view.definition.where,
+                                group_by=list(view.definition.group_by), udfs=list(view.definition.udfs))
+            full = time.perf_counter() - t0
+            same = _same(fresh.to_table().sort_by(fresh.to_table().schema.names[0]), incremental_state)
+            fresh.drop()
+            ratio = full / incremental
+            line = (f"{view.definition.name:7}: {args.changes:,} changed rows, incremental {incremental * 1000:8.1f} ms "
+                    f"({rec.mode}), full recompute {full * 1000:8.1f} ms, ratio {ratio:6.1f}x")
+            if view.definition.udfs:
+                line += f", UDF rows {udf_rows:,} (changed rows passing the filter: {expected_udf:,})"
+            print(line + ("" if same else "  MISMATCH"))
+            results["views"].append({"view": view.definition.name, "incremental_ms": incremental * 1000, "full_ms": full * 1000,
+                                     "ratio": ratio, "udf_rows": udf_rows, "expected_udf_rows": expected_udf if view.definition.udfs else 0,
+                                     "same_as_full": same})
+    finally:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    report(results, args.json)
+
+
+def _same(a: pa.Table, b: pa.Table) -> bool:
+    """Equal rows; floating-point aggregates to 1e-9 relative (summation order differs)."""
+    if a.num_rows != b.num_rows or a.schema.names != b.schema.names:
+        return False
+    for name in a.schema.names:
+        x, y = a.column(name), b.column(name)
+        if pa.types.is_floating(x.type):
+            if not np.allclose(x.to_numpy(zero_copy_only=False), y.to_numpy(zero_copy_only=False), rtol=1e-9, equal_nan=True):
+                return False
+        elif x.to_pylist() != y.to_pylist():
+            return False
+    return True
+
+
+if __name__ == "__main__":
+    main()
