@@ -201,6 +201,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         gc_config=GcConfig(
             reader_grace_seconds=args.reader_grace,
             base_version_retention_seconds=args.base_retention,
+            drain_interval_seconds=args.drain_interval,
         ),
     )
     service = Maintenance(Table.open(args.uri), config)
@@ -409,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sequence-field", help="JSON field ordering versions of a key (highest wins)")
     s.add_argument("--drop-stale", action="store_true", help="with --sequence-field: drop rows older than the stored version")
     s.add_argument("--flush-interval", type=float, default=2.0, metavar="S", help="flush MemTables at most every S seconds (eventual readers' freshness)")
-    s.add_argument("--max-write-tasks", type=int, metavar="N", help="write tasks per micro-batch (default: one per shard)")
+    s.add_argument("--max-write-tasks", type=int, metavar="N", help="write tasks per micro-batch (default: Spark's task slots; each shard is written by one task)")
     s.add_argument("--cores", type=int, default=2, help="local Spark cores (default 2)")
     s.add_argument("--maintain", action="store_true", help="also run the maintenance service in this process")
     s.set_defaults(func=cmd_ingest)
@@ -455,6 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-generations-per-commit", type=int, default=8, help="consecutive generations compacted in one commit")
     s.add_argument("--reader-grace", type=float, default=300.0, metavar="S", help="keep SSTables compacted less than S seconds ago (readers may still read them)")
     s.add_argument("--base-retention", type=float, default=3600.0, metavar="S", help="keep base table versions younger than S seconds (time travel)")
+    s.add_argument("--drain-interval", type=float, default=60.0, metavar="S",
+                   help="drain a shard's collected SSTables at most every S seconds (each drain fences its writer once)")
     s.add_argument("--flush-stranded-after", type=float, default=60.0, metavar="S", help="flush writes left unflushed S seconds by a crashed or idle writer")
     s.add_argument("--no-compact", action="store_true")
     s.add_argument("--no-indexes", action="store_true")

@@ -5,8 +5,10 @@
    (integers, strings, a float vector) to a 3-partition topic;
 3. ingests the topic with memwal's Spark sink (Kafka -> Structured Streaming -> shards);
 4. reads the table back and checks it equals what the producer sent (last write per key);
-5. runs maintenance (compaction into the base table, index catch-up, garbage collection)
-   and checks again; then shows the table's status.
+   runs a vector search and checks it against brute force;
+5. defines two materialized views (a filter, and an aggregate per score band);
+6. runs maintenance (compaction into the base table, index catch-up, garbage collection,
+   view refresh) and checks the table and the views again; then shows the table's status.
 
 Exits non-zero if a reader ever sees something other than what was sent.
 ``--python-only`` skips Kafka and Spark and writes through the Python API instead.
@@ -79,6 +81,43 @@ def check(label: str, uri: str, model: dict[int, dict], consistency: str = "even
     return ok
 
 
+def check_search(uri: str, model: dict[int, dict]) -> bool:
+    """Vector search over the live rows against brute force over the producer's model."""
+    import numpy as np
+
+    from memwal import readers
+
+    query = [0.5] * DIM
+    hits = readers.open(uri).search(query, k=5, columns=["id"]).column("id").to_pylist()
+    ids = np.array(list(model))
+    vecs = np.array([model[i]["embedding"] for i in ids], dtype=np.float32)
+    dist = ((vecs - np.array(query, dtype=np.float32)) ** 2).sum(axis=1)
+    expected = ids[np.argsort(dist, kind="stable")[:5]].tolist()
+    ok = sorted(hits) == sorted(expected)
+    print(f"== vector search: 5 nearest ids {hits}: {'MATCH' if ok else 'MISMATCH (brute force: %s)' % expected}")
+    return ok
+
+
+def check_views(uri: str, model: dict[int, dict]) -> bool:
+    """The views, refreshed by maintenance, against the same queries over the model."""
+    import math
+    from collections import defaultdict
+
+    from memwal.views import View
+
+    high = {r["id"]: (r["name"], r["score"]) for r in View.open(uri, "high_scores").to_table().to_pylist()}
+    want_high = {k: (r["name"], r["score"]) for k, r in model.items() if r["score"] > 50}
+    bands = {r["band"]: (r["users"], r["top"]) for r in View.open(uri, "score_bands").to_table().to_pylist()}
+    want: dict[int, list[float]] = defaultdict(list)
+    for r in model.values():
+        want[math.floor(r["score"] / 25)].append(r["score"])
+    want_bands = {b: (len(v), max(v)) for b, v in want.items()}
+    ok = high == want_high and bands == want_bands
+    print(f"== views: high_scores has {len(high)} rows, score_bands {dict(sorted((b, n) for b, (n, _) in bands.items()))}: "
+          f"{'MATCH' if ok else 'MISMATCH'}")
+    return ok
+
+
 def run_kafka_flow(workdir: str, records: int, keys: int) -> bool:
     from memwal import Table
     from memwal.gc import GcConfig
@@ -116,12 +155,21 @@ def run_kafka_flow(workdir: str, records: int, keys: int) -> bool:
         print(f"== Spark ingested {int(totals['rows'])} records in {int(totals['batches'])} micro-batches, "
               f"{elapsed:.1f}s ({totals['rows'] / elapsed:,.0f} records/s), {int(totals['dead_letters'])} dead letters")
         ok = check("after ingest", uri, model)
+        ok = check_search(uri, model) and ok
 
-        report = Maintenance(uri, MaintenanceConfig(gc_config=GcConfig(reader_grace_seconds=0))).run_cycle()
+        from memwal.views import View
+
+        View.create(uri, "high_scores", select=["id", "name", "score"], where="score > 50")
+        View.create(uri, "score_bands", select=["CAST(floor(score / 25) AS BIGINT) AS band", "count(*) AS users", "max(score) AS top"],
+                    group_by=["band"])
+        print("== created views high_scores (score > 50) and score_bands (users per band of 25 points)")
+
+        report = Maintenance(uri, MaintenanceConfig(gc_config=GcConfig(reader_grace_seconds=0, drain_interval_seconds=0))).run_cycle()
         print(f"== maintenance: compacted {report.generations_compacted} SSTables in {report.compaction_commits} "
               f"commits ({report.rows_compacted} rows), reclaimed {report.sstables_removed} SSTables "
-              f"({report.bytes_reclaimed:,} bytes)")
+              f"({report.bytes_reclaimed:,} bytes), refreshed {report.views_refreshed} views")
         ok = check("after maintenance", uri, model) and ok
+        ok = check_views(uri, model) and ok
         print()
         print(Table.open(uri).status().render())
         spark.stop()

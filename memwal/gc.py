@@ -60,8 +60,11 @@ class GcConfig:
     manifest_retention_seconds: float = 3600.0
     #: Unlisted SSTable directories of the current generation may be a flush in progress.
     orphan_grace_seconds: float = 3600.0
-    #: Drain a manifest only when at least this many SSTables can go (each drain fences the writer).
-    min_sstables_to_drain: int = 1
+    #: Each drain fences the shard's writer, which then reopens (claim + WAL replay), so a
+    #: shard is drained at most once per ``drain_interval_seconds`` ...
+    drain_interval_seconds: float = 60.0
+    #: ... unless this many of its SSTables can go already.
+    min_sstables_to_drain: int = 64
     #: Base table versions younger than this stay (time travel); never less than the reader grace.
     base_version_retention_seconds: float = 3600.0
 
@@ -104,6 +107,7 @@ class GarbageCollector:
         self.config = config or GcConfig()
         self.bytes_reclaimed = 0
         self.base_bytes_reclaimed = 0
+        self._last_drain: dict[str, float] = {}  # shard id -> monotonic time of its last drain
 
     def safe_base_version(self) -> int | None:
         """The newest base version committed at least ``reader_grace_seconds`` ago, if any."""
@@ -168,7 +172,8 @@ class GarbageCollector:
             if m is None:
                 return None
             drop = [s for s in m.sstables if s.generation <= through]
-            if len(drop) < max(1, self.config.min_sstables_to_drain):
+            due = time.monotonic() - self._last_drain.get(shard_id, float("-inf")) >= self.config.drain_interval_seconds
+            if not drop or (len(drop) < self.config.min_sstables_to_drain and not due):
                 return m
             drained = replace(
                 m,
@@ -177,6 +182,7 @@ class GarbageCollector:
                 sstables=tuple(s for s in m.sstables if s.generation > through),
             )
             if store.write_shard_if_absent(drained):
+                self._last_drain[shard_id] = time.monotonic()
                 r.sstables_removed = sorted(s.generation for s in drop)
                 return drained
             store.clear_cache()  # a writer committed first: recompute from its version

@@ -27,7 +27,8 @@ KEYS = st.lists(st.integers(0, 12), min_size=1, max_size=6)  # few keys: histori
 WRITER = st.sampled_from([0, 1])
 COMPACTOR = st.sampled_from([0, 1])
 GC_NOW = GcConfig(
-    reader_grace_seconds=0, manifest_retention_seconds=0, manifest_versions_kept=2, base_version_retention_seconds=0
+    reader_grace_seconds=0, manifest_retention_seconds=0, manifest_versions_kept=2, base_version_retention_seconds=0,
+    drain_interval_seconds=0,
 )
 
 
