@@ -391,8 +391,9 @@ def _unindexed_sstable_rows(snap: Snapshot, column: str, wanted: list[str], pk: 
 
 #: The indexed read plan reads the index gap's SSTables instead of scanning the unindexed
 #: base fragments when those hold more than this many rows per gap SSTable. Measured here
-#: (bench/read.py): an exact scan costs ~0.25 us per 64-d row, a gap SSTable ~1.2 ms.
-GAP_PLAN_MIN_ROWS_PER_SSTABLE = 5_000
+#: (bench/read.py, docs/benchmarks.md): an exact scan costs ~0.3 us per 64-d row, probing a
+#: gap SSTable's index ~2 ms, break-even near 7,000 rows per SSTable.
+GAP_PLAN_MIN_ROWS_PER_SSTABLE = 10_000
 
 
 def unindexed_fragments(ds: lance.LanceDataset, index_name: str) -> list:
