@@ -97,11 +97,13 @@ class IngestJob:
 
 def kafka_stream(spark, bootstrap: str, topic: str, *, starting_offsets: str = "earliest",
                  max_offsets_per_trigger: int | None = None, kafka_options: dict[str, str] | None = None,
-                 prepare_for: MemwalSink | None = None):
+                 prepare_for: MemwalSink | None = None, min_records_per_read_task: int | None = 50_000):
     """The ``memwal-kafka`` source's DataFrame (the built-in kafka source's options and schema).
 
     With ``prepare_for``, the read tasks also run that sink's prepare stage, and the
-    DataFrame holds prepared rows ready for ``foreachBatch(sink)``.
+    DataFrame holds prepared rows ready for ``foreachBatch(sink)``. Topic-partitions are
+    grouped so each read task gets at least ``min_records_per_read_task`` records of the
+    micro-batch (None: one task per topic-partition, as Spark's kafka source does).
     """
     # memwal is installed where the Python workers run, so the source is imported there
     # rather than shipped by value (which would also defeat its consumer reuse).
@@ -118,6 +120,8 @@ def kafka_stream(spark, bootstrap: str, topic: str, *, starting_offsets: str = "
         reader = reader.option(k if k.startswith("kafka.") else f"kafka.{k}", v)
     if prepare_for is not None:
         reader = reader.option("memwal.prepare", prepare_for.prepare_spec().to_json())
+    if min_records_per_read_task is not None:
+        reader = reader.option("memwal.minRecordsPerReadTask", str(min_records_per_read_task))
     return reader.load()
 
 

@@ -81,6 +81,7 @@ Nothing is committed to Kafka.
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import threading
@@ -243,6 +244,13 @@ class _Settings:
         # memwal's sink can fuse its prepare stage (decode, validate, route) into the read
         # task, saving a round trip of every record between the JVM and Python.
         self.memwal_prepare: Optional[str] = opts.get("memwal.prepare")
+        # Group topic-partitions so each read task gets at least this many records (largest
+        # ranges spread first). Spark's source reads each topic-partition in a task of its
+        # own; for a small micro-batch every extra Python read task costs more than the
+        # parallel read saves (docs/benchmarks.md).
+        mrec = opts.get("memwal.minrecordsperreadtask")
+        self.min_records_per_read_task: Optional[int] = (
+            _parse_positive_int("memwal.minRecordsPerReadTask", mrec) if mrec is not None else None)
 
     def consumer_conf(self) -> Dict[str, Any]:
         """librdkafka configuration for a consumer that only assign()s and never commits."""
@@ -344,6 +352,29 @@ class KafkaInputPartition(InputPartition):
 
     def __repr__(self) -> str:
         return f"KafkaInputPartition({self.topic}:{self.partition} [{self.start}, {self.end}))"
+
+
+class KafkaInputPartitionGroup(InputPartition):
+    """Several topic-partition ranges read one after the other by one task."""
+
+    def __init__(self, ranges: Sequence[Tuple[str, int, int, int]]) -> None:
+        super().__init__(tuple(ranges))
+        self.ranges = [tuple(r) for r in ranges]
+
+    def __repr__(self) -> str:
+        return "KafkaInputPartitionGroup(" + ", ".join(f"{t}:{p} [{a}, {b})" for t, p, a, b in self.ranges) + ")"
+
+
+def group_ranges(ranges: Sequence[Tuple[str, int, int, int]], tasks: int) -> List[List[Tuple[str, int, int, int]]]:
+    """Spread ``ranges`` over at most ``tasks`` groups, largest first onto the lightest
+    group, so the groups' record counts stay close; each group keeps topic-partition order."""
+    groups: List[List[Tuple[str, int, int, int]]] = [[] for _ in range(min(tasks, len(ranges)))]
+    load = [0] * len(groups)
+    for r in sorted(ranges, key=lambda r: (-(r[3] - r[2]), r[0], r[1])):
+        i = load.index(min(load))
+        groups[i].append(r)
+        load[i] += r[3] - r[2]
+    return [sorted(g) for g in groups if g]
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -481,7 +512,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _to_json(self._last_latest) if self._last_latest is not None else None
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        """One input partition per topic-partition whose range ``[start, end)`` is non-empty."""
+        """One input partition per topic-partition whose range ``[start, end)`` is non-empty,
+        grouped so each task reads at least ``memwal.minRecordsPerReadTask`` records when
+        that option is set."""
         begin, stop = _from_json(start), _from_json(end)
         lows: Optional[Dict[TopicPart, Tuple[int, int]]] = None
         out: List[InputPartition] = []
@@ -503,6 +536,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 continue
             if last > first:
                 out.append(KafkaInputPartition(tp[0], tp[1], first, last))
+        per_task = self._s.min_records_per_read_task
+        if per_task is not None and len(out) > 1:
+            ranges = [(p.topic, p.partition, p.start, p.end) for p in out]  # type: ignore[attr-defined]
+            tasks = max(1, sum(b - a for _, _, a, b in ranges) // per_task)
+            if tasks < len(out):
+                return [KafkaInputPartitionGroup(g) for g in group_ranges(ranges, tasks)]
         return out
 
     def commit(self, end: dict) -> None:
@@ -521,7 +560,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Duck typing rather than isinstance: when the module is shipped by value the
         # partition's class and this module's class can be distinct objects.
         p: Any = partition
-        batches = _read_range(self._s, str(p.topic), int(p.partition), int(p.start), int(p.end))
+        if hasattr(p, "ranges"):
+            s = self._s
+            batches = itertools.chain.from_iterable(
+                _read_range(s, str(t), int(part), int(a), int(b)) for t, part, a, b in p.ranges)
+        else:
+            batches = _read_range(self._s, str(p.topic), int(p.partition), int(p.start), int(p.end))
         if self._s.memwal_prepare is None:
             return batches
         from memwal.streaming.sink import Prepare

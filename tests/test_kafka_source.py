@@ -31,7 +31,9 @@ except ImportError:  # tests/ turned into a package
         start_broker,
     )
 
-from memwal.streaming.kafka_source import KAFKA_SCHEMA, SHORT_NAME, apportion, register
+from memwal.streaming.kafka_source import (
+    KAFKA_SCHEMA, SHORT_NAME, KafkaStreamReader, _Settings, apportion, group_ranges, register,
+)
 
 QUERY_TIMEOUT_S = 120
 
@@ -289,3 +291,34 @@ def test_apportion_properties(backlog: Dict[Tuple[str, int], int], limit: int) -
         assert abs(n * total - backlog[tp] * min(limit, total)) < total or total == 0
     # Depends only on the contents, not on the order of the mapping.
     assert apportion(dict(reversed(list(backlog.items()))), limit) == take
+
+
+@spark_kafka
+def test_grouped_read_tasks_read_every_record_once(kafka_spark: Any, broker: Broker,
+                                                  tmp_path: Path) -> None:
+    topic = new_topic(broker, 3)
+    expected = fill(broker, topic, {0: 9, 1: 4, 2: 6})
+    options = {**broker.spark_options(), "subscribe": topic, "memwal.minRecordsPerReadTask": "8"}
+    # 19 records, at least 8 per task: two tasks, the 9-record partition alone
+    planned = KafkaStreamReader(_Settings(options)).partitions(
+        {topic: {"0": 0, "1": 0, "2": 0}}, {topic: {"0": 9, "1": 4, "2": 6}})
+    assert sorted(p.ranges for p in planned) == [[(topic, 0, 0, 9)], [(topic, 1, 0, 4), (topic, 2, 0, 6)]]
+    batches = run_available_now(kafka_spark, broker, topic, tmp_path / "ck", startingOffsets="earliest",
+                                **{"memwal.minRecordsPerReadTask": "8"})
+    got = as_tuples(flat(batches))
+    assert len(got) == len(set(got)), "a record was delivered twice"
+    assert sorted(got, key=repr) == sorted(expected, key=repr)
+
+
+@given(ranges=st.lists(st.tuples(st.sampled_from("ab"), st.integers(0, 7), st.integers(0, 100), st.integers(0, 5_000)),
+                       min_size=1, max_size=12, unique_by=lambda r: (r[0], r[1])),
+       tasks=st.integers(1, 16))
+def test_group_ranges_covers_every_range_once_and_balances(ranges: List[Tuple[str, int, int, int]], tasks: int) -> None:
+    ranges = [(t, p, a, a + n) for t, p, a, n in ranges]
+    groups = group_ranges(ranges, tasks)
+    assert 1 <= len(groups) <= min(tasks, len(ranges))
+    assert sorted(r for g in groups for r in g) == sorted(ranges)
+    assert all(g == sorted(g) for g in groups)
+    loads = [sum(b - a for _, _, a, b in g) for g in groups]
+    # greedy largest-first: no group exceeds the lightest by more than the largest range
+    assert max(loads) - min(loads) <= max(b - a for _, _, a, b in ranges)
