@@ -215,8 +215,9 @@ def main() -> None:
             base = base_rows(args.base_rows)
             naive_uri = os.path.join(work, "naive")
             lance.write_dataset(base, naive_uri)
-            # None: as many write tasks as Spark has slots (2 here), the default
-            variants = {"memwal": None, "memwal (1 task per shard)": 4, "memwal (1 write task)": 1}
+            # None: ingest's default (one write task per 50k rows of a micro-batch, up to
+            # Spark's slots: one here)
+            variants = {"memwal": None, "memwal (2 write tasks = slots)": 2, "memwal (1 task per shard)": 4}
             uris = {}
             for name in variants:
                 uris[name] = os.path.join(work, name.replace(" ", "_").replace("(", "").replace(")", ""))

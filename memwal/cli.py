@@ -410,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sequence-field", help="JSON field ordering versions of a key (highest wins)")
     s.add_argument("--drop-stale", action="store_true", help="with --sequence-field: drop rows older than the stored version")
     s.add_argument("--flush-interval", type=float, default=2.0, metavar="S", help="flush MemTables at most every S seconds (eventual readers' freshness)")
-    s.add_argument("--max-write-tasks", type=int, metavar="N", help="write tasks per micro-batch (default: Spark's task slots; each shard is written by one task)")
+    s.add_argument("--max-write-tasks", type=int, metavar="N", help="write tasks per micro-batch (default: one per 50k rows of --max-offsets-per-trigger, up to Spark's task slots; each shard is written by one task)")
     s.add_argument("--cores", type=int, default=2, help="local Spark cores (default 2)")
     s.add_argument("--maintain", action="store_true", help="also run the maintenance service in this process")
     s.set_defaults(func=cmd_ingest)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from memwal.streaming.kafka_source import SHORT_NAME, register
@@ -125,6 +125,11 @@ def kafka_stream(spark, bootstrap: str, topic: str, *, starting_offsets: str = "
     return reader.load()
 
 
+#: With bounded micro-batches (``max_offsets_per_trigger``), ``ingest`` uses one write task
+#: per this many rows of a micro-batch, up to Spark's task slots.
+MIN_ROWS_PER_WRITE_TASK = 50_000
+
+
 def ingest(
     spark,
     *,
@@ -149,6 +154,13 @@ def ingest(
     options = options or SinkOptions(source="kafka-json")
     if options.source != "kafka-json":
         raise ValueError("ingest reads Kafka: options.source must be 'kafka-json'")
+    if options.max_write_tasks is None and max_offsets_per_trigger:
+        # Micro-batches are bounded: give each write task at least MIN_ROWS_PER_WRITE_TASK
+        # rows. Below that a second wave of Python tasks costs a micro-batch more than the
+        # parallel writes save (docs/benchmarks.md: one write task 1.4x the naive sink at
+        # 10k-row batches on 2 cores, two tasks 0.9-1.0x).
+        slots = max(1, spark.sparkContext.defaultParallelism)
+        options = replace(options, max_write_tasks=max(1, min(slots, max_offsets_per_trigger // MIN_ROWS_PER_WRITE_TASK)))
     sink = MemwalSink(table_uri, options).bind(spark)
     name = query_name or f"memwal-ingest-{topic}"
     listener = MemwalProgressListener(sink, name)

@@ -100,7 +100,7 @@ class SinkOptions:
     #: Partitions for shards of specs without a fixed shard count (identity, time, ...).
     partitions_for_open_specs: int = 8
     #: At most this many write tasks per micro-batch (None: Spark's default parallelism,
-    #: i.e. its task slots). With more shards than that, a task writes several shards in
+    #: i.e. its task slots; ``ingest`` with bounded micro-batches: one per 50k rows). With more shards than that, a task writes several shards in
     #: parallel threads; every shard is still written by exactly one task. A wave of tasks
     #: beyond the slots costs a micro-batch more than the writes it parallelizes
     #: (docs/benchmarks.md).
