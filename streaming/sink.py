@@ -652,14 +652,9 @@ class MemwalSink:
         write = Write(self.uri, self.options, batch_id, self.dead_letter_uri)
         # One task per write partition: Spark hash-partitions the magic key of partition p
         # into partition p.
-        if self.partitions == 1:
-            # One write task: no shuffle, the read task writes (one stage instead of two).
-            exchanged = prepared.coalesce(1)
-        else:
-            keys = partition_keys(self.partitions)
-            magic = F.element_at(F.array(*[F.lit(k) for k in keys]), F.col(PART) + 1)
-            exchanged = prepared.repartition(self.partitions, magic)
-        summaries = exchanged.mapInArrow(write, spark_schema(SUMMARY_SCHEMA)).collect()
+        keys = partition_keys(self.partitions)
+        magic = F.element_at(F.array(*[F.lit(k) for k in keys]), F.col(PART) + 1)
+        summaries = prepared.repartition(self.partitions, magic).mapInArrow(write, spark_schema(SUMMARY_SCHEMA)).collect()
         report = BatchReport(batch_id=batch_id)
         for s in summaries:
             report.rows += s.rows
