@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import platform
 import random
+import shutil
 import statistics
 import subprocess
+import tempfile
+
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -104,3 +109,14 @@ def report(results: dict, json_path: str | None) -> None:
     if json_path:
         with open(json_path, "w") as f:
             json.dump(results, f, indent=2)
+
+
+@contextlib.contextmanager
+def work_dir(path: str | None, prefix: str) -> Iterator[str]:
+    """``path``, or a temporary directory removed afterwards."""
+    work = path or tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield work
+    finally:
+        if not path:
+            shutil.rmtree(work, ignore_errors=True)

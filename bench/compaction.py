@@ -14,7 +14,6 @@ import argparse
 import os
 import shutil
 import sys
-import tempfile
 import time
 
 os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
@@ -23,7 +22,7 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import git_rev, machine, report, today  # noqa: E402
+from common import git_rev, machine, report, today, work_dir  # noqa: E402
 
 from memwal import Table, readers  # noqa: E402
 from memwal.compactor import Compactor  # noqa: E402
@@ -56,9 +55,8 @@ def main() -> None:
     p.add_argument("--workdir")
     p.add_argument("--json")
     args = p.parse_args()
-    work = args.workdir or tempfile.mkdtemp(prefix="memwal-bench-compaction-")
     results: dict = {"date": today(), "machine": machine(), "commit": git_rev(), "args": vars(args), "runs": []}
-    try:
+    with work_dir(args.workdir, "memwal-bench-compaction-") as work:
         build(os.path.join(work, "one"), args.base_rows, args.generations, args.rows)
         shutil.copytree(os.path.join(work, "one"), os.path.join(work, "many"))
         print(f"{args.base_rows:,}-row base, {args.generations} generations x 4 shards, {args.rows:,} rows per flush")
@@ -75,9 +73,6 @@ def main() -> None:
         assert one.equals(many), "the two compactions disagree"
         a, b = results["runs"]
         print(f"several per commit: {a['seconds'] / b['seconds']:.2f}x faster, {a['rows_upserted'] / max(1, b['rows_upserted']):.2f}x fewer rows written")
-    finally:
-        if not args.workdir:
-            shutil.rmtree(work, ignore_errors=True)
     report(results, args.json)
 
 
