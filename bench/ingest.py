@@ -25,9 +25,7 @@ import argparse
 import json
 import logging
 import os
-import shutil
 import sys
-import tempfile
 import threading
 import time
 
@@ -37,7 +35,7 @@ import lance  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import DIM, SCHEMA, base_rows, batch_rows, git_rev, machine, pct, report, today  # noqa: E402
+from common import DIM, SCHEMA, base_rows, batch_rows, git_rev, machine, pct, report, today, work_dir  # noqa: E402
 
 from memwal import Table, readers  # noqa: E402
 from memwal.streaming import SinkOptions, ingest, kafka_stream, local_session  # noqa: E402
@@ -205,9 +203,8 @@ def main() -> None:
     p.add_argument("--json", help="write the results here too")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    work = args.workdir or tempfile.mkdtemp(prefix="memwal-bench-ingest-")
     results: dict = {"date": today(), "machine": machine(), "commit": git_rev(), "args": vars(args)}
-    try:
+    with work_dir(args.workdir, "memwal-bench-ingest-") as work:
         spark = local_session(app="memwal-bench")
         spark.sparkContext.setLogLevel("ERROR")
         with start_local_broker(os.path.join(work, "broker")) as broker:
@@ -281,9 +278,6 @@ def main() -> None:
                     print(f"{name:32} p50 {pct(samples, 50) * 1000:6.0f} ms   p99 {pct(samples, 99) * 1000:6.0f} ms   ({len(samples)} probes)")
                     results["freshness"].append({"reader": name, "p50_ms": pct(samples, 50) * 1000, "p99_ms": pct(samples, 99) * 1000, "probes": len(samples)})
         spark.stop()
-    finally:
-        if not args.workdir:
-            shutil.rmtree(work, ignore_errors=True)
     report(results, args.json)
 
 

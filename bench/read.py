@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shutil
 import sys
-import tempfile
 import time
 
 os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
@@ -30,7 +28,7 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import DIM, SCHEMA, base_rows, git_rev, machine, pct, report, today  # noqa: E402
+from common import DIM, SCHEMA, base_rows, git_rev, machine, pct, report, today, work_dir  # noqa: E402
 
 from memwal import Table, WriterConfig, readers  # noqa: E402
 from memwal.compactor import Compactor  # noqa: E402
@@ -78,10 +76,9 @@ def main() -> None:
     p.add_argument("--workdir")
     p.add_argument("--json")
     args = p.parse_args()
-    work = args.workdir or tempfile.mkdtemp(prefix="memwal-bench-read-")
     results: dict = {"date": today(), "machine": machine(), "commit": git_rev(), "args": vars(args)}
     rng = np.random.default_rng(0)
-    try:
+    with work_dir(args.workdir, "memwal-bench-read-") as work:
         base = base_rows(args.base_rows)
         plain_uri = os.path.join(work, "plain")
         plain = lance.write_dataset(base, plain_uri)
@@ -177,9 +174,6 @@ def main() -> None:
             print(f"  {label:44} p50 {pct(lat, 50) * 1000:6.1f} ms  p99 {pct(lat, 99) * 1000:6.1f} ms  recall@10 {np.mean(recall):.3f}")
             results["index_gap"][name] = {"p50_ms": pct(lat, 50) * 1000, "p99_ms": pct(lat, 99) * 1000, "recall_at_10": float(np.mean(recall))}
         reader_module.GAP_PLAN_MIN_ROWS_PER_SSTABLE = default
-    finally:
-        if not args.workdir:
-            shutil.rmtree(work, ignore_errors=True)
     report(results, args.json)
 
 

@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
@@ -28,7 +26,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import SCHEMA, base_rows, git_rev, machine, report, today  # noqa: E402
+from common import SCHEMA, base_rows, git_rev, machine, report, today, work_dir  # noqa: E402
 
 from memwal import Table  # noqa: E402
 from memwal.compactor import Compactor  # noqa: E402
@@ -61,10 +59,9 @@ def main() -> None:
     p.add_argument("--workdir")
     p.add_argument("--json")
     args = p.parse_args()
-    work = args.workdir or tempfile.mkdtemp(prefix="memwal-bench-views-")
     results: dict = {"date": today(), "machine": machine(), "commit": git_rev(), "args": vars(args)}
     sys.modules.setdefault("bench_views_udf", sys.modules[__name__])
-    try:
+    with work_dir(args.workdir, "memwal-bench-views-") as work:
         uri = os.path.join(work, "t")
         base = base_rows(args.base_rows).drop_columns(["vec"])
         schema = pa.schema([f for f in SCHEMA if f.name != "vec"])
@@ -119,9 +116,6 @@ def main() -> None:
             results["views"].append({"view": view.definition.name, "incremental_ms": incremental * 1000, "full_ms": full * 1000,
                                      "ratio": ratio, "udf_rows": udf_rows, "expected_udf_rows": expected_udf if view.definition.udfs else 0,
                                      "same_as_full": same})
-    finally:
-        if not args.workdir:
-            shutil.rmtree(work, ignore_errors=True)
     report(results, args.json)
 
 

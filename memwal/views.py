@@ -27,6 +27,7 @@ every row.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import inspect
@@ -48,6 +49,7 @@ import pyarrow.compute as pc
 from memwal import paths
 from memwal.errors import MemwalError
 from memwal.failpoints import failpoint
+from memwal.readers.keys import sql_literal
 
 log = logging.getLogger(__name__)
 
@@ -682,7 +684,7 @@ class View:
                 touched.update(group_keys(defn, p).to_pylist())
         if not touched:
             return None, None, 0
-        current = view_ds.to_table(filter=f"{GROUP_KEY} IN ({', '.join(_sql_str(k) for k in touched)})")
+        current = view_ds.to_table(filter=f"{GROUP_KEY} IN ({', '.join(sql_literal(k) for k in touched)})")
         state = {k: row for k, row in zip(current.column(GROUP_KEY).to_pylist(), current.to_pylist())}
         recompute: set[str] = set()
         merged: dict[str, dict] = {}
@@ -713,7 +715,7 @@ class View:
                             recompute.add(key)  # the removed row may have been the extreme
         if recompute:
             predicate = " OR ".join(
-                "(" + " AND ".join(f"({group_expr(defn, g)}) IS NOT DISTINCT FROM {_sql_value(v)}" for g, v in zip(defn.group_by, json.loads(k))) + ")"
+                "(" + " AND ".join(f"({group_expr(defn, g)}) IS NOT DISTINCT FROM {sql_literal(v)}" for g, v in zip(defn.group_by, json.loads(k))) + ")"
                 for k in recompute
             )
             if all(group_expr(defn, g) == g for g in defn.group_by):
@@ -762,7 +764,7 @@ class View:
             if remove is not None and len(remove[1]):
                 column, keys = remove
                 hits = view_ds.to_table(
-                    columns=[column], filter=f"{column} IN ({', '.join(_sql_value(k) for k in keys.to_pylist())})", with_row_address=True
+                    columns=[column], filter=f"{column} IN ({', '.join(sql_literal(k) for k in keys.to_pylist())})", with_row_address=True
                 )
                 addrs = hits.column("_rowaddr").to_numpy()
                 for frag_id in np.unique(addrs >> 32):
@@ -785,20 +787,6 @@ class View:
 def _base_columns(rows: pa.Table, base: lance.LanceDataset) -> pa.Table:
     keep = [c for c in rows.schema.names if c in base.schema.names or c == "_rowid"]
     return rows.select(keep)
-
-
-def _sql_str(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
-
-
-def _sql_value(v: Any) -> str:
-    if v is None:
-        return "NULL"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    return _sql_str(str(v))
 
 
 def _has_version(table, version: int) -> bool:
@@ -863,10 +851,8 @@ class _Lease:
             except FileExistsError:
                 if not self._stale():
                     raise ViewBusyError(f"another refresh holds {self.path}; wait for it, or remove the file if its process is gone") from None
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.path)
-                except FileNotFoundError:
-                    pass
         raise ViewBusyError(f"could not take the refresh lease {self.path}")
 
     def _stale(self) -> bool:
@@ -887,7 +873,5 @@ class _Lease:
 
     def __exit__(self, *exc: object) -> None:
         if self.held:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
-            except FileNotFoundError:
-                pass

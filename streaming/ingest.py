@@ -95,9 +95,16 @@ class IngestJob:
                 log.info("flushed %d shard(s) left unflushed by the stopped query", len(flushed))
 
 
+#: Rows of a micro-batch each Python task gets at least: read tasks group topic-partitions
+#: to reach it, and ``ingest`` with bounded micro-batches sizes its write tasks by it (up to
+#: Spark's task slots). Below it a second wave of Python tasks costs a micro-batch more than
+#: the parallel work saves (docs/benchmarks.md).
+MIN_ROWS_PER_TASK = 50_000
+
+
 def kafka_stream(spark, bootstrap: str, topic: str, *, starting_offsets: str = "earliest",
                  max_offsets_per_trigger: int | None = None, kafka_options: dict[str, str] | None = None,
-                 prepare_for: MemwalSink | None = None, min_records_per_read_task: int | None = 50_000):
+                 prepare_for: MemwalSink | None = None, min_records_per_read_task: int | None = MIN_ROWS_PER_TASK):
     """The ``memwal-kafka`` source's DataFrame (the built-in kafka source's options and schema).
 
     With ``prepare_for``, the read tasks also run that sink's prepare stage, and the
@@ -125,11 +132,6 @@ def kafka_stream(spark, bootstrap: str, topic: str, *, starting_offsets: str = "
     return reader.load()
 
 
-#: With bounded micro-batches (``max_offsets_per_trigger``), ``ingest`` uses one write task
-#: per this many rows of a micro-batch, up to Spark's task slots.
-MIN_ROWS_PER_WRITE_TASK = 50_000
-
-
 def ingest(
     spark,
     *,
@@ -155,12 +157,9 @@ def ingest(
     if options.source != "kafka-json":
         raise ValueError("ingest reads Kafka: options.source must be 'kafka-json'")
     if options.max_write_tasks is None and max_offsets_per_trigger:
-        # Micro-batches are bounded: give each write task at least MIN_ROWS_PER_WRITE_TASK
-        # rows. Below that a second wave of Python tasks costs a micro-batch more than the
-        # parallel writes save (docs/benchmarks.md: one write task 1.4x the naive sink at
-        # 10k-row batches on 2 cores, two tasks 0.9-1.0x).
+        # Micro-batches are bounded: give each write task at least MIN_ROWS_PER_TASK rows.
         slots = max(1, spark.sparkContext.defaultParallelism)
-        options = replace(options, max_write_tasks=max(1, min(slots, max_offsets_per_trigger // MIN_ROWS_PER_WRITE_TASK)))
+        options = replace(options, max_write_tasks=max(1, min(slots, max_offsets_per_trigger // MIN_ROWS_PER_TASK)))
     sink = MemwalSink(table_uri, options).bind(spark)
     name = query_name or f"memwal-ingest-{topic}"
     listener = MemwalProgressListener(sink, name)

@@ -25,6 +25,7 @@ by their Kafka coordinates. So the table ends as if each batch ran once.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -174,6 +175,7 @@ def clear_worker_cache() -> None:
 
 
 @lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=64)
 def partition_keys(n: int) -> tuple[int, ...]:
     """For every p in [0, n), an int whose Spark hash partition among n partitions is p.
 
