@@ -42,7 +42,7 @@ def _open_or_create(uri: str) -> lance.LanceDataset:
     try:
         return lance.dataset(uri)
     except (FileNotFoundError, ValueError, OSError):
-        pass
+        pass  # not there yet: create it
     try:
         return lance.write_dataset(SCHEMA.empty_table(), uri, mode="create")
     except (OSError, ValueError):

@@ -30,7 +30,7 @@ class MemwalProgressListener(_listener_base()):  # type: ignore[misc]
         self.progress: dict[int, dict[str, Any]] = {}
 
     def onQueryStarted(self, event) -> None:  # noqa: N802 - Spark's API names
-        pass
+        """Spark requires every callback; only progress carries memwal's counters."""
 
     def onQueryProgress(self, event) -> None:  # noqa: N802
         p = event.progress
@@ -49,10 +49,10 @@ class MemwalProgressListener(_listener_base()):  # type: ignore[misc]
             self.progress.pop(min(self.progress))
 
     def onQueryIdle(self, event) -> None:  # noqa: N802
-        pass
+        """Nothing to record."""
 
     def onQueryTerminated(self, event) -> None:  # noqa: N802
-        pass
+        """Nothing to record."""
 
 
 @dataclass
