@@ -35,6 +35,15 @@ def is_fenced(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and _FENCED_MARKER in str(exc)
 
 
+def _keeps_claiming(shard_id: str, what: str) -> FencedError:
+    """The one error for a writer fenced again right after it reopened: another process keeps
+    claiming the shard. Its acknowledged writes are in the WAL, which the shard's current owner replays."""
+    return FencedError(
+        f"shard {shard_id}: {what} was fenced twice; another writer keeps claiming this shard "
+        "(acknowledged writes are safe in its WAL). Make sure one pipeline writes each shard"
+    )
+
+
 def split_rows(data: pa.Table, max_rows: int) -> list[pa.Table]:
     """``data`` in consecutive slices of at most ``max_rows`` rows: Lance refuses a single put
     larger than a MemTable, and never splits one itself."""
@@ -125,10 +134,7 @@ class ShardWriterPool:
                 if not is_fenced(e):
                     raise
                 self._discard(shard_id)
-                raise FencedError(
-                    f"shard {shard_id}: {what} was fenced twice; another writer keeps claiming this shard. "
-                    "Make sure one pipeline writes each shard (stop the other one, or give it another table)"
-                ) from e
+                raise _keeps_claiming(shard_id, what) from e
 
     def put(self, shard_id: str, rows: pa.Table) -> None:
         """Upsert ``rows`` (already conformed to the table schema) into ``shard_id``."""
@@ -168,10 +174,7 @@ class ShardWriterPool:
                 except OSError as e:
                     if not is_fenced(e):
                         raise
-                    raise FencedError(
-                        f"shard {shard_id}: another writer keeps claiming the shard; the data is safe in the "
-                        "WAL and will be flushed by the shard's current writer"
-                    ) from e
+                    raise _keeps_claiming(shard_id, "flush") from e
 
     def claim_and_flush(self, shard_id: str) -> None:
         """Open a writer on the shard (replaying its unflushed WAL) and close it (flushing)."""
