@@ -63,7 +63,7 @@ def main() -> None:
         for name, per_commit in (("one", 1), ("many", 8)):
             table = Table.open(os.path.join(work, name))
             t0 = time.perf_counter()
-            done = Compactor(table, max_generations_per_commit=per_commit).run_once()
+            done = Compactor(table.state, max_generations_per_commit=per_commit).run_once()
             seconds = time.perf_counter() - t0
             upserted = sum(r.rows_upserted for r in done)
             run = {"generations_per_commit": per_commit, "seconds": seconds, "commits": len(done), "rows_upserted": upserted}

@@ -150,7 +150,7 @@ def main() -> None:
         import memwal.readers.reader as reader_module
 
         add_sstables(vt, args.gap_sstables, args.gap_sstable_rows, args.vector_rows, rng)
-        Compactor(vt).run_once()  # everything compacted; the IVF index does not cover it yet
+        Compactor(vt.state).run_once()  # everything compacted; the IVF index does not cover it yet
         ds = lance.dataset(vuri)
         unindexed = ds.stats.index_stats("vec_idx")["num_unindexed_rows"]
         live = readers.open(vuri).scan(columns=["id", "vec"])

@@ -89,7 +89,7 @@ def main() -> None:
         table.write(updates)
         table.delete({"id": pa.array(dead)})
         table.flush()
-        Compactor(table).run_once()
+        Compactor(table.state).run_once()
         expected_udf = int(pc.sum(pc.greater(updates.column("val"), 0.1)).as_py())
 
         results["views"] = []

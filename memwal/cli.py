@@ -33,6 +33,8 @@ from memwal.errors import (  # noqa: E402
     UnknownColumnError,
 )
 from memwal.metadata import IndexConfig, WriterConfig  # noqa: E402
+from memwal.state import TableState  # noqa: E402
+from memwal.status import table_status  # noqa: E402
 from memwal.table import Table  # noqa: E402
 
 log = logging.getLogger("memwal.cli")
@@ -151,7 +153,7 @@ def cmd_get(args: argparse.Namespace) -> int:
     from memwal.readers import Reader
 
     table = Table.open(args.uri)
-    reader = Reader(table, consistency=args.consistency)
+    reader = Reader(table.state, consistency=args.consistency)
     row = reader.get(parse_key(args.key, table), columns=_columns(args.columns))
     if row is None:
         print(f"key {args.key} not found", file=sys.stderr)
@@ -166,7 +168,7 @@ def cmd_get(args: argparse.Namespace) -> int:
 def cmd_scan(args: argparse.Namespace) -> int:
     from memwal.readers import Reader
 
-    reader = Reader(Table.open(args.uri), consistency=args.consistency, version=args.version)
+    reader = Reader(TableState.load(args.uri), consistency=args.consistency, version=args.version)
     if args.explain:
         print(reader.explain(args.where))
         return 0
@@ -181,7 +183,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    status = Table.open(args.uri).status()
+    status = table_status(TableState.load(args.uri))
     print(status.to_json() if args.json else status.render())
     return 0
 
@@ -204,7 +206,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
             drain_interval_seconds=args.drain_interval,
         ),
     )
-    service = Maintenance(Table.open(args.uri), config)
+    service = Maintenance(TableState.load(args.uri), config)
     if args.once:
         report = service.run_cycle()
         print(
@@ -236,7 +238,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     if args.maintain:
         from memwal.maintenance import Maintenance
 
-        maintenance = Maintenance(Table.open(args.table))
+        maintenance = Maintenance(TableState.load(args.table))
         maintenance.start()
     job = ingest(
         spark,

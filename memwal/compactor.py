@@ -51,7 +51,7 @@ from memwal.failpoints import failpoint
 from memwal.lsm import newest_across
 from memwal.manifest import SsTable
 from memwal.schema import TOMBSTONE
-from memwal.table import Table
+from memwal.state import TableState
 
 log = logging.getLogger(__name__)
 
@@ -126,13 +126,13 @@ class Compactor:
 
     def __init__(
         self,
-        table: Table,
+        state: TableState,
         *,
         max_generations_per_commit: int = 8,
         max_rows_per_commit: int = 2_000_000,
         max_attempts: int = 20,
     ) -> None:
-        self.table = table
+        self.state = state
         self.max_generations_per_commit = max(1, max_generations_per_commit)
         self.max_rows_per_commit = max_rows_per_commit
         self.max_attempts = max_attempts
@@ -142,10 +142,10 @@ class Compactor:
 
     def pending(self, shard_id: str, dataset: lance.LanceDataset | None = None) -> tuple[int, list[SsTable]]:
         """(compacted generation, uncompacted SSTables in generation order) of a shard."""
-        ds = dataset or self.table.dataset()
-        index = self.table.manifests.mem_wal_index(ds.version)
+        ds = dataset or self.state.dataset()
+        index = self.state.manifests.mem_wal_index(ds.version)
         compacted = index.compacted_generation(shard_id) if index else 0
-        m = self.table.manifests.read_shard(shard_id)
+        m = self.state.manifests.read_shard(shard_id)
         todo = sorted((s for s in (m.sstables if m else ()) if s.generation > compacted), key=lambda s: s.generation)
         return compacted, todo
 
@@ -167,8 +167,8 @@ class Compactor:
     # -- compaction ------------------------------------------------------------------------------
 
     def _read(self, shard_id: str, s: SsTable) -> pa.Table:
-        data = lance.dataset(paths.sstable_path(self.table.uri, shard_id, s.path)).to_table()
-        return data.select(self.table.write_schema.names + [TOMBSTONE])
+        data = lance.dataset(paths.sstable_path(self.state.uri, shard_id, s.path)).to_table()
+        return data.select(self.state.write_schema.names + [TOMBSTONE])
 
     def _marker(self, shard_id: str, generation: int) -> list[lance.mem_wal.CompactedSsTable]:
         return [lance.mem_wal.CompactedSsTable(shard_id, generation)]
@@ -180,7 +180,7 @@ class Compactor:
         it stays live: such a run commits in one atomic pass. A generation whose keys end
         in tombstones is compacted on its own, in two passes.
         """
-        ds = self.table.dataset()
+        ds = self.state.dataset()
         compacted, todo = self.pending(shard_id, ds)
         candidates = self._run(compacted, todo)
         if not candidates:
@@ -194,7 +194,7 @@ class Compactor:
         used = 1
         if not pc.any(data.column(TOMBSTONE)).as_py():
             for s in candidates[1:]:
-                merged = newest_across([data, self._read(shard_id, s)], self.table.primary_key)
+                merged = newest_across([data, self._read(shard_id, s)], self.state.primary_key)
                 if pc.any(merged.column(TOMBSTONE)).as_py():
                     break
                 data, used = merged, used + 1
@@ -203,7 +203,7 @@ class Compactor:
             shard_id=shard_id,
             compacted=compacted,
             generations=tuple(s.generation for s in candidates[:used]),
-            dead=data.filter(dead_mask).select(list(self.table.primary_key)),
+            dead=data.filter(dead_mask).select(list(self.state.primary_key)),
             live=data.filter(pc.invert(dead_mask)).drop_columns([TOMBSTONE]),
         )
 
@@ -217,7 +217,7 @@ class Compactor:
         if plan.dead.num_rows and not plan.live.num_rows:
             return
         try:
-            self.table.dataset().merge_insert(list(self.table.primary_key)).when_matched_update_all().when_not_matched_insert_all().mark_sstables_as_compacted(
+            self.state.dataset().merge_insert(list(self.state.primary_key)).when_matched_update_all().when_not_matched_insert_all().mark_sstables_as_compacted(
                 self._marker(plan.shard_id, plan.last_generation)
             ).execute(plan.live)
         except (OSError, ValueError) as e:
@@ -235,7 +235,7 @@ class Compactor:
             failpoint("compactor.between_passes")  # the delete pass committed, the marker did not
         self.upsert_pass(plan)
         failpoint("compactor.after_commit")
-        version = self.table.dataset().version
+        version = self.state.dataset().version
         result = CompactionResult(
             shard_id=plan.shard_id,
             generations=plan.generations,
@@ -266,14 +266,14 @@ class Compactor:
     def _delete_pass(self, plan: "CompactionPlan", marker: int | None) -> None:
         """Delete the plan's keys, only while the shard's compacted generation is where the plan started."""
         for attempt in range(self.max_attempts):
-            ds = self.table.dataset()
-            index = self.table.manifests.mem_wal_index(ds.version)
+            ds = self.state.dataset()
+            index = self.state.manifests.mem_wal_index(ds.version)
             now = index.compacted_generation(plan.shard_id) if index else 0
             if now != plan.compacted:
                 raise StaleCompactionError(
                     f"shard {plan.shard_id}: compacted generation moved from {plan.compacted} to {now}"
                 )
-            builder = ds.merge_insert(list(self.table.primary_key)).when_matched_delete().conflict_retries(0)
+            builder = ds.merge_insert(list(self.state.primary_key)).when_matched_delete().conflict_retries(0)
             if marker is not None:
                 builder = builder.mark_sstables_as_compacted(self._marker(plan.shard_id, marker))
             try:
@@ -305,7 +305,7 @@ class Compactor:
                 if lost_in_a_row >= self.max_attempts:
                     raise
                 log.info("%s; reloading", e)
-                self.table.manifests.clear_cache()
+                self.state.manifests.clear_cache()
                 continue
             lost_in_a_row = 0
             if r is None:
@@ -317,6 +317,6 @@ class Compactor:
     def run_once(self) -> list[CompactionResult]:
         """Compact every shard's pending generations."""
         out = []
-        for shard_id in self.table.manifests.list_shards():
+        for shard_id in self.state.manifests.list_shards():
             out += self.compact_shard(shard_id)
         return out

@@ -45,7 +45,7 @@ import pyarrow as pa
 from memwal import paths
 from memwal.indexes import base_indexes
 from memwal.manifest import MemWalIndex, ShardManifest
-from memwal.table import Table
+from memwal.state import TableState
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +102,8 @@ def _is_fence_sentinel_or_newer(meta: dict[bytes, bytes] | None, generation: int
 class GarbageCollector:
     """Collects one table's garbage; safe to run while writers, readers and compactors run."""
 
-    def __init__(self, table: Table, config: GcConfig | None = None) -> None:
-        self.table = table
+    def __init__(self, state: TableState, config: GcConfig | None = None) -> None:
+        self.state = state
         self.config = config or GcConfig()
         self.bytes_reclaimed = 0
         self.base_bytes_reclaimed = 0
@@ -113,7 +113,7 @@ class GarbageCollector:
         """The newest base version committed at least ``reader_grace_seconds`` ago, if any."""
         cutoff = time.time() - self.config.reader_grace_seconds
         safe = None
-        for v in self.table.dataset().versions():
+        for v in self.state.dataset().versions():
             ts = v["timestamp"].timestamp() if hasattr(v["timestamp"], "timestamp") else float(v["timestamp"])
             if ts <= cutoff:
                 safe = v["version"]
@@ -122,10 +122,10 @@ class GarbageCollector:
     def run_once(self) -> list[ShardGcResult]:
         """Collect every shard, then old base table versions."""
         version = self.safe_base_version()
-        index = self.table.manifests.mem_wal_index(version) if version is not None else None
-        indexes = base_indexes(self.table.dataset())
+        index = self.state.manifests.mem_wal_index(version) if version is not None else None
+        indexes = base_indexes(self.state.dataset())
         results = []
-        for shard_id in self.table.manifests.list_shards():
+        for shard_id in self.state.manifests.list_shards():
             r = self.collect_shard(shard_id, _collectable_through(index, indexes, shard_id))
             if r.sstables_removed or r.wal_entries_removed or r.manifests_removed or r.orphans_removed:
                 results.append(r)
@@ -136,7 +136,7 @@ class GarbageCollector:
     def _clean_base(self) -> int:
         """Remove base table versions (and the files only they use) past the retention window."""
         keep = max(self.config.base_version_retention_seconds, self.config.reader_grace_seconds)
-        stats = self.table.dataset().cleanup_old_versions(older_than=timedelta(seconds=keep))
+        stats = self.state.dataset().cleanup_old_versions(older_than=timedelta(seconds=keep))
         if stats.old_versions:
             log.info("removed %d old base versions (%d bytes)", stats.old_versions, stats.bytes_removed)
         return stats.bytes_removed
@@ -166,7 +166,7 @@ class GarbageCollector:
     def _drain(self, shard_id: str, through: int, r: ShardGcResult) -> ShardManifest | None:
         """Commit a manifest without SSTables <= ``through`` (claiming the epoch); returns the
         latest manifest afterwards (the drained one, or the unchanged latest)."""
-        store = self.table.manifests
+        store = self.state.manifests
         for _ in range(100):
             m = store.read_shard(shard_id)
             if m is None:
@@ -189,7 +189,7 @@ class GarbageCollector:
         raise RuntimeError(f"shard {shard_id}: could not commit a drained manifest after 100 attempts")
 
     def _sweep_orphans(self, manifest: ShardManifest, r: ShardGcResult) -> None:
-        io, uri = self.table.io, self.table.uri
+        io, uri = self.state.io, self.state.uri
         listed = {s.path for s in manifest.sstables}
         shard_dir = paths.shard_dir(uri, manifest.shard_id)
         now = time.time()
@@ -212,7 +212,7 @@ class GarbageCollector:
                 r.orphans_removed.append(name)
 
     def _remove_wal(self, manifest: ShardManifest, generation: int, r: ShardGcResult) -> None:
-        io, uri = self.table.io, self.table.uri
+        io, uri = self.state.io, self.state.uri
         wal = paths.wal_dir(uri, manifest.shard_id)
         for name in io.list_dir(wal):
             try:
@@ -236,14 +236,14 @@ class GarbageCollector:
             r.bytes_reclaimed += size
 
     def _remove_old_manifests(self, manifest: ShardManifest, r: ShardGcResult) -> None:
-        io, store = self.table.io, self.table.manifests
+        io, store = self.state.io, self.state.manifests
         versions = store.retained_versions(manifest.shard_id)
         keep_from = max(1, manifest.version - self.config.manifest_versions_kept + 1)
         cutoff = time.time() - self.config.manifest_retention_seconds
         for v in versions:
             if v >= keep_from:
                 break
-            path = paths.shard_manifest_path(self.table.uri, manifest.shard_id, v)
+            path = paths.shard_manifest_path(self.state.uri, manifest.shard_id, v)
             try:
                 size, mtime = io.stat(path)
             except FileNotFoundError:

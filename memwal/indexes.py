@@ -19,7 +19,7 @@ import lance
 from memwal.manifest import MEM_WAL_INDEX_NAME, MemWalIndex
 
 if TYPE_CHECKING:
-    from memwal.table import Table
+    from memwal.state import TableState
 
 log = logging.getLogger(__name__)
 
@@ -81,26 +81,26 @@ def index_lag(ds: lance.LanceDataset, index: MemWalIndex | None) -> list[IndexLa
 class IndexMaintainer:
     """Creates the table's configured indexes and keeps them caught up."""
 
-    def __init__(self, table: "Table") -> None:
-        self.table = table
+    def __init__(self, state: "TableState") -> None:
+        self.state = state
         self.seconds = 0.0
 
     def ensure_indexes(self) -> list[str]:
         """Create configured indexes that do not exist yet; returns the names created."""
-        cfg = self.table.metadata.indexes
-        ds = self.table.dataset()
+        cfg = self.state.metadata.indexes
+        ds = self.state.dataset()
         have = set(base_indexes(ds))
         created = []
-        pk = self.table.primary_key
+        pk = self.state.primary_key
         if cfg.primary_key_btree and len(pk) == 1 and f"{pk[0]}_idx" not in have:
             ds.create_scalar_index(pk[0], "BTREE", name=f"{pk[0]}_idx")
             created.append(f"{pk[0]}_idx")
         if cfg.fts_column and fts_index_name(cfg.fts_column) not in have:
-            ds = self.table.dataset()
+            ds = self.state.dataset()
             ds.create_scalar_index(cfg.fts_column, "INVERTED", name=fts_index_name(cfg.fts_column), **FTS_PARAMS)
             created.append(fts_index_name(cfg.fts_column))
         if cfg.vector_column and vector_index_name(cfg.vector_column) not in have:
-            ds = self.table.dataset()
+            ds = self.state.dataset()
             rows = ds.count_rows()
             if rows >= MIN_ROWS_FOR_VECTOR_INDEX:
                 dim = ds.schema.field(cfg.vector_column).type.list_size
@@ -115,19 +115,19 @@ class IndexMaintainer:
                 )
                 created.append(vector_index_name(cfg.vector_column))
         for name in created:
-            log.info("created base index %s on %s", name, self.table.uri)
+            log.info("created base index %s on %s", name, self.state.uri)
         return created
 
     def catch_up(self) -> bool:
         """Bring every base index up to the compacted data; True if anything was done."""
-        ds = self.table.dataset()
-        lag = index_lag(ds, self.table.manifests.mem_wal_index(ds.version))
+        ds = self.state.dataset()
+        lag = index_lag(ds, self.state.manifests.mem_wal_index(ds.version))
         if not any(lg.total for lg in lag) and not _has_unindexed_rows(ds):
             return False
         t0 = time.perf_counter()
         ds.optimize.optimize_indices()
         self.seconds += time.perf_counter() - t0
-        log.info("caught up base indexes of %s in %.2fs", self.table.uri, time.perf_counter() - t0)
+        log.info("caught up base indexes of %s in %.2fs", self.state.uri, time.perf_counter() - t0)
         return True
 
 

@@ -18,7 +18,8 @@ from memwal import paths
 from memwal.compactor import Compactor
 from memwal.gc import GarbageCollector, GcConfig
 from memwal.indexes import IndexMaintainer, index_lag
-from memwal.table import Table
+from memwal.state import TableState
+from memwal.writer import ShardWriterPool
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +70,14 @@ class CycleReport:
 class Maintenance:
     """Keeps one table compacted, indexed and collected."""
 
-    def __init__(self, table: Table | str, config: MaintenanceConfig | None = None) -> None:
-        self.table = Table.open(table) if isinstance(table, str) else table
+    def __init__(self, state: TableState | str, config: MaintenanceConfig | None = None) -> None:
+        self.state = TableState.load(state) if isinstance(state, str) else state
         self.config = config or MaintenanceConfig()
-        self.compactor = Compactor(self.table, max_generations_per_commit=self.config.max_generations_per_commit)
-        self.indexes = IndexMaintainer(self.table)
-        self.gc = GarbageCollector(self.table, self.config.gc_config)
+        self.compactor = Compactor(self.state, max_generations_per_commit=self.config.max_generations_per_commit)
+        self.indexes = IndexMaintainer(self.state)
+        self.gc = GarbageCollector(self.state, self.config.gc_config)
+        #: Claims shards whose writers died with unflushed writes, to flush them.
+        self.writers = ShardWriterPool(self.state)
         #: Called after every cycle that committed a compaction (views refresh from here).
         self.after_compaction: list[Callable[[CycleReport], None]] = []
         self.totals = {"cycles": 0, "failures": 0, "rows_compacted": 0, "bytes_reclaimed": 0}
@@ -85,9 +88,9 @@ class Maintenance:
         """One pass: compact every shard, create/catch up indexes, collect garbage."""
         report = CycleReport(started_at=time.time())
         t0 = time.perf_counter()
-        self.table.manifests.clear_cache()
+        self.state.manifests.clear_cache()
         if self.config.flush_stranded_after_seconds is not None:
-            report.stranded_shards_flushed = len(self.table.flush_stranded(self.config.flush_stranded_after_seconds))
+            report.stranded_shards_flushed = len(self.writers.flush_stranded(self.config.flush_stranded_after_seconds))
         if self.config.compact:
             results = self.compactor.run_once()
             report.compaction_commits = len(results)
@@ -111,7 +114,7 @@ class Maintenance:
                 report.views_refreshed = self._refresh_views()
             for hook in self.after_compaction:
                 hook(report)
-        snap = self.table.snapshot()
+        snap = self.state.snapshot()
         report.pending_sstables = {s.shard_id: len(s.live_sstables) for s in snap.shards}
         report.index_lag = {lg.index: lg.total for lg in index_lag(snap.dataset, snap.index)}
         report.seconds = time.perf_counter() - t0
@@ -122,7 +125,7 @@ class Maintenance:
         log.info(
             "maintenance of %s: %d commits (%d generations, %d rows, %.0f rows/s), %d sstables and %d bytes "
             "reclaimed, %d sstables pending, index lag %s, in %.2fs",
-            self.table.uri, report.compaction_commits, report.generations_compacted, report.rows_compacted,
+            self.state.uri, report.compaction_commits, report.generations_compacted, report.rows_compacted,
             report.rows_per_second, report.sstables_removed, report.bytes_reclaimed,
             sum(report.pending_sstables.values()), report.index_lag or "none", report.seconds,
         )
@@ -133,9 +136,9 @@ class Maintenance:
         from memwal.views import View, ViewBusyError, list_views
 
         done = 0
-        for name in list_views(self.table.uri):
+        for name in list_views(self.state.uri):
             try:
-                if View.open(self.table.uri, name).refresh() is not None:
+                if View.open(self.state.uri, name).refresh() is not None:
                     done += 1
             except ViewBusyError as e:
                 log.info("view %s: %s", name, e)
@@ -145,7 +148,7 @@ class Maintenance:
 
     def _compact_base_files(self) -> int:
         """Merge the small base fragments that each compaction commit adds, once there are many."""
-        ds = self.table.dataset()
+        ds = self.state.dataset()
         small = [f for f in ds.get_fragments() if f.count_rows() < self.config.small_fragment_rows]
         if len(small) < self.config.max_small_fragments:
             return 0
@@ -156,7 +159,7 @@ class Maintenance:
     def _publish(self, report: CycleReport) -> None:
         doc = {"last_cycle": asdict(report), "totals": self.totals, "updated_at": time.time()}
         try:
-            self.table.io.write(paths.maintenance_metrics(self.table.uri), json.dumps(doc, sort_keys=True).encode())
+            self.state.io.write(paths.maintenance_metrics(self.state.uri), json.dumps(doc, sort_keys=True).encode())
         except OSError as e:  # metrics are informational; never fail maintenance over them
             log.warning("could not write maintenance metrics: %s", e)
 

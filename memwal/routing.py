@@ -17,12 +17,18 @@ from memwal.sharding import ShardResolver, ShardValues
 
 
 @dataclass(frozen=True)
-class Route:
-    """The rows of one input that belong to one shard, in their input order."""
+class RoutedBatch:
+    """Rows that belong to one shard, in their input order: what a shard writer takes.
+
+    Made once, by :func:`route` (or, in Spark, by the prepare stage, whose routing the
+    write task trusts). ``rows`` are conformed to the table's write schema, or to its key
+    schema when ``deletes`` is set.
+    """
 
     shard_id: str
     values: ShardValues
     rows: pa.Table
+    deletes: bool = False
 
 
 def shard_codes(arrays: list[pa.Array]) -> tuple[np.ndarray, list[ShardValues]]:
@@ -49,7 +55,7 @@ def shard_codes(arrays: list[pa.Array]) -> tuple[np.ndarray, list[ShardValues]]:
     return dense.astype(np.int64), values
 
 
-def route(data: pa.Table, arrays: list[pa.Array], resolver: ShardResolver) -> list[Route]:
+def route(data: pa.Table, arrays: list[pa.Array], resolver: ShardResolver, *, deletes: bool = False) -> list[RoutedBatch]:
     """Split ``data`` by shard, given its shard value arrays (``spec.shard_value_arrays``).
 
     Row order within a shard is the input order, because later rows of a write override
@@ -59,13 +65,13 @@ def route(data: pa.Table, arrays: list[pa.Array], resolver: ShardResolver) -> li
         return []
     codes, values = shard_codes(arrays)
     if len(values) == 1:
-        return [Route(resolver.shard_id(values[0]), values[0], data)]
+        return [RoutedBatch(resolver.shard_id(values[0]), values[0], data, deletes)]
     order = np.argsort(codes, kind="stable")
     bounds = np.flatnonzero(np.diff(codes[order])) + 1
     routes = []
     for group in np.split(order, bounds):
         v = values[int(codes[group[0]])]
-        routes.append(Route(resolver.shard_id(v), v, data.take(pa.array(group))))
+        routes.append(RoutedBatch(resolver.shard_id(v), v, data.take(pa.array(group)), deletes))
     return routes
 
 

@@ -12,7 +12,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from memwal import paths
+from memwal.indexes import index_lag
 from memwal.io import FileIO
+from memwal.state import TableState
 
 
 @dataclass(frozen=True)
@@ -124,3 +126,45 @@ def read_maintenance_metrics(io: FileIO, table_uri: str) -> dict[str, Any] | Non
         return json.loads(io.read(paths.maintenance_metrics(table_uri)))
     except (FileNotFoundError, ValueError):
         return None
+
+
+def table_status(state: TableState) -> TableStatus:
+    """Per-shard state from the manifests on disk, and the base table's version and rows."""
+    snap = state.snapshot()
+    shards = []
+    for s in sorted(snap.shards, key=lambda s: s.shard_id):
+        m = s.manifest
+        shards.append(
+            ShardStatus(
+                shard_id=m.shard_id,
+                shard_values=state.shard_values(m),
+                writer_epoch=m.writer_epoch,
+                manifest_version=m.version,
+                wal_flushed_position=m.replay_after_wal_entry_position,
+                wal_last_seen_position=m.wal_entry_position_last_seen,
+                wal_tail_position=state.wal_tail(
+                    m.shard_id, max(m.wal_entry_position_last_seen, m.replay_after_wal_entry_position)
+                ),
+                current_generation=m.current_generation,
+                sstables=sorted(t.generation for t in m.sstables),
+                compacted_generation=s.compacted_generation,
+                pending_sstables=len(s.live_sstables),
+                sealed=m.sealed,
+            )
+        )
+    extra: dict[str, Any] = {
+        "index_lag_generations": {lg.index: lg.lag for lg in index_lag(snap.dataset, snap.index)},
+    }
+    metrics = read_maintenance_metrics(state.io, state.uri)
+    if metrics is not None:
+        extra["maintenance"] = metrics
+    return TableStatus(
+        uri=state.uri,
+        primary_key=list(state.primary_key),
+        sharding=state.spec.render(),
+        base_version=snap.base_version,
+        base_rows=snap.dataset.count_rows(),
+        num_shards=len(shards),
+        shards=shards,
+        extra=extra,
+    )

@@ -372,11 +372,11 @@ class View:
         max_rows_per_fragment: int = 1_000_000,
     ) -> "View":
         """Define a view on the table at ``table_uri`` (and run its first, full refresh)."""
-        from memwal.table import Table
+        from memwal.state import TableState
 
         if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name):
             raise ViewError(f"view name {name!r}: use letters, digits, '_', '.', '-'")
-        table = Table.open(table_uri)
+        table = TableState.load(table_uri)
         if not table.dataset().has_stable_row_ids:
             raise ViewError("views need stable row ids on the base table (memwal tables have them)")
         defn = ViewDefinition(name, table.uri, tuple(select), where, tuple(group_by), tuple(udfs), shuffle_seed)
@@ -443,9 +443,9 @@ class View:
 
     def freshness(self) -> Freshness:
         """How far the view is behind the base table and the table's uncompacted MemWAL data."""
-        from memwal.table import Table
+        from memwal.state import TableState
 
-        table = Table.open(self.table_uri)
+        table = TableState.load(self.table_uri)
         snap = table.snapshot()
         last = self.last_refresh()
         latest = snap.base_version
@@ -545,10 +545,10 @@ class View:
         With ``spark``, UDF columns of changes larger than ``spark_threshold_rows`` rows are
         computed on Spark executors.
         """
-        from memwal.table import Table
+        from memwal.state import TableState
 
         t0 = time.perf_counter()
-        table = Table.open(self.table_uri)
+        table = TableState.load(self.table_uri)
         with _Lease(os.path.join(self.uri, LEASE), self.LEASE_SECONDS):
             base = table.dataset(src_version)
             last = self.last_refresh()

@@ -21,7 +21,12 @@ import lance.mem_wal
 import pyarrow as pa
 
 from memwal.errors import FencedError
+from memwal.manifest import ShardManifest
 from memwal.metadata import WriterConfig
+from memwal.routing import RoutedBatch
+from memwal.sharding import ShardValues, field_entries
+from memwal.state import TableState
+from memwal.wal import WalTailReader
 
 log = logging.getLogger(__name__)
 
@@ -72,15 +77,40 @@ class WriterStats:
 class ShardWriterPool:
     """Writers of one table, keyed by shard id. Thread-safe across shards.
 
-    Shards must exist (see :meth:`memwal.table.Table.ensure_shard`) before their first write.
+    A shard gets its first manifest (:meth:`ensure_shard`) before its first write.
     """
 
-    uri: str
-    config: WriterConfig
+    state: TableState
     stats: WriterStats = field(default_factory=WriterStats)
     _writers: dict[str, lance.mem_wal.ShardWriter] = field(default_factory=dict, repr=False)
     _locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
     _guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _known_shards: set[str] = field(default_factory=set, repr=False)
+
+    @property
+    def config(self) -> WriterConfig:
+        return self.state.metadata.writer
+
+    def ensure_shard(self, shard_id: str, values: ShardValues) -> None:
+        """Create the shard's first manifest, recording its spec id and shard values, if absent.
+
+        Lance's writer would create a bare manifest; writing it first records the shard
+        value -> shard UUID mapping in Lance's own format, and Lance keeps it in every
+        later version.
+        """
+        if shard_id in self._known_shards:
+            return
+        manifests = self.state.manifests
+        if manifests.latest_version(shard_id) is None:
+            manifests.write_shard_if_absent(
+                ShardManifest(
+                    shard_id=shard_id,
+                    version=1,
+                    shard_spec_id=self.state.lance_spec_id(),
+                    field_entries=field_entries(self.state.spec, values),
+                )
+            )
+        self._known_shards.add(shard_id)
 
     def _lock(self, shard_id: str) -> threading.Lock:
         with self._guard:
@@ -90,7 +120,7 @@ class ShardWriterPool:
         t0 = time.perf_counter()
         for attempt in range(_CLAIM_ATTEMPTS):
             try:
-                w = lance.dataset(self.uri).mem_wal_writer(shard_id, **self.config.lance_kwargs())
+                w = self.state.dataset().mem_wal_writer(shard_id, **self.config.lance_kwargs())
                 break
             except OSError as e:
                 # Lance gives up when another claim (a writer, or a GC drain) commits the same
@@ -135,6 +165,11 @@ class ShardWriterPool:
                     raise
                 self._discard(shard_id)
                 raise _keeps_claiming(shard_id, what) from e
+
+    def write(self, batch: RoutedBatch) -> None:
+        """Apply a routed batch: upserts, or deletes by key. Durable (in the WAL) on return."""
+        self.ensure_shard(batch.shard_id, batch.values)
+        (self.delete if batch.deletes else self.put)(batch.shard_id, batch.rows)
 
     def put(self, shard_id: str, rows: pa.Table) -> None:
         """Upsert ``rows`` (already conformed to the table schema) into ``shard_id``."""
@@ -184,6 +219,31 @@ class ShardWriterPool:
     @property
     def open_shards(self) -> list[str]:
         return list(self._writers)
+
+    def flush_stranded(self, idle_seconds: float = 0.0) -> list[str]:
+        """Flush shards holding acknowledged but unflushed writes that no writer here owns,
+        and whose newest such write is at least ``idle_seconds`` old; returns their ids.
+
+        Such writes (from a writer that crashed, or went idle) are durable in the WAL and
+        visible to strong readers, but eventual readers see them only once flushed.
+        Claiming the shard replays them and closing flushes them; a live but idle writer
+        elsewhere is fenced and reopens on its next write.
+        """
+        state = self.state
+        tails = WalTailReader(state.uri, state.io, state.manifests, state.primary_key)
+        now = time.time()
+        flushed = []
+        for shard_id in state.manifests.list_shards():
+            if shard_id in self.open_shards:
+                continue
+            m = state.manifests.read_shard(shard_id)
+            newest = tails.newest_entry_mtime(m) if m is not None else None
+            if newest is None or now - newest < idle_seconds:
+                continue
+            log.info("flushing stranded WAL entries of shard %s", shard_id)
+            self.claim_and_flush(shard_id)
+            flushed.append(shard_id)
+        return flushed
 
     def close(self) -> None:
         self.flush()

@@ -16,6 +16,7 @@ from helpers import PEOPLE, people
 
 from memwal import StaleCompactionError, Table, readers
 from memwal.compactor import Compactor
+from memwal.state import TableState
 from memwal.failpoints import DIR_ENV, ENV
 
 
@@ -48,7 +49,7 @@ def test_compaction_moves_everything_into_the_base(table_uri):
     model = generations(table_uri, 7)
     t = Table.open(table_uri)
     assert live(table_uri) == model
-    Compactor(t).run_once()
+    Compactor(t.state).run_once()
     assert base(table_uri) == model  # the base alone now holds the table
     assert live(table_uri) == model
     snap = t.snapshot()
@@ -59,7 +60,7 @@ def test_compaction_moves_everything_into_the_base(table_uri):
 
 def test_runs_are_in_generation_order_and_tombstone_generations_alone(table_uri):
     generations(table_uri, 7, shard_by="unsharded")
-    c = Compactor(Table.open(table_uri), max_generations_per_commit=8)
+    c = Compactor(TableState.load(table_uri), max_generations_per_commit=8)
     results = c.run_once()
     runs = [r.generations for r in results]
     flat = [g for run in runs for g in run]
@@ -74,8 +75,8 @@ def test_one_generation_per_commit_gives_the_same_table(tmp_path):
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     model = generations(a, 6)
     generations(b, 6)
-    ra = Compactor(Table.open(a), max_generations_per_commit=1).run_once()
-    rb = Compactor(Table.open(b), max_generations_per_commit=8).run_once()
+    ra = Compactor(TableState.load(a), max_generations_per_commit=1).run_once()
+    rb = Compactor(TableState.load(b), max_generations_per_commit=8).run_once()
     assert base(a) == base(b) == model
     assert len(ra) > len(rb)  # merging runs saves commits
 
@@ -83,7 +84,7 @@ def test_one_generation_per_commit_gives_the_same_table(tmp_path):
 def test_compacting_while_new_generations_arrive(table_uri):
     model = generations(table_uri, 3)
     t = Table.open(table_uri)
-    c = Compactor(t)
+    c = Compactor(t.state)
     c.compact_shard(t.manifests.list_shards()[0], max_commits=1)
     t.write(people([1, 2, 3], tag="late-"))
     t.delete({"id": [4]})
@@ -99,7 +100,7 @@ def test_stale_plan_loses_cleanly(table_uri):
     model = generations(table_uri, 4, shard_by="unsharded")
     t = Table.open(table_uri)
     (shard,) = t.manifests.list_shards()
-    slow, fast = Compactor(Table.open(table_uri)), Compactor(Table.open(table_uri))
+    slow, fast = Compactor(TableState.load(table_uri)), Compactor(TableState.load(table_uri))
     plan = slow.plan(shard)
     fast.run_once()  # compacts everything, including the slow one's run
     with pytest.raises(StaleCompactionError):
@@ -121,8 +122,8 @@ def test_a_shorter_run_between_two_passes_cannot_resurrect_a_deleted_key(table_u
     t.write(people([3], tag="b"))
     t.flush()
     (shard,) = t.manifests.list_shards()
-    slow = Compactor(Table.open(table_uri), max_generations_per_commit=4)
-    fast = Compactor(Table.open(table_uri), max_generations_per_commit=1)
+    slow = Compactor(TableState.load(table_uri), max_generations_per_commit=4)
+    fast = Compactor(TableState.load(table_uri), max_generations_per_commit=1)
     slow_plan = slow.plan(shard)
     fast_plan = fast.plan(shard)
     assert slow_plan.generations == fast_plan.generations == (1,)
@@ -138,13 +139,13 @@ def test_crash_between_passes_is_repaired_by_a_rerun(table_uri):
     model = generations(table_uri, 2, shard_by="unsharded")
     t = Table.open(table_uri)
     (shard,) = t.manifests.list_shards()
-    c = Compactor(t)
+    c = Compactor(t.state)
     c.compact_shard(shard, max_commits=1)
     plan = c.plan(shard)  # generation 2 has tombstones: two passes
     assert plan.dead.num_rows and plan.live.num_rows
     c.delete_pass(plan)  # ... and the process dies here
     assert live(table_uri) == model  # readers do not notice
-    Compactor(Table.open(table_uri)).run_once()
+    Compactor(TableState.load(table_uri)).run_once()
     assert base(table_uri) == model == live(table_uri)
 
 
@@ -158,7 +159,7 @@ def test_two_compactors_racing_in_threads(table_uri):
         except Exception as e:  # noqa: BLE001
             errors.append(e)
 
-    cs = [Compactor(Table.open(table_uri), max_generations_per_commit=k) for k in (1, 3)]
+    cs = [Compactor(TableState.load(table_uri), max_generations_per_commit=k) for k in (1, 3)]
     threads = [threading.Thread(target=run, args=(c,)) for c in cs]
     for th in threads:
         th.start()
@@ -170,7 +171,7 @@ def test_two_compactors_racing_in_threads(table_uri):
 
 # -- real process kills at exact steps -----------------------------------------------------------
 
-COMPACT = "import sys; from memwal import Table; from memwal.compactor import Compactor; Compactor(Table.open(sys.argv[1])).run_once()"
+COMPACT = "import sys; from memwal.state import TableState; from memwal.compactor import Compactor; Compactor(TableState.load(sys.argv[1])).run_once()"
 
 
 def run_until_failpoint(uri: str, point: str, marker_dir: str) -> subprocess.Popen:
@@ -203,6 +204,6 @@ def test_sigkill_of_a_compactor_process_then_rerun_converges(tmp_path, point):
         state = Table.open(uri).snapshot().shards[0]
         assert state.live_sstables and state.live_sstables[0].generation == state.compacted_generation + 1
     assert live(uri) == model  # readers see the same table while the compactor is dead
-    Compactor(Table.open(uri)).run_once()
+    Compactor(TableState.load(uri)).run_once()
     assert base(uri) == live(uri) == model
     assert Table.open(uri).snapshot().num_live_sstables == 0

@@ -11,6 +11,7 @@ from helpers import PEOPLE, people
 
 from memwal import Table, paths, readers
 from memwal.compactor import Compactor
+from memwal.state import TableState
 from memwal.gc import GarbageCollector, GcConfig
 from memwal.indexes import IndexMaintainer
 from memwal.maintenance import Maintenance, MaintenanceConfig
@@ -53,10 +54,10 @@ def test_gc_removes_compacted_sstables_their_wal_and_old_manifests(table_uri):
     model = fill(table_uri, 5)
     t = Table.open(table_uri)
     disk_before = t.io.tree_size(table_uri)
-    Compactor(t).run_once()
-    IndexMaintainer(t).catch_up()
+    Compactor(t.state).run_once()
+    IndexMaintainer(t.state).catch_up()
     before = {s: (sstable_dirs(t, s), wal_entries(t, s)) for s in t.manifests.list_shards()}
-    results = GarbageCollector(t, NOW).run_once()
+    results = GarbageCollector(t.state, NOW).run_once()
     assert {r.shard_id for r in results} == set(before)
     for r in results:
         m = t.manifests.read_shard(r.shard_id)
@@ -85,15 +86,15 @@ def test_gc_paces_drains_so_a_busy_writer_is_not_fenced_every_cycle(table_uri):
     t = Table.open(table_uri)
     shard = t.manifests.list_shards()[0]
     paced = replace(NOW, drain_interval_seconds=3600, min_sstables_to_drain=3)
-    gc = GarbageCollector(t, paced)
+    gc = GarbageCollector(t.state, paced)
 
     def compact_more(generations: int) -> int:
         with Table.open(table_uri) as w:
             for g in range(generations):
                 w.write(people([1_000 + g]))
                 w.flush()
-        Compactor(t).run_once()
-        IndexMaintainer(t).catch_up()
+        Compactor(t.state).run_once()
+        IndexMaintainer(t.state).catch_up()
         t.manifests.clear_cache()
         return t.manifests.read_shard(shard).writer_epoch
 
@@ -110,22 +111,22 @@ def test_gc_paces_drains_so_a_busy_writer_is_not_fenced_every_cycle(table_uri):
 def test_gc_keeps_sstables_that_indexes_have_not_caught_up_with(table_uri):
     fill(table_uri, 3)
     t = Table.open(table_uri)
-    Compactor(t).run_once()  # compacted, but the BTREE on id does not cover the new rows yet
-    assert GarbageCollector(t, NOW).run_once() == [] or all(
-        not r.sstables_removed for r in GarbageCollector(t, NOW).run_once()
+    Compactor(t.state).run_once()  # compacted, but the BTREE on id does not cover the new rows yet
+    assert GarbageCollector(t.state, NOW).run_once() == [] or all(
+        not r.sstables_removed for r in GarbageCollector(t.state, NOW).run_once()
     )
     assert all(len(sstable_dirs(t, s)) == 3 for s in t.manifests.list_shards())
-    IndexMaintainer(t).catch_up()
-    GarbageCollector(t, NOW).run_once()
+    IndexMaintainer(t.state).catch_up()
+    GarbageCollector(t.state, NOW).run_once()
     assert all(sstable_dirs(t, s) == [] for s in t.manifests.list_shards())
 
 
 def test_gc_keeps_what_recent_readers_may_still_read(table_uri):
     fill(table_uri, 3)
     t = Table.open(table_uri)
-    Compactor(t).run_once()
-    IndexMaintainer(t).catch_up()
-    GarbageCollector(t, GcConfig(reader_grace_seconds=300)).run_once()
+    Compactor(t.state).run_once()
+    IndexMaintainer(t.state).catch_up()
+    GarbageCollector(t.state, GcConfig(reader_grace_seconds=300)).run_once()
     assert all(len(sstable_dirs(t, s)) == 3 for s in t.manifests.list_shards())
 
 
@@ -144,7 +145,7 @@ def test_gc_sweeps_orphans_but_not_a_flush_in_progress(table_uri):
             f.write(b"x" * 100)
     old = time.time() - 7200
     os.utime(stale_attempt, (old, old))
-    r = GarbageCollector(t, NOW).collect_shard(shard, 0)
+    r = GarbageCollector(t.state, NOW).collect_shard(shard, 0)
     assert sorted(r.orphans_removed) == sorted([os.path.basename(failed), os.path.basename(stale_attempt)])
     assert os.path.exists(in_progress) and not os.path.exists(failed)
     assert r.bytes_reclaimed >= 200
@@ -206,7 +207,7 @@ def test_gc_during_active_ingestion(table_uri):
     assert maintenance.totals["bytes_reclaimed"] > 0 and maintenance.totals["failures"] == 0
     assert live(table_uri) == model
     # and once everything is compacted and collected, the disk holds little more than the base
-    final = Maintenance(Table.open(table_uri), MaintenanceConfig(gc_config=NOW))
+    final = Maintenance(TableState.load(table_uri), MaintenanceConfig(gc_config=NOW))
     t = Table.open(table_uri)
     # A cycle's own commits (index catch-up, base file compaction) can make more collectable
     # than its GC saw at its start; a second cycle collects that.

@@ -21,7 +21,7 @@ from memwal.proto import pb
 venv = sys.argv[1]
 for mod in (memwal, memwal.streaming, memwal.readers, memwal.proto):
     assert mod.__file__.startswith(venv), (mod.__name__, mod.__file__)
-assert os.path.exists(os.path.join(os.path.dirname(memwal.proto.__file__), "lance_table.proto"))
+assert os.path.exists(os.path.join(os.path.dirname(memwal.proto.__file__), "lance_table_pb2.py"))
 import pyarrow as pa
 from memwal import Table, readers
 uri = os.path.join(tempfile.mkdtemp(), "t")

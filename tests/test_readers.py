@@ -18,6 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from memwal import IndexConfig, Table, WriterConfig, readers
 from memwal.compactor import Compactor
+from memwal.state import TableState
 from memwal.indexes import IndexMaintainer
 from memwal.readers.bm25 import CorpusStats, score, tokenize
 
@@ -48,7 +49,7 @@ class ReadMachine(RuleBasedStateMachine):
             self.uri, SCHEMA, ["id"], "bucket(id, 2)",
             writer=WriterConfig(max_memtable_rows=100_000), indexes=IndexConfig(fts_column="body"),
         )
-        self.compactor = Compactor(Table.open(self.uri))
+        self.compactor = Compactor(TableState.load(self.uri))
         self.strong = readers.open(self.uri, consistency="strong")
         self.model: dict[int, dict] = {}
         self.flushed = True
@@ -87,7 +88,7 @@ class ReadMachine(RuleBasedStateMachine):
 
     @rule()
     def compact(self):
-        self.compactor.table.manifests.clear_cache()
+        self.compactor.state.manifests.clear_cache()
         self.compactor.run_once()
 
     @precondition(lambda self: not self.indexed)
@@ -101,7 +102,7 @@ class ReadMachine(RuleBasedStateMachine):
 
     @rule()
     def catch_up_indexes(self):
-        IndexMaintainer(self.compactor.table).catch_up()
+        IndexMaintainer(self.compactor.state).catch_up()
 
     @invariant()
     def scans_and_lookups(self):
@@ -235,7 +236,7 @@ def test_vector_search_while_the_index_lags_behind_compaction(table_uri, monkeyp
         model.update({r["id"]: r for r in batch.to_pylist()})
         model.pop(g * 100 + 7)
         if g < 3:
-            Compactor(t).run_once()
+            Compactor(t.state).run_once()
     r = readers.open(table_uri)
     assert r.snapshot.with_index_gap("vec_idx").num_live_sstables > r.snapshot.num_live_sstables
     for q in rng.integers(0, 16, (5, 4)).astype(np.float32):
@@ -269,12 +270,12 @@ def test_time_travel_reads_a_base_version(table_uri):
     rows = lambda ids, body: pa.Table.from_pylist([{"id": i, "cat": "a", "body": body, "vec": [0.0] * 4} for i in ids], schema=SCHEMA)  # noqa: E731
     t.write(rows(range(5), "v1"))
     t.flush()
-    Compactor(t).run_once()
+    Compactor(t.state).run_once()
     v1 = t.dataset().version
     t.write(rows(range(3), "v2"))
     t.delete({"id": [4]})
     t.flush()
-    Compactor(t).run_once()
+    Compactor(t.state).run_once()
     past = readers.open(table_uri, version=v1)
     assert {r["id"]: r["body"] for r in past.scan().to_pylist()} == {i: "v1" for i in range(5)}
     assert past.get(4)["body"] == "v1" and past.count() == 5

@@ -19,6 +19,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from memwal import StaleCompactionError, Table, WriterConfig, readers
 from memwal.compactor import Compactor
+from memwal.state import TableState
+from memwal.writer import ShardWriterPool
 from memwal.gc import GarbageCollector, GcConfig
 from memwal.indexes import IndexMaintainer
 
@@ -42,12 +44,12 @@ class LsmMachine(RuleBasedStateMachine):
         self.writers = [Table.open(self.uri), Table.open(self.uri)]
         self.crashed: list[Table] = []  # kept referenced: a crashed writer does nothing more
         self.compactors = [
-            Compactor(Table.open(self.uri), max_generations_per_commit=1),
-            Compactor(Table.open(self.uri), max_generations_per_commit=4),
+            Compactor(TableState.load(self.uri), max_generations_per_commit=1),
+            Compactor(TableState.load(self.uri), max_generations_per_commit=4),
         ]
         self.plans: list = [None, None]
-        self.gc = GarbageCollector(Table.open(self.uri), GC_NOW)
-        self.indexes = IndexMaintainer(Table.open(self.uri))
+        self.gc = GarbageCollector(TableState.load(self.uri), GC_NOW)
+        self.indexes = IndexMaintainer(TableState.load(self.uri))
         self.reader = readers.open(self.uri, consistency="strong")
         self.model: dict[int, str] = {}
         self.counter = 0
@@ -90,7 +92,7 @@ class LsmMachine(RuleBasedStateMachine):
 
     @rule(c=COMPACTOR, bucket=st.integers(0, 1))
     def plan(self, c, bucket):
-        table = self.compactors[c].table
+        table = self.compactors[c].state
         shard = table.shard_id_of((bucket,))  # by bucket, not by (random) shard UUID: replayable
         if shard in table.manifests.list_shards():
             table.manifests.clear_cache()
@@ -147,7 +149,7 @@ class LsmMachine(RuleBasedStateMachine):
 
     @rule(c=COMPACTOR)
     def compact_everything(self, c):
-        self.compactors[c].table.manifests.clear_cache()
+        self.compactors[c].state.manifests.clear_cache()
         self.compactors[c].run_once()
 
     # -- indexes and GC -------------------------------------------------------------------------
@@ -158,11 +160,11 @@ class LsmMachine(RuleBasedStateMachine):
 
     @rule()
     def flush_stranded(self):
-        self.gc.table.flush_stranded()
+        ShardWriterPool(self.gc.state).flush_stranded()
 
     @rule()
     def collect_garbage(self):
-        self.gc.table.manifests.clear_cache()
+        self.gc.state.manifests.clear_cache()
         self.gc.run_once()
 
     # -- the check ------------------------------------------------------------------------------

@@ -108,13 +108,13 @@ class RivalAfterReopen(ShardWriterPool):
     def _open(self, shard_id):
         w = super()._open(shard_id)
         if self.stats.opens > 1:
-            self.rivals.append(lance.dataset(self.uri).mem_wal_writer(shard_id))
+            self.rivals.append(lance.dataset(self.state.uri).mem_wal_writer(shard_id))
         return w
 
 
 def test_fenced_twice_raises_fenced_error(table_uri):
     t = Table.create(table_uri, PEOPLE, ["id"], "unsharded")
-    t.writers = RivalAfterReopen(t.uri, t.metadata.writer)
+    t.writers = RivalAfterReopen(t.state)
     t.writers.rivals = []
     t.write(people([1]))
     (shard,) = t.writers.open_shards

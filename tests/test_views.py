@@ -21,6 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from memwal import Table, WriterConfig
 from memwal.compactor import Compactor
+from memwal.state import TableState
 from memwal.failpoints import DIR_ENV, ENV
 from memwal.views import View, ViewBusyError, ViewError, UdfColumn, list_views
 from viewudfs import CALLS_FILE, calls
@@ -95,7 +96,7 @@ class ViewMachine(RuleBasedStateMachine):
         self.dir = tempfile.mkdtemp(prefix="memwal-views-")
         self.uri = f"{self.dir}/t"
         self.table = Table.create(self.uri, SCHEMA, ["id"], "bucket(id, 2)", writer=WriterConfig(max_memtable_rows=100_000))
-        self.compactor = Compactor(Table.open(self.uri))
+        self.compactor = Compactor(TableState.load(self.uri))
         self.rows_view, self.groups_view = create_views(self.uri)
         self.n = 0
 
@@ -124,7 +125,7 @@ class ViewMachine(RuleBasedStateMachine):
     @rule()
     def flush_and_compact(self):
         self.table.flush()
-        self.compactor.table.manifests.clear_cache()
+        self.compactor.state.manifests.clear_cache()
         self.compactor.run_once()
 
     @rule()
@@ -176,7 +177,7 @@ def change(table: Table, ids: list[int], tag: str) -> None:
         [{"id": i, "region": REGIONS[i % 3], "name": f"{tag}{i}", "score": 20 + i % 5, "weight": 1.5} for i in ids], schema=SCHEMA
     ))
     table.flush()
-    Compactor(table).run_once()
+    Compactor(table.state).run_once()
 
 
 def test_incremental_refresh_touches_only_the_change(table_uri, tmp_path, monkeypatch):
@@ -188,7 +189,7 @@ def test_incremental_refresh_touches_only_the_change(table_uri, tmp_path, monkey
     change(t, list(range(100, 130)) + [5000, 5001], "c")
     t.delete({"id": [3, 4]})
     t.flush()
-    Compactor(t).run_once()
+    Compactor(t.state).run_once()
     before = len(calls(str(tmp_path / "calls")))
     rec = rows.refresh()
     assert rec.mode == "incremental"

@@ -69,7 +69,7 @@ def search(
     where: str | None,
     out: list[str],
 ) -> pa.Table:
-    table = reader.table
+    table = reader.state
     pk = list(table.primary_key)
     columns = table.schema.names
     out_schema = pa.schema([table.schema.field(c) for c in out] + [pa.field(SCORE, pa.float64())])

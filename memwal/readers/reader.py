@@ -28,7 +28,7 @@ from memwal import paths
 from memwal.lsm import without_keys
 from memwal.schema import TOMBSTONE
 from memwal.snapshot import Snapshot
-from memwal.table import Table
+from memwal.state import TableState
 from memwal.wal import WalTailReader
 
 Consistency = Literal["eventual", "strong"]
@@ -65,7 +65,7 @@ class Reader:
 
     def __init__(
         self,
-        table: Table,
+        state: TableState,
         *,
         consistency: Consistency = "eventual",
         refresh_interval_ms: int | None = 1000,
@@ -75,13 +75,13 @@ class Reader:
             raise ValueError(f"consistency must be 'eventual' or 'strong', got {consistency!r}")
         if version is not None and consistency == "strong":
             raise ValueError("time travel (version=) reads a base table version; it cannot be strongly consistent")
-        self.table = table
+        self.state = state
         self.consistency = consistency
         self.refresh_interval_ms = refresh_interval_ms
         self.version = version
         self._snapshot: Snapshot | None = None
         self._taken_at = 0.0
-        self._wal = WalTailReader(table.uri, table.io, table.manifests, table.primary_key)
+        self._wal = WalTailReader(state.uri, state.io, state.manifests, state.primary_key)
         #: which plan the last vector search used (for explain and the benchmark)
         self.last_vector_plan = ""
 
@@ -93,9 +93,9 @@ class Reader:
             # Time travel reads the base table as it was at that version: the table state
             # that compaction had produced then. SSTables carry no base version, so mixing
             # today's SSTables into an old base would be neither then nor now.
-            snap = Snapshot(self.table.dataset(self.version), self.table.manifests.mem_wal_index(self.version), ())
+            snap = Snapshot(self.state.dataset(self.version), self.state.manifests.mem_wal_index(self.version), ())
         else:
-            snap = self.table.snapshot()
+            snap = self.state.snapshot()
         self._snapshot = snap
         self._taken_at = time.monotonic()
         return snap
@@ -122,7 +122,7 @@ class Reader:
         if self.consistency == "eventual":
             snap = self.snapshot
             return (snap.restrict(shard_ids) if shard_ids is not None else snap), None
-        snap = self.table.snapshot(shard_ids=shard_ids)
+        snap = self.state.snapshot(shard_ids=shard_ids)
         tails = [t for s in snap.shards if (t := self._wal.tail(s.manifest)) is not None]
         if not tails:
             return snap, None
@@ -131,7 +131,7 @@ class Reader:
     # -- point lookups -------------------------------------------------------------------------
 
     def _lookup(self, key: dict[str, Any], columns: Sequence[str] | None) -> pa.Table:
-        shard_id = self.table.shard_of_key(key)
+        shard_id = self.state.shard_of_key(key)
         snap, tail = self._view([shard_id])
         if tail is not None:
             hit = tail.filter(_key_mask(tail, key))
@@ -140,7 +140,7 @@ class Reader:
                     return self._output_schema(columns).empty_table()
                 return hit.select(self._output_schema(columns).names)
         out = self._output_schema(columns).names
-        pk = list(self.table.primary_key)
+        pk = list(self.state.primary_key)
         predicate = " AND ".join(f"{quote_ident(c)} = {sql_literal(key[c])}" for c in pk)
         state = snap.shard(shard_id)
         wanted = sstables.lookup_key(key, pk)
@@ -156,12 +156,12 @@ class Reader:
 
     def get(self, key: Any, columns: Sequence[str] | None = None) -> dict[str, Any] | None:
         """The live row with primary key ``key`` (scalar, tuple or dict), or None."""
-        t = self._lookup(normalize_key(key, self.table.primary_key), columns)
+        t = self._lookup(normalize_key(key, self.state.primary_key), columns)
         return t.to_pylist()[0] if t.num_rows else None
 
     def get_many(self, keys: Iterable[Any], columns: Sequence[str] | None = None) -> pa.Table:
         """The live rows of ``keys`` (absent keys are left out), as one Arrow table."""
-        kt = keys_table(keys, self.table.primary_key, self.table.schema)
+        kt = keys_table(keys, self.state.primary_key, self.state.schema)
         out_schema = self._output_schema(columns)
         if kt.num_rows == 0:
             return out_schema.empty_table()
@@ -174,12 +174,12 @@ class Reader:
     # -- scans ---------------------------------------------------------------------------------
 
     def _output_schema(self, columns: Sequence[str] | None) -> pa.Schema:
-        schema = self.table.schema
+        schema = self.state.schema
         return pa.schema([schema.field(c) for c in columns]) if columns else schema
 
     def pruning(self, where: str | None) -> Pruning:
         """The shards a read filtered by ``where`` must look at (shard pruning)."""
-        return prune(where, self.table.spec, self.table.resolver, self.table.schema)
+        return prune(where, self.state.spec, self.state.resolver, self.state.schema)
 
     def plan(self, where: str | None = None) -> ReadPlan:
         """Which shards and SSTables a read with ``where`` would touch."""
@@ -204,8 +204,8 @@ class Reader:
         and the (small) delta merged in memory, rather than deduplicating every row of every
         level as Lance's LsmScanner does (docs/benchmarks.md measures the difference).
         """
-        pk = list(self.table.primary_key)
-        delta = sstables.delta(snap, tail, self.table.schema.names, pk)
+        pk = list(self.state.primary_key)
+        delta = sstables.delta(snap, tail, self.state.schema.names, pk)
         if delta is None:
             return snap.dataset.to_table(columns=list(wanted), filter=where, limit=limit)
         fetch = None if limit is None else limit + delta.num_rows
@@ -225,7 +225,7 @@ class Reader:
         out = self._output_schema(columns).names
         p = self.pruning(where)
         snap, tail = self._view(sorted(p.shard_ids) if p.shard_ids is not None else None)
-        wanted = list(dict.fromkeys([*out, *self.table.primary_key]))
+        wanted = list(dict.fromkeys([*out, *self.state.primary_key]))
         return self._merge(snap, tail, wanted, where, limit).select(out)
 
     def to_batches(
@@ -243,7 +243,7 @@ class Reader:
         snap, tail = self._view(sorted(p.shard_ids) if p.shard_ids is not None else None)
         if tail is None and snap.num_live_sstables == 0:
             return snap.dataset.count_rows(filter=where)
-        return self._merge(snap, tail, list(self.table.primary_key), where, None).num_rows
+        return self._merge(snap, tail, list(self.state.primary_key), where, None).num_rows
 
 
     # -- vector search ---------------------------------------------------------------------------
@@ -251,10 +251,10 @@ class Reader:
     def _vector_column(self, column: str | None) -> str:
         if column is not None:
             return column
-        configured = self.table.metadata.indexes.vector_column
+        configured = self.state.metadata.indexes.vector_column
         if configured:
             return configured
-        candidates = vector_columns(self.table.schema)
+        candidates = vector_columns(self.state.schema)
         if len(candidates) != 1:
             raise ValueError(f"name the vector column to search (candidates: {candidates})")
         return candidates[0]
@@ -284,13 +284,13 @@ class Reader:
         if k <= 0:
             raise ValueError(f"k must be positive, got {k}")
         col = self._vector_column(column)
-        metric = metric or self.table.metadata.indexes.vector_metric
-        dim = self.table.schema.field(col).type.list_size
+        metric = metric or self.state.metadata.indexes.vector_metric
+        dim = self.state.schema.field(col).type.list_size
         query = np.asarray(vector, dtype=np.float32).reshape(-1)
         if query.shape[0] != dim:
             raise ValueError(f"the query has {query.shape[0]} dimensions; {col!r} has {dim}")
-        pk = list(self.table.primary_key)
-        out = list(columns) if columns else self.table.schema.names
+        pk = list(self.state.primary_key)
+        out = list(columns) if columns else self.state.schema.names
         wanted = list(dict.fromkeys([*pk, col, *out]))
         p = self.pruning(where)
         snap, tail = self._view(sorted(p.shard_ids) if p.shard_ids is not None else None)
@@ -322,7 +322,7 @@ class Reader:
                 extra.append(filter_rows(unindexed_sst, where))
             if unindexed_rows and not use_gap:
                 flat = snap.dataset.scanner(fragments=unindexed, columns=wanted, filter=where).to_table()
-                newer = sstables.delta(snap, None, self.table.schema.names, pk)
+                newer = sstables.delta(snap, None, self.state.schema.names, pk)
                 extra.append(without_keys(flat, newer, pk) if newer is not None else flat)
             for rows in extra:
                 d = distances(as_matrix(rows.column(col), dim), query, metric)
@@ -359,12 +359,12 @@ class Reader:
         Scores use corpus statistics of the live rows across every LSM level (GlobalBM25),
         so rows from the base table, SSTables and the WAL tail are comparable.
         """
-        col = column or self.table.metadata.indexes.fts_column
+        col = column or self.state.metadata.indexes.fts_column
         if col is None:
             raise ValueError("name the text column to search (or configure the table's fts_column)")
         # No shard pruning: BM25 statistics are those of the whole live table.
         snap, tail = self._view()
-        out = list(columns) if columns else self.table.schema.names
+        out = list(columns) if columns else self.state.schema.names
         return text.search(self, snap, tail, query, k, col, where, out)
 
 
@@ -441,4 +441,4 @@ def open(  # noqa: A001 - mirrors lance.dataset / builtin open naming users expe
     snapshot refreshed every ``refresh_interval_ms`` (None: only on :meth:`Reader.refresh`).
     ``version`` reads the base table as of that version (time travel).
     """
-    return Reader(Table.open(uri), consistency=consistency, refresh_interval_ms=refresh_interval_ms, version=version)
+    return Reader(TableState.load(uri), consistency=consistency, refresh_interval_ms=refresh_interval_ms, version=version)

@@ -554,7 +554,7 @@ def _drop_stale(table, shard_id: str, rows: pa.Table, seq: str) -> tuple[pa.Tabl
     from memwal.readers.keys import keys_predicate
 
     pk = list(table.primary_key)
-    reader = Reader(table, consistency="strong")
+    reader = Reader(table.state, consistency="strong")
     stored = reader.scan(columns=pk + [seq], where=keys_predicate(rows.select(pk)))
     if stored.num_rows == 0:
         return rows, 0
@@ -594,13 +594,13 @@ class MemwalSink:
     def __init__(self, table_uri: str, options: SinkOptions | None = None) -> None:
         from memwal import paths
         from memwal.streaming.dead_letters import dead_letter_uri
-        from memwal.table import Table
+        from memwal.state import TableState
 
         self.uri = paths.normalize_uri(table_uri)
         self.options = options or SinkOptions()
         if self.options.source not in ("columns", "kafka-json"):
             raise ValueError(f"source must be 'columns' or 'kafka-json', got {self.options.source!r}")
-        table = Table.open(self.uri)  # fail early, on the driver, if the table is missing
+        table = TableState.load(self.uri)  # fail early, on the driver, if the table is missing
         seq = self.options.sequence_field
         if seq is not None and seq not in table.schema.names:
             raise ValueError(f"sequence field {seq!r} is not a column of {self.uri}; the stored version must be kept")
@@ -617,9 +617,9 @@ class MemwalSink:
         write stages must agree on it for the life of the query)."""
         if self.options.max_write_tasks is None:
             self.options = replace(self.options, max_write_tasks=max(1, spark.sparkContext.defaultParallelism))
-            from memwal.table import Table
+            from memwal.state import TableState
 
-            self.partitions = shard_partitions(Table.open(self.uri).spec, self.options)
+            self.partitions = shard_partitions(TableState.load(self.uri).spec, self.options)
         return self
 
     def prepare_spec(self) -> Prepare:

@@ -1,0 +1,144 @@
+"""The table-state handle: everything about a memwal table that does not change while it is open.
+
+:class:`TableState` is what every part of memwal below the user facade works from: readers,
+the compactor, garbage collection, index maintenance, views and the Spark tasks. It holds
+the table's URI and storage, its memwal metadata, schema, sharding spec and shard
+resolver, and the manifest store. It holds no writer, no thread pool and no open dataset,
+so it is cheap to build, safe to share between threads, and says nothing about who writes.
+
+Invariant: every field is derived from the table's metadata, which memwal writes once at
+create time (``memwal.table`` in the Lance config) and never rewrites except for the index
+configuration; so a state loaded once stays correct for the table's life. What does change
+(base versions, shard manifests) is read through it on demand: :meth:`dataset`,
+:meth:`snapshot`, :attr:`manifests`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+import lance
+import pyarrow as pa
+
+from memwal import paths
+from memwal.errors import MemwalError, TableNotFoundError
+from memwal.io import FileIO, file_io_for
+from memwal.manifest import ManifestStore, ShardManifest
+from memwal.metadata import CONFIG_KEY, TableMetadata
+from memwal.schema import primary_key_of, user_schema
+from memwal.sharding import ShardingSpec, ShardResolver, ShardValues, decode_shard_value, parse_sharding_spec
+from memwal.snapshot import Snapshot, take_snapshot
+
+
+def table_exists(uri: str, io: FileIO | None = None) -> bool:
+    """True if a Lance table (memwal or not) exists at ``uri``."""
+    uri = paths.normalize_uri(uri)
+    io = io or file_io_for(uri)
+    return bool(io.list_dir(paths.join(uri, paths.BASE_VERSIONS_DIR)))
+
+
+@dataclass(frozen=True)
+class TableState:
+    """An open memwal table's fixed facts, and the way to its changing ones."""
+
+    uri: str
+    io: FileIO = field(repr=False)
+    metadata: TableMetadata = field(repr=False)
+    #: The user's columns (no primary-key metadata).
+    schema: pa.Schema = field(repr=False)
+    #: The schema writers take: the user's columns with Lance's primary-key metadata.
+    write_schema: pa.Schema = field(repr=False)
+    spec: ShardingSpec = field(repr=False)
+    resolver: ShardResolver = field(repr=False)
+    manifests: ManifestStore = field(repr=False, compare=False)
+    #: Options handed to every Lance call that opens this table's files.
+    storage_options: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dataset(
+        cls, uri: str, dataset: lance.LanceDataset, metadata: TableMetadata, io: FileIO,
+        storage_options: Mapping[str, str] | None = None,
+    ) -> "TableState":
+        uri = paths.normalize_uri(uri)
+        schema = user_schema(dataset.schema)
+        spec = parse_sharding_spec(
+            metadata.sharding,
+            schema,
+            spec_id=metadata.sharding_spec_id,
+            field_ids=metadata.sharding_field_ids or None,
+        )
+        return cls(
+            uri=uri,
+            io=io,
+            metadata=metadata,
+            schema=schema,
+            write_schema=dataset.schema,
+            spec=spec,
+            resolver=ShardResolver(metadata.table_uuid, spec),
+            manifests=ManifestStore(uri, io),
+            storage_options=dict(storage_options or {}),
+        )
+
+    @classmethod
+    def load(cls, uri: str, storage_options: Mapping[str, str] | None = None) -> "TableState":
+        """Read the state of the memwal table at ``uri``; TableNotFoundError if there is none."""
+        uri = paths.normalize_uri(uri)
+        io = file_io_for(uri)
+        if not table_exists(uri, io):
+            raise TableNotFoundError(f"no table at {uri}; create one with Table.create or `memwal init`")
+        ds = lance.dataset(uri, storage_options=dict(storage_options or {}) or None)
+        meta = TableMetadata.from_config(ds.config())
+        if meta is None:
+            raise TableNotFoundError(
+                f"{uri} is a Lance table but not a memwal table (no {CONFIG_KEY!r} config); create it with memwal"
+            )
+        if ds.mem_wal_index_details() is None:
+            raise MemwalError(f"{uri} has memwal metadata but no MemWAL index: the create was interrupted; recreate it")
+        if primary_key_of(ds.schema) != meta.primary_key:
+            raise MemwalError(
+                f"primary key in the schema {primary_key_of(ds.schema)} differs from memwal's {meta.primary_key}"
+            )
+        return cls.from_dataset(uri, ds, meta, io, storage_options)
+
+    # -- fixed facts -----------------------------------------------------------------------
+
+    @property
+    def primary_key(self) -> tuple[str, ...]:
+        return self.metadata.primary_key
+
+    def shard_id_of(self, values: ShardValues) -> str:
+        """The shard holding rows with these shard values."""
+        return self.resolver.shard_id(values)
+
+    def shard_of_key(self, key: Mapping[str, Any]) -> str:
+        """The shard holding a primary key given as ``{column: value}``."""
+        return self.shard_id_of(self.spec.shard_values_of(dict(key), self.schema))
+
+    def lance_spec_id(self) -> int:
+        """The spec id Lance records in this table's shard manifests (0: manual shards)."""
+        return self.spec.spec_id if self.spec.lance_native else 0
+
+    def shard_values(self, manifest: ShardManifest) -> dict[str, Any]:
+        """A shard's values decoded from its manifest (field id -> value)."""
+        return {
+            f.field_id: decode_shard_value(manifest.field_entries.get(f.field_id), f.result_type)
+            for f in self.spec.fields
+        }
+
+    # -- what changes, read on demand ------------------------------------------------------
+
+    def dataset(self, version: int | None = None) -> lance.LanceDataset:
+        """The base table (compacted data only) at ``version`` (latest when None)."""
+        return lance.dataset(self.uri, version=version, storage_options=dict(self.storage_options) or None)
+
+    def snapshot(self, version: int | None = None, shard_ids: Iterable[str] | None = None) -> Snapshot:
+        """What a reader must merge: the base version and every shard's uncompacted SSTables."""
+        return take_snapshot(self.dataset(version), self.manifests, shard_ids)
+
+    def wal_tail(self, shard_id: str, start: int) -> int:
+        """The last WAL position on disk at or after ``start`` (probing, as Lance's recovery does)."""
+        pos = start
+        while self.io.exists(paths.wal_entry_path(self.uri, shard_id, pos + 1)):
+            pos += 1
+        return pos
