@@ -22,6 +22,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from memwal import paths
+from memwal.cache import ByteLRU
 from memwal.errors import ManifestError
 from memwal.io import FileIO
 from memwal.proto import pb
@@ -193,12 +194,15 @@ class ManifestStore:
     #: Probing a version past the hint costs one HEAD per version; this bounds a runaway loop
     #: on a corrupt hint without limiting real tables (manifests change on flush, not write).
     MAX_PROBE = 1_000_000
+    #: Bound of each of the two manifest caches (shard manifests, MemWAL index details).
+    CACHE_BYTES = 32 << 20
 
     def __init__(self, table_uri: str, io: FileIO) -> None:
         self.table_uri = paths.normalize_uri(table_uri)
         self.io = io
-        self._shards: dict[tuple[str, int], ShardManifest] = {}
-        self._indexes: dict[int, MemWalIndex | None] = {}
+        # Manifests are immutable once written; bounded by the bytes of the files read.
+        self._shards: ByteLRU[tuple[str, int], ShardManifest] = ByteLRU(self.CACHE_BYTES)
+        self._indexes: ByteLRU[int, MemWalIndex | None] = ByteLRU(self.CACHE_BYTES)
 
     def clear_cache(self) -> None:
         self._shards.clear()
@@ -262,8 +266,7 @@ class ManifestStore:
             raise ManifestError(
                 f"shard manifest file for {shard_id} v{version} holds {m.shard_id} v{m.version}"
             )
-        self._shards[key] = m
-        return m
+        return self._shards.put(key, m, len(data))
 
     def retained_versions(self, shard_id: str) -> list[int]:
         """Every manifest version still on disk for the shard, ascending."""
@@ -291,7 +294,7 @@ class ManifestStore:
     def mem_wal_index(self, base_version: int) -> MemWalIndex | None:
         """The MemWAL index details of a base table version (None if MemWAL is not initialized)."""
         if base_version in self._indexes:
-            return self._indexes[base_version]
+            return self._indexes.get(base_version)
         data = None
         for path in (
             paths.base_manifest_path(self.table_uri, base_version),
@@ -304,12 +307,13 @@ class ManifestStore:
                 continue
         if data is None:
             raise ManifestError(f"base table version {base_version} has no manifest file under {self.table_uri}")
-        result = None
+        result, size = None, 256
         for idx in decode_index_section(data):
             if idx.name == MEM_WAL_INDEX_NAME:
                 if idx.index_details.type_url != MEM_WAL_DETAILS_TYPE:
                     raise ManifestError(f"unexpected MemWAL index details type {idx.index_details.type_url!r}")
                 result = MemWalIndex.from_details(base_version, bytes(idx.index_details.value))
+                size += len(idx.index_details.value)
                 break
-        self._indexes[base_version] = result
-        return result
+        # The base manifest file is read whole, but only its MemWAL details are kept.
+        return self._indexes.put(base_version, result, size)

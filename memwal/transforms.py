@@ -496,14 +496,3 @@ def parse_transform_call(text: str) -> tuple[Transform, list[str]]:
     if len(args) != 1:
         raise ShardingSpecError(f"{name} takes exactly one column; got {text!r}")
     return {"identity": Identity, "year": Year, "month": Month, "day": Day, "hour": Hour}[name](), args
-
-
-def transform_from_lance(name: str, parameters: dict[str, str]) -> Transform:
-    """The transform a Lance ``ShardingField`` names (only Lance's native ones)."""
-    if name == "bucket":
-        return Bucket(int(parameters["num_buckets"]))
-    if name == "identity":
-        return Identity()
-    if name == "unsharded":
-        return Unsharded()
-    raise ShardingSpecError(f"Lance sharding transform {name!r} is not supported by memwal")

@@ -18,9 +18,14 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from memwal import paths
+from memwal.cache import ByteLRU
 from memwal.io import FileIO
 from memwal.lsm import newest_per_key
 from memwal.manifest import ManifestStore, ShardManifest
+
+#: Default bound of a WAL reader's cache of parsed entries (by their file sizes).
+WAL_CACHE_BYTES = 128 << 20
+
 
 @dataclass(frozen=True)
 class WalEntry:
@@ -41,12 +46,15 @@ class WalEntry:
 class WalTailReader:
     """Reads the unflushed WAL tail of shards of one table."""
 
-    def __init__(self, table_uri: str, io: FileIO, store: ManifestStore, primary_key: tuple[str, ...]) -> None:
+    def __init__(
+        self, table_uri: str, io: FileIO, store: ManifestStore, primary_key: tuple[str, ...],
+        cache_bytes: int = WAL_CACHE_BYTES,
+    ) -> None:
         self.uri = table_uri
         self.io = io
         self.store = store
         self.primary_key = primary_key
-        self._cache: dict[tuple[str, int], WalEntry] = {}
+        self._cache: ByteLRU[tuple[str, int], WalEntry] = ByteLRU(cache_bytes)
 
     def clear_cache(self) -> None:
         self._cache.clear()
@@ -59,15 +67,15 @@ class WalTailReader:
                 data = self.io.read(paths.wal_entry_path(self.uri, shard_id, position))
             except FileNotFoundError:
                 return None
-            e = self._cache[key] = WalEntry.parse(position, data)
+            e = self._cache.put(key, WalEntry.parse(position, data), len(data))
         return e
 
     def entries(self, manifest: ShardManifest) -> list[WalEntry]:
         """Valid entries after the manifest's last flushed position, in position order."""
         shard_id = manifest.shard_id
         start = manifest.replay_after_wal_entry_position
-        for k in [k for k in self._cache if k[0] == shard_id and k[1] <= start]:
-            del self._cache[k]  # covered by a flush: never needed again
+        # covered by a flush: never needed again
+        self._cache.discard_where(lambda k: k[0] == shard_id and k[1] <= start)
         out = []
         pos = start + 1
         while (e := self._entry(shard_id, pos)) is not None:

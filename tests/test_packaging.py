@@ -1,5 +1,6 @@
-"""A plain (non-editable) install of memwal works and maps the repository's folders into one
-namespace: memwal, memwal.streaming, memwal.readers, memwal.proto."""
+"""A plain (non-editable) install of memwal works, and so does running from the repository
+root, where the source folder memwal/ (holding memwal/streaming, memwal/readers and
+memwal/proto) shadows the installed copy: the folder tree is the import namespace."""
 
 from __future__ import annotations
 
@@ -58,3 +59,15 @@ def test_wheel_installs_into_a_fresh_venv(tmp_path):
     assert out.stdout.strip().endswith("ok")
     cli = subprocess.run([str(env_dir / "bin" / "memwal"), "--help"], capture_output=True, text=True)
     assert cli.returncode == 0 and "usage: memwal" in cli.stdout
+
+    # From the repository root the checkout's memwal/ comes first on sys.path; it is the
+    # same package tree, so every subpackage resolves there too.
+    here = subprocess.run(
+        [str(py), "-c", "import memwal, memwal.streaming, memwal.readers, memwal.proto; "
+         "print(memwal.readers.__file__); print(memwal.streaming.__file__)"],
+        capture_output=True, text=True, cwd=ROOT,
+    )
+    assert here.returncode == 0, here.stderr
+    assert all(line.startswith(str(ROOT / "memwal")) for line in here.stdout.split()), here.stdout
+    cli_here = subprocess.run([str(env_dir / "bin" / "memwal"), "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert cli_here.returncode == 0 and "usage: memwal" in cli_here.stdout

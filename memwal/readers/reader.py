@@ -70,6 +70,7 @@ class Reader:
         consistency: Consistency = "eventual",
         refresh_interval_ms: int | None = 1000,
         version: int | None = None,
+        cache_bytes: int = sstables.DEFAULT_CACHE_BYTES,
     ) -> None:
         if consistency not in ("eventual", "strong"):
             raise ValueError(f"consistency must be 'eventual' or 'strong', got {consistency!r}")
@@ -82,6 +83,10 @@ class Reader:
         self._snapshot: Snapshot | None = None
         self._taken_at = 0.0
         self._wal = WalTailReader(state.uri, state.io, state.manifests, state.primary_key)
+        #: immutable SSTable data this reader has read, bounded by ``cache_bytes``
+        self.sstables = sstables.SSTableCache(cache_bytes, dict(state.storage_options) or None)
+        #: the base table's full-text corpus statistics (BM25), per base version
+        self.text_stats = text.BaseTextStats()
         #: which plan the last vector search used (for explain and the benchmark)
         self.last_vector_plan = ""
 
@@ -146,11 +151,11 @@ class Reader:
         wanted = sstables.lookup_key(key, pk)
         for sst in reversed(state.live_sstables if state is not None else ()):  # newest first
             path = paths.sstable_path(snap.dataset.uri, shard_id, sst.path)
-            found = sstables.keys(path, pk)
+            found = self.sstables.keys(path, pk)
             if wanted in found:
                 if found[wanted]:  # the newest version is a delete
                     return self._output_schema(columns).empty_table()
-                return sstables.dataset(path).to_table(columns=out, filter=predicate)
+                return self.sstables.dataset(path).to_table(columns=out, filter=predicate)
         # No SSTable holds the key: the base table's row (via its primary-key index), if any.
         return snap.dataset.to_table(columns=out, filter=predicate)
 
@@ -205,7 +210,7 @@ class Reader:
         level as Lance's LsmScanner does (docs/benchmarks.md measures the difference).
         """
         pk = list(self.state.primary_key)
-        delta = sstables.delta(snap, tail, self.state.schema.names, pk)
+        delta = self.sstables.delta(snap, tail, self.state.schema.names, pk)
         if delta is None:
             return snap.dataset.to_table(columns=list(wanted), filter=where, limit=limit)
         fetch = None if limit is None else limit + delta.num_rows
@@ -317,12 +322,12 @@ class Reader:
             extra = []
             # Lance's planner also skips SSTables flushed from MemTables that predate the
             # vector index (they have none): search their newest rows exactly.
-            unindexed_sst = _unindexed_sstable_rows(plan_snap, col, wanted, pk)
+            unindexed_sst = _unindexed_sstable_rows(self.sstables, plan_snap, col, wanted, pk)
             if unindexed_sst is not None:
                 extra.append(filter_rows(unindexed_sst, where))
             if unindexed_rows and not use_gap:
                 flat = snap.dataset.scanner(fragments=unindexed, columns=wanted, filter=where).to_table()
-                newer = sstables.delta(snap, None, self.state.schema.names, pk)
+                newer = self.sstables.delta(snap, None, self.state.schema.names, pk)
                 extra.append(without_keys(flat, newer, pk) if newer is not None else flat)
             for rows in extra:
                 d = distances(as_matrix(rows.column(col), dim), query, metric)
@@ -368,7 +373,7 @@ class Reader:
         return text.search(self, snap, tail, query, k, col, where, out)
 
 
-def _unindexed_sstable_rows(snap: Snapshot, column: str, wanted: list[str], pk: list[str]) -> pa.Table | None:
+def _unindexed_sstable_rows(cache: sstables.SSTableCache, snap: Snapshot, column: str, wanted: list[str], pk: list[str]) -> pa.Table | None:
     """Live rows of SSTables without a vector index on ``column`` that no newer generation
     of their shard supersedes (tombstones dropped); None if every SSTable is indexed."""
     out = []
@@ -376,12 +381,12 @@ def _unindexed_sstable_rows(snap: Snapshot, column: str, wanted: list[str], pk: 
         ssts = shard.live_sstables
         for i, sst in enumerate(ssts):
             path = paths.sstable_path(snap.dataset.uri, shard.shard_id, sst.path)
-            if sstables.has_index(path, column, "VectorIndexDetails"):
+            if cache.has_index(path, column, "VectorIndexDetails"):
                 continue
-            rows = sstables.dataset(path).to_table(columns=[*wanted, TOMBSTONE])
+            rows = cache.dataset(path).to_table(columns=[*wanted, TOMBSTONE])
             rows = rows.filter(pc.invert(rows.column(TOMBSTONE))).drop_columns([TOMBSTONE])
             for newer in ssts[i + 1 :]:
-                keys = sstables.dataset(paths.sstable_path(snap.dataset.uri, shard.shard_id, newer.path)).to_table(columns=pk)
+                keys = cache.dataset(paths.sstable_path(snap.dataset.uri, shard.shard_id, newer.path)).to_table(columns=pk)
                 rows = without_keys(rows, keys, pk)
             out.append(rows)
     if not out:
@@ -413,11 +418,6 @@ def vector_index_name(ds: lance.LanceDataset, column: str) -> str | None:
         if field_id in d.fields and "VectorIndexDetails" in d.type_url:
             return d.name
     return None
-
-
-def has_vector_index(ds: lance.LanceDataset, column: str) -> bool:
-    """Whether the dataset has a vector (IVF) index on ``column``."""
-    return vector_index_name(ds, column) is not None
 
 
 def _key_mask(rows: pa.Table, key: dict[str, Any]) -> pa.ChunkedArray:

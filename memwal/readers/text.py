@@ -2,7 +2,7 @@
 
 Lance 14.0.2 searches the LSM levels' text only in Rust; this is memwal's own plan:
 
-1. the *delta* (:func:`memwal.readers.sstables.delta`): the newest version of every key
+1. the *delta* (:meth:`memwal.readers.sstables.SSTableCache.delta`): the newest version of every key
    written since the base version, tombstones included;
 2. corpus statistics of the live rows: the base table's (computed once per base version)
    minus the base documents the delta shadows, plus the delta's live documents;
@@ -21,7 +21,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal.lsm import without_keys
-from memwal.readers import sstables
 from memwal.readers.bm25 import CorpusStats, score, tokenize
 from memwal.readers.keys import keys_predicate
 from memwal.readers.sql import filter_rows
@@ -33,26 +32,27 @@ if TYPE_CHECKING:
 
 SCORE = "_score"
 
-# Base statistics per (table, base version, column): immutable, so cached until cleared.
-_BASE_STATS: dict[tuple[str, int, str], CorpusStats] = {}
+class BaseTextStats:
+    """Corpus statistics of one reader's base table, per column, for the newest base version
+    asked for. A base version never changes, so its statistics are computed once; an older
+    version's are dropped when a newer one is asked for (a reader only moves forward, and
+    time travel pins one version)."""
 
+    def __init__(self) -> None:
+        self._version: int | None = None
+        self._stats: dict[str, CorpusStats] = {}
 
-def clear_caches() -> None:
-    _BASE_STATS.clear()
-
-
-def _base_stats(ds: lance.LanceDataset, column: str) -> CorpusStats:
-    key = (ds.uri, ds.version, column)
-    stats = _BASE_STATS.get(key)
-    if stats is None:
-        stats = CorpusStats()
-        for batch in ds.to_batches(columns=[column]):
-            for text in batch.column(0).to_pylist():
-                stats.add(tokenize(text))
-        if len(_BASE_STATS) > 64:
-            _BASE_STATS.clear()
-        _BASE_STATS[key] = stats
-    return stats
+    def get(self, ds: lance.LanceDataset, column: str) -> CorpusStats:
+        if ds.version != self._version:
+            self._version, self._stats = ds.version, {}
+        stats = self._stats.get(column)
+        if stats is None:
+            stats = CorpusStats()
+            for batch in ds.to_batches(columns=[column]):
+                for text in batch.column(0).to_pylist():
+                    stats.add(tokenize(text))
+            self._stats[column] = stats
+        return stats
 
 
 def _matches(texts: pa.ChunkedArray, terms: set[str]) -> pa.Array:
@@ -80,9 +80,9 @@ def search(
     ds = snap.dataset
 
     # Live corpus statistics.
-    stats = _base_stats(ds, column)
+    stats = reader.text_stats.get(ds, column)
     stats = CorpusStats(stats.docs, stats.length, stats.df.copy())
-    newer = sstables.delta(snap, tail, columns, pk)
+    newer = reader.sstables.delta(snap, tail, columns, pk)
     if newer is not None and newer.num_rows:
         shadowed = ds.to_table(columns=[*pk, column], filter=keys_predicate(newer.select(pk)))
         for text in shadowed.column(column).to_pylist():
