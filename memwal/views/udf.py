@@ -100,12 +100,16 @@ class UdfRunner:
         if rows.num_rows == 0:
             return out_schema.empty_table()
         remote = replace(self, checkpoints=None)
+        # Spark has no unsigned integers: the source row id (uint64, but a counter far below
+        # 2**63) travels as int64 and is cast back.
+        signed = pa.schema([f.with_type(pa.int64()) if pa.types.is_unsigned_integer(f.type) else f for f in out_schema])
+        sent = rows.cast(pa.schema([signed.field(n) for n in rows.schema.names]))
 
         def evaluate(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             for b in batches:
-                yield from remote.run(pa.Table.from_batches([b])).to_batches()
+                yield from remote.run(pa.Table.from_batches([b])).cast(signed).to_batches()
 
-        result = spark.createDataFrame(rows.to_pandas()).mapInArrow(evaluate, from_arrow_schema(out_schema)).toArrow()
+        result = spark.createDataFrame(sent.to_pandas()).mapInArrow(evaluate, from_arrow_schema(signed)).toArrow()
         if stats is not None:
             stats.calls += max(1, rows.num_rows // self.chunk_rows)
             stats.rows += rows.num_rows
