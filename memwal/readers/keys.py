@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any, Iterable, Sequence
 
 import pyarrow as pa
 
 from memwal.errors import PrimaryKeyError
+from memwal.sqltext import quote_ident, sql_literal
 
 
 def normalize_key(key: Any, primary_key: Sequence[str]) -> dict[str, Any]:
@@ -34,32 +34,6 @@ def keys_table(keys: Iterable[Any], primary_key: Sequence[str], schema: pa.Schem
         return pa.table({c: pa.array([r[c] for r in rows], schema.field(c).type) for c in primary_key})
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
         raise PrimaryKeyError(f"key values do not match the key column types: {e}") from None
-
-
-def sql_literal(value: Any) -> str:
-    """A DataFusion SQL literal for a key value."""
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
-    if isinstance(value, bytes):
-        return "X'" + value.hex() + "'"
-    if isinstance(value, dt.datetime):
-        return f"TIMESTAMP '{value.isoformat(sep=' ')}'"
-    if isinstance(value, dt.date):
-        return f"DATE '{value.isoformat()}'"
-    raise PrimaryKeyError(f"cannot express key value {value!r} in SQL")
-
-
-def quote_ident(name: str) -> str:
-    """A column name quoted for SQL when it needs it."""
-    if name.isidentifier() and name.lower() == name:
-        return name
-    return '"' + name.replace('"', '""') + '"'
 
 
 def keys_predicate(keys: pa.Table) -> str:

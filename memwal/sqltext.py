@@ -1,0 +1,38 @@
+"""Values and names written into SQL text (the DataFusion dialect Lance's filters use).
+
+Readers build key predicates and views build group predicates from Python values; both
+must quote the same way, so the quoting lives here, below both.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from memwal.errors import PrimaryKeyError
+
+
+def sql_literal(value: Any) -> str:
+    """A DataFusion SQL literal for a key value."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, bytes):
+        return "X'" + value.hex() + "'"
+    if isinstance(value, dt.datetime):
+        return f"TIMESTAMP '{value.isoformat(sep=' ')}'"
+    if isinstance(value, dt.date):
+        return f"DATE '{value.isoformat()}'"
+    raise PrimaryKeyError(f"cannot express key value {value!r} in SQL")
+
+
+def quote_ident(name: str) -> str:
+    """A column name quoted for SQL when it needs it."""
+    if name.isidentifier() and name.lower() == name:
+        return name
+    return '"' + name.replace('"', '""') + '"'

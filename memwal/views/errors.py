@@ -1,0 +1,14 @@
+"""The errors views raise."""
+
+from __future__ import annotations
+
+from memwal.errors import MemwalError
+
+
+class ViewError(MemwalError):
+    """A view cannot be created, refreshed or read as asked."""
+
+
+class ViewBusyError(ViewError):
+    """A concurrency conflict: another refresh of the view holds its lease, or committed
+    to the view while this one was computing. Rerunning the refresh later resolves it."""

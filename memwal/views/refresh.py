@@ -1,0 +1,239 @@
+"""One refresh of a view: the change to apply, computed from the base table's change feed,
+and the single commit that applies it.
+
+**Change.** Lance's change feed between the base version the view reflects and the target
+(``delta()``: inserted, updated and deleted rows by stable row id, which survive
+compaction) is all a refresh reads, so its cost follows the change, not the table:
+
+* row views are keyed by the source row's stable id (:data:`ROW_ID`): changed and deleted
+  rows' view rows are removed, changed and inserted rows are computed anew;
+* aggregate views adjust each affected group by the new rows minus the old ones (read from
+  the previous base version by row id, see :mod:`memwal.views.aggregates`); groups whose
+  state cannot be adjusted are recomputed from the base table.
+
+A full refresh (first one, a UDF whose identity changed, or a reflected base version that
+no longer exists) computes the view from the whole base table instead.
+
+**Commit.** Removed rows (deletion vectors) and new rows (fragments of at most
+``max_rows_per_fragment`` rows) are one Lance commit of the view, with the refresh record
+in its transaction properties, made only on top of the view version the change was
+computed against. So a view is never half-applied, and two refreshes can never both apply
+their changes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import lance
+import numpy as np
+import pyarrow as pa
+
+from memwal.sqltext import sql_literal
+from memwal.state import TableState
+from memwal.views import aggregates
+from memwal.views.definition import ViewDefinition
+from memwal.views.errors import ViewBusyError
+from memwal.views.evaluate import project_rows, run_sql
+from memwal.views.history import RefreshRecord
+from memwal.views.layout import GROUP_KEY, ROW_ID
+from memwal.views.lease import Lease
+from memwal.views.udf import UdfRunner, UdfStats
+
+
+@dataclass(frozen=True)
+class Change:
+    """What a refresh commits: view rows to remove (``(key column, keys)``), view rows to
+    add, and how many base rows the change covered."""
+
+    remove: tuple[str, pa.Array] | None
+    add: pa.Table | None
+    rows_changed: int
+
+
+@dataclass(frozen=True)
+class Computer:
+    """Computes view rows from base rows (carrying ``_rowid``) for one refresh."""
+
+    defn: ViewDefinition
+    runner: UdfRunner
+    stats: UdfStats | None = None
+    #: (SparkSession, minimum base rows) to run UDF columns on Spark executors
+    spark: tuple[Any, int] | None = None
+
+    def rows(self, base_rows: pa.Table) -> pa.Table:
+        defn = self.defn
+        if defn.aggregate:
+            return aggregates.finish(defn, aggregates.partial_states(defn, base_rows))
+        projected = project_rows(defn, base_rows)
+        if self.spark is not None and defn.udfs and base_rows.num_rows >= self.spark[1]:
+            return self.runner.run_on_spark(self.spark[0], projected, self.stats)
+        return self.runner.run(projected, self.stats)
+
+
+def _base_columns(rows: pa.Table, base: lance.LanceDataset) -> pa.Table:
+    keep = [c for c in rows.schema.names if c in base.schema.names or c == "_rowid"]
+    return rows.select(keep)
+
+
+def _row_ids(*tables: pa.Table) -> pa.Array:
+    ids = [t.column("_rowid").combine_chunks().cast(pa.uint64()) for t in tables if t.num_rows]
+    return pa.concat_arrays(ids) if ids else pa.array([], pa.uint64())
+
+
+@dataclass(frozen=True)
+class Delta:
+    """The base table's change between two versions: rows now present that are new or
+    changed (base columns and ``_rowid``), and the ids of rows whose old version is gone
+    (updated or deleted)."""
+
+    changed: pa.Table
+    gone_ids: pa.Array
+    deleted: int
+
+    @classmethod
+    def read(cls, base: lance.LanceDataset, from_version: int) -> "Delta":
+        delta = base.delta(begin_version=from_version, end_version=base.version)
+        inserted = _base_columns(delta.get_inserted_rows().read_all(), base)
+        updated = _base_columns(delta.get_updated_rows().read_all(), base)
+        deleted = delta.get_deleted_row_ids().read_all()
+        return cls(pa.concat_tables([inserted, updated]), _row_ids(updated, deleted), deleted.num_rows)
+
+
+def full_change(compute: Computer, base: lance.LanceDataset) -> Change:
+    rows = base.to_table(columns=compute.defn.columns_used(base.schema.names), with_row_id=True)
+    add = compute.rows(rows)
+    return Change(None, add, add.num_rows)
+
+
+def row_change(compute: Computer, base: lance.LanceDataset, from_version: int) -> Change:
+    d = Delta.read(base, from_version)
+    add = compute.rows(d.changed) if d.changed.num_rows else None
+    return Change((ROW_ID, d.gone_ids), add, d.changed.num_rows + d.deleted)
+
+
+def group_change(
+    defn: ViewDefinition, state: TableState, base: lance.LanceDataset, from_version: int, view: lance.LanceDataset
+) -> Change:
+    d = Delta.read(base, from_version)
+    prev = state.dataset(from_version)
+    old = (
+        prev._take_rows(d.gone_ids.to_pylist(), columns=defn.columns_used(prev.schema.names), with_row_id=True)
+        if len(d.gone_ids) else None
+    )
+    added = aggregates.partial_states(defn, d.changed) if d.changed.num_rows else None
+    removed = aggregates.partial_states(defn, old) if old is not None and old.num_rows else None
+    touched: set[str] = set()
+    for p in (added, removed):
+        if p is not None:
+            touched.update(aggregates.group_keys(defn, p).to_pylist())
+    if not touched:
+        return Change(None, None, 0)
+    stored = view.to_table(filter=f"{GROUP_KEY} IN ({', '.join(sql_literal(k) for k in touched)})")
+    merged = aggregates.merge(defn, stored, added, removed)
+    groups = dict(merged.groups)
+    if merged.recompute:
+        exact = _recompute_groups(defn, base, merged.recompute)
+        for key in merged.recompute:
+            groups[key] = exact.get(key) or aggregates.GroupState(groups[key].values, 0, groups[key].states)
+    alive = [g for g in groups.values() if g.count > 0]
+    add = None
+    if alive:
+        schema = view.schema
+        states = pa.Table.from_pylist(
+            aggregates.state_rows(defn, alive), schema=pa.schema([f for f in schema if f.name != GROUP_KEY])
+        )
+        add = aggregates.finish(defn, states).cast(schema)
+    return Change((GROUP_KEY, pa.array(sorted(touched), pa.string())), add, d.changed.num_rows + (len(old) if old is not None else 0))
+
+
+def _recompute_groups(defn: ViewDefinition, base: lance.LanceDataset, keys: set[str]) -> dict[str, aggregates.GroupState]:
+    """The exact states of groups ``keys``, from their rows in the base table."""
+    predicate = " OR ".join(
+        "(" + " AND ".join(
+            f"({defn.group_expr(g)}) IS NOT DISTINCT FROM {sql_literal(v)}" for g, v in zip(defn.group_by, json.loads(k))
+        ) + ")"
+        for k in keys
+    )
+    columns = defn.columns_used(base.schema.names)
+    if all(defn.group_expr(g) == g for g in defn.group_by):
+        where = f"({defn.where}) AND ({predicate})" if defn.where else predicate
+        fresh = base.to_table(columns=columns, with_row_id=True, filter=where)
+    else:
+        # a computed group key cannot be pushed into Lance's filter: select in memory
+        fresh = run_sql(base.to_table(columns=columns, with_row_id=True, filter=defn.where), f"SELECT * FROM src WHERE {predicate}")
+    if not fresh.num_rows:
+        return {}
+    exact = aggregates.partial_states(defn, fresh)
+    aggs = aggregates.aggregates_of(defn)
+    return {
+        k: aggregates.GroupState.read(defn, aggs, r)
+        for k, r in zip(aggregates.group_keys(defn, exact).to_pylist(), exact.to_pylist())
+    }
+
+
+def commit(
+    uri: str,
+    view: lance.LanceDataset,
+    change: Change,
+    record: RefreshRecord,
+    *,
+    max_rows_per_fragment: int,
+    overwrite: bool,
+    lease: Lease,
+    name: str,
+) -> None:
+    """Apply ``change`` to the view as one commit on top of ``view`` (the version it was
+    computed against). ViewBusyError if anything else committed to the view since, or the
+    lease was taken over."""
+    from lance import LanceOperation
+    from lance.dataset import Transaction
+    from lance.fragment import write_fragments
+
+    schema = view.schema
+    new_fragments = []
+    if change.add is not None and change.add.num_rows:
+        new_fragments = write_fragments(change.add.cast(schema), uri, max_rows_per_file=max_rows_per_fragment, schema=schema)
+    if overwrite:
+        op = LanceOperation.Overwrite(schema, new_fragments)
+    else:
+        updated, removed = [], []
+        if change.remove is not None and len(change.remove[1]):
+            column, keys = change.remove
+            hits = view.to_table(
+                columns=[column], filter=f"{column} IN ({', '.join(sql_literal(k) for k in keys.to_pylist())})", with_row_address=True
+            )
+            addrs = hits.column("_rowaddr").to_numpy()
+            for frag_id in np.unique(addrs >> 32):
+                offsets = (addrs[(addrs >> 32) == frag_id] & 0xFFFFFFFF).tolist()
+                meta = view.get_fragment(int(frag_id)).delete_rows(offsets)
+                (updated.append(meta) if meta is not None else removed.append(int(frag_id)))
+        op = LanceOperation.Update(removed_fragment_ids=removed, updated_fragments=updated, new_fragments=new_fragments)
+    txn = Transaction(read_version=view.version, operation=op, transaction_properties=record.to_properties())
+    lease.check()
+    latest = lance.dataset(uri).version
+    if latest != view.version:
+        raise ViewBusyError(f"view {name} changed while refreshing (v{view.version} -> v{latest}); rerun the refresh")
+    try:
+        lance.LanceDataset.commit(uri, txn, read_version=view.version, max_retries=0)
+    except Exception as e:
+        from memwal import lance_errors
+
+        if lance_errors.is_commit_conflict(e):
+            raise ViewBusyError(f"view {name} changed while refreshing (a concurrent commit); rerun the refresh") from None
+        raise
+
+
+def index_key(view: lance.LanceDataset, column: str, slack_rows: int) -> None:
+    """Keep a BTREE on the view's key column (source row id, or group key) so the next
+    refresh finds the rows it replaces in time proportional to the change, not to the
+    view. Small refreshes leave a few unindexed rows; they are folded in once they add up
+    to ``slack_rows``."""
+    names = [i["name"] for i in view.list_indices() if column in i["fields"]]
+    if not names:
+        if view.count_rows():
+            view.create_scalar_index(column, "BTREE", name=f"{column}_idx")
+    elif view.stats.index_stats(names[0]).get("num_unindexed_rows", 0) > slack_rows:
+        view.optimize.optimize_indices(index_names=names)
