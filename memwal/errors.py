@@ -64,8 +64,9 @@ class StaleCompactionError(MemwalError):
 
 
 class CommitConflictError(MemwalError):
-    """A commit to the base table lost to concurrent commits (Lance's commit conflict or
-    write-contention errors). The data is unchanged; retrying from a fresh read is safe."""
+    """A commit (to the base table, or of a shard manifest) lost to concurrent commits, e.g.
+    Lance's commit-conflict and write-contention errors. Nothing was changed by it; retrying
+    from a fresh read is safe."""
 
 
 class InvalidArgumentError(MemwalError, ValueError):
@@ -78,3 +79,8 @@ class InvalidArgumentError(MemwalError, ValueError):
 
 class MetricsFormatError(MemwalError):
     """Maintenance metrics were written in a format this memwal does not understand (newer)."""
+
+
+class TableDamagedError(MemwalError):
+    """The table's on-disk state is inconsistent (e.g. an interrupted create); it needs repair
+    or re-creation, not a retry."""
