@@ -246,16 +246,15 @@ def cmd_maintain(args: argparse.Namespace) -> int:
 def cmd_ingest(args: argparse.Namespace) -> int:
     from memwal.streaming import SinkOptions, ingest, local_session
 
-    given = {"flush_interval_seconds": args.flush_interval, "max_write_tasks": args.max_write_tasks}
     options = SinkOptions(
         source="kafka-json",
-        op_field=args.op_field or None,
         sequence_field=args.sequence_field,
         drop_stale_across_batches=args.drop_stale,
-        # an option left out keeps SinkOptions' default
-        **{k: v for k, v in given.items() if v is not None},
+        **_given(flush_interval_seconds=args.flush_interval, max_write_tasks=args.max_write_tasks),
+        # '' on the command line: records carry no operation field (all upserts)
+        **({} if args.op_field is None else {"op_field": args.op_field or None}),
     )
-    spark = local_session(**({"cores": args.cores} if args.cores is not None else {}))
+    spark = local_session(**_given(cores=args.cores))
     maintenance = None
     if args.maintain:
         from memwal.maintenance import Maintenance
@@ -272,6 +271,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         available_now=args.available_now,
         starting_offsets=args.starting_offsets,
         max_offsets_per_trigger=args.max_offsets_per_trigger,
+        options=options,
     )
     try:
         job.await_termination()
@@ -436,12 +436,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--available-now", action="store_true", help="process what the topic holds now, then stop")
     s.add_argument("--starting-offsets", default="earliest", help="earliest (default), latest, or JSON per partition")
     s.add_argument("--max-offsets-per-trigger", type=int, metavar="N", help="records per micro-batch at most")
-    s.add_argument("--op-field", default="op", help="JSON field holding the operation (upsert/delete); '' for none")
+    s.add_argument("--op-field", help="JSON field holding the operation (upsert/delete); '' for none (default: the sink's)")
     s.add_argument("--sequence-field", help="JSON field ordering versions of a key (highest wins)")
     s.add_argument("--drop-stale", action="store_true", help="with --sequence-field: drop rows older than the stored version")
-    s.add_argument("--flush-interval", type=float, metavar="S", help="flush MemTables at most every S seconds (eventual readers' freshness; default: the sink's, 2)")
+    s.add_argument("--flush-interval", type=float, metavar="S", help="flush MemTables at most every S seconds (eventual readers' freshness; default: the sink's)")
     s.add_argument("--max-write-tasks", type=int, metavar="N", help="write tasks per micro-batch (default: one per 50k rows of --max-offsets-per-trigger, up to Spark's task slots; each shard is written by one task)")
-    s.add_argument("--cores", type=int, help="local Spark cores (default: the local session's, 2)")
+    s.add_argument("--cores", type=int, help="local Spark cores (default: the local session's)")
     s.add_argument("--maintain", action="store_true", help="also run the maintenance service in this process")
     s.set_defaults(func=cmd_ingest)
 
@@ -455,13 +455,13 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--group-by", action="append", metavar="COL", help="group by this column (repeat); the other --select items must be aggregates")
     v.add_argument("--udf", action="append", metavar="SPEC", help="name=module:function(col,...)->type[@version], e.g. emb=myudfs:embed(text)->list<float32>[8]@2")
     v.add_argument("--shuffle-seed", type=int, help="store rows in a deterministic pseudo-random order")
-    v.add_argument("--max-rows-per-fragment", type=int, help="rows per view fragment (default: the view's, 1000000)")
+    v.add_argument("--max-rows-per-fragment", type=int, help="rows per view fragment (default: the view's)")
     v.add_argument("--no-refresh", action="store_true", help="define only; fill on the first refresh")
     v = vsub.add_parser("refresh", help="bring a view up to date", description="Refresh a view from the table's change feed (one atomic commit).")
     v.add_argument("uri", metavar="URI")
     v.add_argument("name", metavar="NAME")
     v.add_argument("--src-version", type=int, help="refresh to this base table version (default: latest)")
-    v.add_argument("--max-rows-per-fragment", type=int, help="rows per view fragment (default: the view's, 1000000)")
+    v.add_argument("--max-rows-per-fragment", type=int, help="rows per view fragment (default: the view's)")
     v = vsub.add_parser("status", help="definition, freshness and refresh history", description="Show a view's definition, freshness and refresh history.")
     v.add_argument("uri", metavar="URI")
     v.add_argument("name", metavar="NAME")

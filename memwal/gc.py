@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import timedelta
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 
 import pyarrow as pa
 

@@ -15,7 +15,12 @@ from __future__ import annotations
 
 import re
 
-from memwal.errors import CommitConflictError, FencedError, MemwalError, StaleCompactionError
+from memwal.errors import (
+    CommitConflictError,
+    FencedError,
+    MemwalError,
+    StaleCompactionError,
+)
 
 #: The exception types pylance raises for Lance errors.
 _LANCE_TYPES = (OSError, RuntimeError, ValueError)

@@ -50,7 +50,7 @@ class CycleReport:
     error: str | None = None
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> "CycleReport":
+    def from_dict(cls, doc: dict[str, Any]) -> CycleReport:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in doc.items() if k in known}
         values["indexes_created"] = tuple(values.get("indexes_created", ()))
@@ -66,7 +66,7 @@ class MaintenanceTotals:
     rows_compacted: int = 0
     bytes_reclaimed: int = 0
 
-    def after_cycle(self, report: CycleReport) -> "MaintenanceTotals":
+    def after_cycle(self, report: CycleReport) -> MaintenanceTotals:
         return replace(
             self,
             cycles=self.cycles + 1,
@@ -74,11 +74,11 @@ class MaintenanceTotals:
             bytes_reclaimed=self.bytes_reclaimed + report.bytes_reclaimed,
         )
 
-    def after_failure(self) -> "MaintenanceTotals":
+    def after_failure(self) -> MaintenanceTotals:
         return replace(self, failures=self.failures + 1)
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> "MaintenanceTotals":
+    def from_dict(cls, doc: dict[str, Any]) -> MaintenanceTotals:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in doc.items() if k in known})
 
@@ -102,12 +102,12 @@ class MaintenanceMetrics:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> "MaintenanceMetrics":
+    def from_json(cls, text: str | bytes) -> MaintenanceMetrics:
         """Parse a published record; :class:`MetricsFormatError` if it is newer than this
         memwal understands, :class:`ValueError` if it is not a record at all."""
         doc = json.loads(text)
         if not isinstance(doc, dict):
-            raise ValueError("maintenance metrics are not a JSON object")
+            raise ValueError("maintenance metrics are not a JSON object")  # noqa: TRY004 - bad file content, not a caller error
         version = doc.get("format_version", 1)
         if not isinstance(version, int) or version > FORMAT_VERSION:
             raise MetricsFormatError(

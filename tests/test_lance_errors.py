@@ -71,7 +71,7 @@ def test_claim_race(table_uri):
     for _ in range(20):
         barrier = threading.Barrier(6)
 
-        def claim() -> None:
+        def claim(barrier: threading.Barrier = barrier) -> None:
             ds = lance.dataset(table_uri)
             barrier.wait()
             try:
