@@ -1,7 +1,12 @@
 """The ``memwal`` command line: a thin layer over the library.
 
-Exit codes: 0 success, 1 "not found" (``get`` of an absent key), 2 usage or input error,
-3 any other memwal error.
+Exit codes (decided in one place, :func:`exit_code`): 0 success; 1 "not found" (``get`` of
+an absent key); 2 usage or input error (what the user typed or passed: arguments, keys,
+files, a table URI with no table); 3 anything else, reported as one line
+``memwal: error: <reason>`` with a hint to re-run with ``--debug`` for the traceback.
+
+Defaults of options that configure the library are read from its config dataclasses
+(``WriterConfig``, ``MaintenanceConfig``, ``GcConfig``, ...), never copied here.
 """
 
 from __future__ import annotations
@@ -17,13 +22,16 @@ import json  # noqa: E402
 import logging  # noqa: E402
 import re  # noqa: E402
 import sys  # noqa: E402
-import time
-from typing import Any, Sequence
+import time  # noqa: E402
+import traceback  # noqa: E402
+from typing import Any, Sequence  # noqa: E402
 
 import pyarrow as pa  # noqa: E402
 
 from memwal import formats  # noqa: E402
 from memwal.errors import (  # noqa: E402
+    InvalidArgumentError,
+    InvalidValueError,
     MemwalError,
     PrimaryKeyError,
     SchemaMismatchError,
@@ -32,27 +40,38 @@ from memwal.errors import (  # noqa: E402
     TableNotFoundError,
     UnknownColumnError,
 )
+from memwal.gc import GcConfig  # noqa: E402
+from memwal.lance_errors import classify, lance_message  # noqa: E402
+from memwal.maintenance import MaintenanceConfig  # noqa: E402
 from memwal.metadata import IndexConfig, WriterConfig  # noqa: E402
+from memwal.render import render_plan, render_rows, render_status  # noqa: E402
 from memwal.state import TableState  # noqa: E402
 from memwal.status import table_status  # noqa: E402
 from memwal.table import Table  # noqa: E402
 
 log = logging.getLogger("memwal.cli")
 
+EXIT_OK = 0
 EXIT_NOT_FOUND = 1
 EXIT_USAGE = 2
 EXIT_ERROR = 3
 
-#: Errors caused by what the user typed or passed: exit code 2, like argparse's own.
-_INPUT_ERRORS = (
+#: Errors caused by what the user typed or passed: exit code 2, like argparse's own. A table
+#: URI with no table is one (the user named it), as a missing input file is; "not found"
+#: (1) is reserved for a query that ran and found nothing, like grep's 1.
+_INPUT_ERRORS: tuple[type[BaseException], ...] = (
+    InvalidArgumentError,
+    InvalidValueError,
     PrimaryKeyError,
     SchemaMismatchError,
     ShardingSpecError,
     TableExistsError,
     TableNotFoundError,
     UnknownColumnError,
-    ValueError,
+    FileNotFoundError,
 )
+
+DEBUG_HINT = "memwal: re-run with --debug to see the traceback"
 
 #: How often long-running commands log progress.
 PROGRESS_SECONDS = 5.0
@@ -122,7 +141,10 @@ def parse_key(text: str, table: Table) -> dict[str, Any]:
     """A key from the command line: a bare value (single-column keys), ``col=value,...``, or JSON."""
     pk = table.primary_key
     if text.lstrip().startswith("{"):
-        raw = json.loads(text)
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PrimaryKeyError(f"key {text!r} is not a valid JSON object: {e}") from None
     elif "=" in text and all("=" in part for part in text.split(",")):
         raw = dict(part.split("=", 1) for part in text.split(","))
     elif len(pk) == 1:
@@ -161,7 +183,7 @@ def cmd_get(args: argparse.Namespace) -> int:
     if args.json:
         print(formats.row_to_json(row))
     else:
-        print(formats.render_rows(pa.Table.from_pylist([row])))
+        print(render_rows(pa.Table.from_pylist([row])))
     return 0
 
 
@@ -170,7 +192,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
     reader = Reader(TableState.load(args.uri), consistency=args.consistency, version=args.version)
     if args.explain:
-        print(reader.explain(args.where))
+        print(render_plan(reader.plan(args.where)))
         return 0
     t = reader.scan(columns=_columns(args.columns), where=args.where, limit=args.limit)
     if args.json:
@@ -178,19 +200,18 @@ def cmd_scan(args: argparse.Namespace) -> int:
         for row in t.to_pylist():
             out.write(formats.row_to_json(row) + "\n")
     else:
-        print(formats.render_rows(t))
+        print(render_rows(t))
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     status = table_status(TableState.load(args.uri))
-    print(status.to_json() if args.json else status.render())
+    print(status.to_json() if args.json else render_status(status))
     return 0
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
-    from memwal.gc import GcConfig
-    from memwal.maintenance import Maintenance, MaintenanceConfig
+    from memwal.maintenance import Maintenance
 
     config = MaintenanceConfig(
         interval_seconds=args.interval,
@@ -227,13 +248,13 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
     options = SinkOptions(
         source="kafka-json",
-        op_field=args.op_field or None,
         sequence_field=args.sequence_field,
         drop_stale_across_batches=args.drop_stale,
-        flush_interval_seconds=args.flush_interval,
-        max_write_tasks=args.max_write_tasks,
+        **_given(flush_interval_seconds=args.flush_interval, max_write_tasks=args.max_write_tasks),
+        # '' on the command line: records carry no operation field (all upserts)
+        **({} if args.op_field is None else {"op_field": args.op_field or None}),
     )
-    spark = local_session(cores=args.cores)
+    spark = local_session(**_given(cores=args.cores))
     maintenance = None
     if args.maintain:
         from memwal.maintenance import Maintenance
@@ -250,6 +271,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         available_now=args.available_now,
         starting_offsets=args.starting_offsets,
         max_offsets_per_trigger=args.max_offsets_per_trigger,
+        options=options,
     )
     try:
         job.await_termination()
@@ -267,13 +289,18 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _given(**options: Any) -> dict[str, Any]:
+    """The options the user gave; the others keep the library's defaults."""
+    return {k: v for k, v in options.items() if v is not None}
+
+
 def _parse_udf(text: str):
     from memwal.views import UdfColumn
 
     # name=module:function(input,input)->type@version
     m = re.fullmatch(r"\s*(\w+)\s*=\s*([\w.]+:[\w.]+)\s*\(([^)]*)\)\s*->\s*([^@]+?)\s*(?:@\s*(\S+))?\s*", text)
     if not m:
-        raise ValueError(f"--udf {text!r}: expected name=module:function(col,...)->type[@version]")
+        raise InvalidArgumentError(f"--udf {text!r}: expected name=module:function(col,...)->type[@version]")
     inputs = tuple(c.strip() for c in m.group(3).split(",") if c.strip())
     return UdfColumn(m.group(1), m.group(2), inputs, m.group(4), m.group(5) or "1")
 
@@ -291,7 +318,7 @@ def cmd_view(args: argparse.Namespace) -> int:
             udfs=[_parse_udf(u) for u in args.udf or []],
             shuffle_seed=args.shuffle_seed,
             refresh=not args.no_refresh,
-            max_rows_per_fragment=args.max_rows_per_fragment,
+            **_given(max_rows_per_fragment=args.max_rows_per_fragment),
         )
         print(f"created view {view.definition.name}: {view.uri}")
         return 0
@@ -301,7 +328,7 @@ def cmd_view(args: argparse.Namespace) -> int:
         return 0
     view = View.open(args.uri, args.name)
     if args.view_command == "refresh":
-        record = view.refresh(args.src_version, max_rows_per_fragment=args.max_rows_per_fragment)
+        record = view.refresh(args.src_version, **_given(max_rows_per_fragment=args.max_rows_per_fragment))
         if record is None:
             print(f"view {args.name} is up to date")
         else:
@@ -346,6 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Streaming upserts and deletes into Lance tables on Lance's MemWAL.",
     )
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)")
+    p.add_argument("--debug", action="store_true", help="on an error, print its full traceback")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("init", help="create a table", description="Create an empty memwal table.")
@@ -408,12 +436,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--available-now", action="store_true", help="process what the topic holds now, then stop")
     s.add_argument("--starting-offsets", default="earliest", help="earliest (default), latest, or JSON per partition")
     s.add_argument("--max-offsets-per-trigger", type=int, metavar="N", help="records per micro-batch at most")
-    s.add_argument("--op-field", default="op", help="JSON field holding the operation (upsert/delete); '' for none")
+    s.add_argument("--op-field", help="JSON field holding the operation (upsert/delete); '' for none (default: the sink's)")
     s.add_argument("--sequence-field", help="JSON field ordering versions of a key (highest wins)")
     s.add_argument("--drop-stale", action="store_true", help="with --sequence-field: drop rows older than the stored version")
-    s.add_argument("--flush-interval", type=float, default=2.0, metavar="S", help="flush MemTables at most every S seconds (eventual readers' freshness)")
+    s.add_argument("--flush-interval", type=float, metavar="S", help="flush MemTables at most every S seconds (eventual readers' freshness; default: the sink's)")
     s.add_argument("--max-write-tasks", type=int, metavar="N", help="write tasks per micro-batch (default: one per 50k rows of --max-offsets-per-trigger, up to Spark's task slots; each shard is written by one task)")
-    s.add_argument("--cores", type=int, default=2, help="local Spark cores (default 2)")
+    s.add_argument("--cores", type=int, help="local Spark cores (default: the local session's)")
     s.add_argument("--maintain", action="store_true", help="also run the maintenance service in this process")
     s.set_defaults(func=cmd_ingest)
 
@@ -427,13 +455,13 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--group-by", action="append", metavar="COL", help="group by this column (repeat); the other --select items must be aggregates")
     v.add_argument("--udf", action="append", metavar="SPEC", help="name=module:function(col,...)->type[@version], e.g. emb=myudfs:embed(text)->list<float32>[8]@2")
     v.add_argument("--shuffle-seed", type=int, help="store rows in a deterministic pseudo-random order")
-    v.add_argument("--max-rows-per-fragment", type=int, default=1_000_000)
+    v.add_argument("--max-rows-per-fragment", type=int, help="rows per view fragment (default: the view's)")
     v.add_argument("--no-refresh", action="store_true", help="define only; fill on the first refresh")
     v = vsub.add_parser("refresh", help="bring a view up to date", description="Refresh a view from the table's change feed (one atomic commit).")
     v.add_argument("uri", metavar="URI")
     v.add_argument("name", metavar="NAME")
     v.add_argument("--src-version", type=int, help="refresh to this base table version (default: latest)")
-    v.add_argument("--max-rows-per-fragment", type=int, default=1_000_000)
+    v.add_argument("--max-rows-per-fragment", type=int, help="rows per view fragment (default: the view's)")
     v = vsub.add_parser("status", help="definition, freshness and refresh history", description="Show a view's definition, freshness and refresh history.")
     v.add_argument("uri", metavar="URI")
     v.add_argument("name", metavar="NAME")
@@ -454,13 +482,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("uri", metavar="URI")
     s.add_argument("--once", action="store_true", help="run one cycle and exit")
-    s.add_argument("--interval", type=float, default=5.0, metavar="S", help="seconds between cycles (default 5)")
-    s.add_argument("--max-generations-per-commit", type=int, default=8, help="consecutive generations compacted in one commit")
-    s.add_argument("--reader-grace", type=float, default=300.0, metavar="S", help="keep SSTables compacted less than S seconds ago (readers may still read them)")
-    s.add_argument("--base-retention", type=float, default=3600.0, metavar="S", help="keep base table versions younger than S seconds (time travel)")
-    s.add_argument("--drain-interval", type=float, default=60.0, metavar="S",
-                   help="drain a shard's collected SSTables at most every S seconds (each drain fences its writer once)")
-    s.add_argument("--flush-stranded-after", type=float, default=60.0, metavar="S", help="flush writes left unflushed S seconds by a crashed or idle writer")
+    maintenance, gc = MaintenanceConfig(), GcConfig()
+    s.add_argument("--interval", type=float, default=maintenance.interval_seconds, metavar="S", help="seconds between cycles (default %(default)s)")
+    s.add_argument("--max-generations-per-commit", type=int, default=maintenance.max_generations_per_commit, help="consecutive generations compacted in one commit (default %(default)s)")
+    s.add_argument("--reader-grace", type=float, default=gc.reader_grace_seconds, metavar="S", help="keep SSTables compacted less than S seconds ago (readers may still read them; default %(default)s)")
+    s.add_argument("--base-retention", type=float, default=gc.base_version_retention_seconds, metavar="S", help="keep base table versions younger than S seconds (time travel; default %(default)s)")
+    s.add_argument("--drain-interval", type=float, default=gc.drain_interval_seconds, metavar="S",
+                   help="drain a shard's collected SSTables at most every S seconds (each drain fences its writer once; default %(default)s)")
+    s.add_argument("--flush-stranded-after", type=float, default=maintenance.flush_stranded_after_seconds, metavar="S", help="flush writes left unflushed S seconds by a crashed or idle writer (default %(default)s)")
     s.add_argument("--no-compact", action="store_true")
     s.add_argument("--no-indexes", action="store_true")
     s.add_argument("--no-gc", action="store_true")
@@ -470,20 +499,40 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def exit_code(exc: BaseException) -> int:
+    """The exit code for an error that ended a command: the one place that maps classes to codes."""
+    return EXIT_USAGE if isinstance(exc, _INPUT_ERRORS) else EXIT_ERROR
+
+
+def error_line(exc: BaseException) -> str:
+    """The one line a user sees for ``exc``: a memwal error's message; for a Lance error its
+    memwal meaning, else its own text without Lance's build paths; for anything else also its type."""
+    known = exc if isinstance(exc, MemwalError) else classify(exc)
+    if known is not None:
+        reason = str(known)
+    elif isinstance(exc, _INPUT_ERRORS):
+        reason = str(exc)
+    else:
+        reason = f"{type(exc).__name__}: {lance_message(exc)}"
+    return f"memwal: error: {' '.join(reason.split())}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.verbose)
     try:
-        return int(args.func(args) or 0)
-    except (MemwalError, ValueError) as e:
-        print(f"memwal {args.command}: error: {e}", file=sys.stderr)
-        return EXIT_USAGE if isinstance(e, _INPUT_ERRORS) else EXIT_ERROR
-    except FileNotFoundError as e:
-        print(f"memwal {args.command}: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return int(args.func(args) or EXIT_OK)
     except BrokenPipeError:
-        return 0
+        return EXIT_OK
+    except Exception as e:  # noqa: BLE001 - the CLI's one error boundary: every failure ends here
+        code = exit_code(e)
+        if args.debug:
+            traceback.print_exc()
+        print(error_line(e), file=sys.stderr)
+        if code == EXIT_ERROR and not args.debug:
+            print(DEBUG_HINT, file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

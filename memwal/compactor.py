@@ -48,22 +48,13 @@ import pyarrow.compute as pc
 from memwal import paths
 from memwal.errors import StaleCompactionError
 from memwal.failpoints import failpoint
+from memwal.lance_errors import classify, is_commit_conflict, is_stale_compaction
 from memwal.lsm import newest_across
 from memwal.manifest import SsTable
 from memwal.schema import TOMBSTONE
 from memwal.state import TableState
 
 log = logging.getLogger(__name__)
-
-def is_stale_compaction(exc: BaseException) -> bool:
-    """Lance's (untyped) error when a generation at or below the recorded one is marked."""
-    return "Stale SSTable compaction" in str(exc)
-
-
-def is_commit_conflict(exc: BaseException) -> bool:
-    """Lance's (untyped) error when a commit lost to a concurrent one and may not retry."""
-    text = str(exc).lower()
-    return "too many concurrent writers" in text or "conflict" in text or "retryable" in text
 
 
 @dataclass(frozen=True)
@@ -225,7 +216,10 @@ class Compactor:
                 raise StaleCompactionError(
                     f"shard {plan.shard_id}: generations up to {plan.last_generation} were compacted by another compactor"
                 ) from e
-            raise
+            known = classify(e)
+            if known is None:
+                raise
+            raise known from e
 
     def commit(self, plan: "CompactionPlan") -> CompactionResult:
         """Both passes of a plan. Raises :class:`StaleCompactionError` if another compactor won."""

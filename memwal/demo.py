@@ -122,6 +122,7 @@ def run_kafka_flow(workdir: str, records: int, keys: int) -> bool:
     from memwal import Table
     from memwal.gc import GcConfig
     from memwal.maintenance import Maintenance, MaintenanceConfig
+    from memwal.render import render_status
     from memwal.streaming import ingest, local_session
     from memwal.streaming.local_broker import start_local_broker
 
@@ -171,13 +172,14 @@ def run_kafka_flow(workdir: str, records: int, keys: int) -> bool:
         ok = check("after maintenance", uri, model) and ok
         ok = check_views(uri, model) and ok
         print()
-        print(Table.open(uri).status().render())
+        print(render_status(Table.open(uri).status()))
         spark.stop()
     return ok
 
 
 def run_python_flow(workdir: str, records: int, keys: int) -> bool:
     from memwal import Table
+    from memwal.render import render_status
 
     uri = os.path.join(workdir, "users")
     table = Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)")
@@ -199,7 +201,7 @@ def run_python_flow(workdir: str, records: int, keys: int) -> bool:
     print(f"== wrote {len(rows)} records through the Python API in {time.perf_counter() - t0:.2f}s")
     ok = check("after writes", uri, model)
     print()
-    print(Table.open(uri).status().render())
+    print(render_status(Table.open(uri).status()))
     return ok
 
 

@@ -61,3 +61,26 @@ class ManifestError(MemwalError):
 
 class StaleCompactionError(MemwalError):
     """A compaction commit lost a race: another compactor already compacted the generation."""
+
+
+class CommitConflictError(MemwalError):
+    """A commit (to the base table, or of a shard manifest) lost to concurrent commits, e.g.
+    Lance's commit-conflict and write-contention errors. Nothing was changed by it; retrying
+    from a fresh read is safe."""
+
+
+class InvalidArgumentError(MemwalError, ValueError):
+    """An argument given to a memwal API (or on the command line) is out of its domain.
+
+    Also a :class:`ValueError`, which is what it honestly is, so callers that guard a call
+    with ``except ValueError`` keep working.
+    """
+
+
+class MetricsFormatError(MemwalError):
+    """Maintenance metrics were written in a format this memwal does not understand (newer)."""
+
+
+class TableDamagedError(MemwalError):
+    """The table's on-disk state is inconsistent (e.g. an interrupted create); it needs repair
+    or re-creation, not a retry."""

@@ -134,7 +134,8 @@ def read_table(path: str, schema: pa.Schema | None = None) -> pa.Table:
     return pa.Table.from_batches(batches)
 
 
-def _jsonable(v: Any) -> Any:
+def jsonable(v: Any) -> Any:
+    """``v`` with the values JSON cannot hold made representable (see :func:`row_to_json`)."""
     if isinstance(v, bytes):
         return base64.b64encode(v).decode("ascii")
     if isinstance(v, (dt.datetime, dt.date, dt.time)):
@@ -144,9 +145,9 @@ def _jsonable(v: Any) -> Any:
     if isinstance(v, decimal.Decimal):
         return str(v)
     if isinstance(v, dict):
-        return {k: _jsonable(x) for k, x in v.items()}
+        return {k: jsonable(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
+        return [jsonable(x) for x in v]
     if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
         return str(v)
     return v
@@ -154,22 +155,4 @@ def _jsonable(v: Any) -> Any:
 
 def row_to_json(row: dict[str, Any]) -> str:
     """One row as a JSON object (bytes as base64, times as ISO 8601)."""
-    return json.dumps(_jsonable(row), ensure_ascii=False)
-
-
-def render_rows(table: pa.Table, max_width: int = 40) -> str:
-    """A plain-text table of ``table``'s rows for terminals."""
-    names = table.schema.names
-    rows = table.to_pylist()
-
-    def cell(v: Any) -> str:
-        s = "null" if v is None else (json.dumps(_jsonable(v)) if isinstance(v, (list, dict, bytes)) else str(v))
-        return s if len(s) <= max_width else s[: max_width - 1] + "…"
-
-    cells = [[cell(r[n]) for n in names] for r in rows]
-    widths = [max([len(n)] + [len(c[i]) for c in cells]) for i, n in enumerate(names)]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    out = [fmt.format(*names), fmt.format(*("-" * w for w in widths))]
-    out += [fmt.format(*c).rstrip() for c in cells]
-    out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
-    return "\n".join(out)
+    return json.dumps(jsonable(row), ensure_ascii=False)

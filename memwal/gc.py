@@ -37,12 +37,13 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import timedelta
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 
 import pyarrow as pa
 
 from memwal import paths
+from memwal.errors import CommitConflictError
 from memwal.indexes import base_indexes
 from memwal.manifest import MemWalIndex, ShardManifest
 from memwal.state import TableState
@@ -186,7 +187,9 @@ class GarbageCollector:
                 r.sstables_removed = sorted(s.generation for s in drop)
                 return drained
             store.clear_cache()  # a writer committed first: recompute from its version
-        raise RuntimeError(f"shard {shard_id}: could not commit a drained manifest after 100 attempts")
+        raise CommitConflictError(
+            f"shard {shard_id}: could not commit a drained manifest after 100 attempts; writers kept committing first"
+        )
 
     def _sweep_orphans(self, manifest: ShardManifest, r: ShardGcResult) -> None:
         io, uri = self.state.io, self.state.uri

@@ -1,23 +1,25 @@
 """The maintenance service: compaction, index catch-up, GC (and view refresh), in a loop.
 
 Run it as ``memwal maintain URI`` or as a thread inside an ingest process
-(:meth:`Maintenance.start`). Every cycle writes its metrics to
-``{table}/_memwal/maintenance.json``, which ``memwal status`` shows.
+(:meth:`Maintenance.start`). Every cycle writes its metrics (a versioned
+:class:`~memwal.metrics.MaintenanceMetrics`) to ``{table}/_memwal/maintenance.json``,
+which ``memwal status`` shows.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
 
 from memwal import paths
 from memwal.compactor import Compactor
 from memwal.gc import GarbageCollector, GcConfig
 from memwal.indexes import IndexMaintainer, index_lag
+from memwal.lance_errors import lance_message
+from memwal.metrics import CycleReport, MaintenanceMetrics, MaintenanceTotals
 from memwal.state import TableState
 from memwal.writer import ShardWriterPool
 
@@ -44,29 +46,6 @@ class MaintenanceConfig:
     target_rows_per_fragment: int = 1_048_576
 
 
-@dataclass
-class CycleReport:
-    """What one maintenance cycle did, and the table's state after it."""
-
-    started_at: float
-    seconds: float = 0.0
-    stranded_shards_flushed: int = 0
-    compaction_commits: int = 0
-    generations_compacted: int = 0
-    rows_compacted: int = 0
-    rows_per_second: float = 0.0
-    base_fragments_compacted: int = 0
-    views_refreshed: int = 0
-    indexes_caught_up: bool = False
-    indexes_created: list[str] = field(default_factory=list)
-    index_lag: dict[str, int] = field(default_factory=dict)
-    sstables_removed: int = 0
-    wal_entries_removed: int = 0
-    bytes_reclaimed: int = 0
-    pending_sstables: dict[str, int] = field(default_factory=dict)
-    error: str | None = None
-
-
 class Maintenance:
     """Keeps one table compacted, indexed and collected."""
 
@@ -80,47 +59,54 @@ class Maintenance:
         self.writers = ShardWriterPool(self.state)
         #: Called after every cycle that committed a compaction (views refresh from here).
         self.after_compaction: list[Callable[[CycleReport], None]] = []
-        self.totals = {"cycles": 0, "failures": 0, "rows_compacted": 0, "bytes_reclaimed": 0}
+        self.totals = MaintenanceTotals()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def run_cycle(self) -> CycleReport:
         """One pass: compact every shard, create/catch up indexes, collect garbage."""
-        report = CycleReport(started_at=time.time())
+        started_at = time.time()
         t0 = time.perf_counter()
         self.state.manifests.clear_cache()
+        done: dict[str, Any] = {}  # CycleReport fields, in the order the cycle learns them
         if self.config.flush_stranded_after_seconds is not None:
-            report.stranded_shards_flushed = len(self.writers.flush_stranded(self.config.flush_stranded_after_seconds))
+            done["stranded_shards_flushed"] = len(self.writers.flush_stranded(self.config.flush_stranded_after_seconds))
         if self.config.compact:
             results = self.compactor.run_once()
-            report.compaction_commits = len(results)
-            report.generations_compacted = sum(len(r.generations) for r in results)
-            report.rows_compacted = sum(r.rows_upserted + r.keys_deleted for r in results)
+            rows = sum(r.rows_upserted + r.keys_deleted for r in results)
             busy = sum(r.seconds for r in results)
-            report.rows_per_second = report.rows_compacted / busy if busy else 0.0
+            done.update(
+                compaction_commits=len(results),
+                generations_compacted=sum(len(r.generations) for r in results),
+                rows_compacted=rows,
+                rows_per_second=rows / busy if busy else 0.0,
+            )
         if self.config.indexes:
-            report.indexes_created = self.indexes.ensure_indexes()
-            report.indexes_caught_up = self.indexes.catch_up()
-        if self.config.compact and report.compaction_commits:
-            report.base_fragments_compacted = self._compact_base_files()
+            done["indexes_created"] = tuple(self.indexes.ensure_indexes())
+            done["indexes_caught_up"] = self.indexes.catch_up()
+        if self.config.compact and done.get("compaction_commits"):
+            done["base_fragments_compacted"] = self._compact_base_files()
         if self.config.gc:
-            for r in self.gc.run_once():
-                report.sstables_removed += len(r.sstables_removed)
-                report.wal_entries_removed += r.wal_entries_removed
-                report.bytes_reclaimed += r.bytes_reclaimed
-            report.bytes_reclaimed += self.gc.base_bytes_reclaimed
+            collected = self.gc.run_once()
+            done.update(
+                sstables_removed=sum(len(r.sstables_removed) for r in collected),
+                wal_entries_removed=sum(r.wal_entries_removed for r in collected),
+                bytes_reclaimed=sum(r.bytes_reclaimed for r in collected) + self.gc.base_bytes_reclaimed,
+            )
+        report = CycleReport(started_at=started_at, **done)
         if report.compaction_commits:
             if self.config.views:
-                report.views_refreshed = self._refresh_views()
+                report = replace(report, views_refreshed=self._refresh_views())
             for hook in self.after_compaction:
                 hook(report)
         snap = self.state.snapshot()
-        report.pending_sstables = {s.shard_id: len(s.live_sstables) for s in snap.shards}
-        report.index_lag = {lg.index: lg.total for lg in index_lag(snap.dataset, snap.index)}
-        report.seconds = time.perf_counter() - t0
-        self.totals["cycles"] += 1
-        self.totals["rows_compacted"] += report.rows_compacted
-        self.totals["bytes_reclaimed"] += report.bytes_reclaimed
+        report = replace(
+            report,
+            pending_sstables={s.shard_id: len(s.live_sstables) for s in snap.shards},
+            index_lag={lg.index: lg.total for lg in index_lag(snap.dataset, snap.index)},
+            seconds=time.perf_counter() - t0,
+        )
+        self.totals = self.totals.after_cycle(report)
         self._publish(report)
         log.info(
             "maintenance of %s: %d commits (%d generations, %d rows, %.0f rows/s), %d sstables and %d bytes "
@@ -157,9 +143,9 @@ class Maintenance:
         return metrics.fragments_removed
 
     def _publish(self, report: CycleReport) -> None:
-        doc = {"last_cycle": asdict(report), "totals": self.totals, "updated_at": time.time()}
+        metrics = MaintenanceMetrics(last_cycle=report, totals=self.totals, updated_at=time.time())
         try:
-            self.state.io.write(paths.maintenance_metrics(self.state.uri), json.dumps(doc, sort_keys=True).encode())
+            self.state.io.write(paths.maintenance_metrics(self.state.uri), metrics.to_json().encode())
         except OSError as e:  # metrics are informational; never fail maintenance over them
             log.warning("could not write maintenance metrics: %s", e)
 
@@ -174,10 +160,10 @@ class Maintenance:
                 failures = 0
             except Exception as e:  # noqa: BLE001 - a service must survive a failed cycle
                 failures += 1
-                self.totals["failures"] += 1
+                self.totals = self.totals.after_failure()
                 delay = min(self.config.interval_seconds * 2**failures, self.config.max_backoff_seconds)
                 log.exception("maintenance cycle failed (%s); retrying in %.1fs", e, delay)
-                self._publish(CycleReport(started_at=time.time(), error=f"{type(e).__name__}: {e}"))
+                self._publish(CycleReport(started_at=time.time(), error=f"{type(e).__name__}: {lance_message(e)}"))
                 self._stop.wait(delay)
                 continue
             done += 1

@@ -22,7 +22,7 @@ import lance
 import pyarrow as pa
 
 from memwal import paths
-from memwal.errors import MemwalError, TableNotFoundError
+from memwal.errors import TableDamagedError, TableNotFoundError
 from memwal.io import FileIO, file_io_for
 from memwal.manifest import ManifestStore, ShardManifest
 from memwal.metadata import CONFIG_KEY, TableMetadata
@@ -94,9 +94,9 @@ class TableState:
                 f"{uri} is a Lance table but not a memwal table (no {CONFIG_KEY!r} config); create it with memwal"
             )
         if ds.mem_wal_index_details() is None:
-            raise MemwalError(f"{uri} has memwal metadata but no MemWAL index: the create was interrupted; recreate it")
+            raise TableDamagedError(f"{uri} has memwal metadata but no MemWAL index: the create was interrupted; recreate it")
         if primary_key_of(ds.schema) != meta.primary_key:
-            raise MemwalError(
+            raise TableDamagedError(
                 f"primary key in the schema {primary_key_of(ds.schema)} differs from memwal's {meta.primary_key}"
             )
         return cls.from_dataset(uri, ds, meta, io, storage_options)

@@ -1,19 +1,21 @@
 """Table status: per shard its fencing, WAL and SSTable state; for the base table its version.
 
-This is what ``memwal status`` prints. Everything is read from disk (manifests, WAL file
-names), so it reflects every writer, not only the ones in this process.
+This is what ``memwal status`` prints; ``memwal.render`` turns it into text, this module
+holds data only. Everything is read from disk (manifests, WAL file names), so it reflects
+every writer, not only the ones in this process.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from memwal import paths
+from memwal.errors import MetricsFormatError
 from memwal.indexes import index_lag
 from memwal.io import FileIO
+from memwal.metrics import MaintenanceMetrics
 from memwal.state import TableState
 
 
@@ -38,6 +40,19 @@ class ShardStatus:
 
 
 @dataclass(frozen=True)
+class MaintenanceStatus:
+    """What ``memwal status`` knows of the maintenance service: its last published record,
+    or why that record cannot be read (never a misreading of it)."""
+
+    metrics: MaintenanceMetrics | None
+    #: set when a record exists but is unreadable, e.g. written by a newer memwal
+    problem: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.metrics.to_dict() if self.metrics is not None else {"unreadable": self.problem}
+
+
+@dataclass(frozen=True)
 class TableStatus:
     uri: str
     primary_key: list[str]
@@ -46,86 +61,35 @@ class TableStatus:
     base_rows: int
     num_shards: int
     shards: list[ShardStatus]
-    #: extra sections added by maintenance (metrics) and views
-    extra: dict[str, Any]
+    #: base index -> shard id -> generations the index is behind compaction
+    index_lag_generations: dict[str, dict[str, int]]
+    #: None if the maintenance service never ran on this table
+    maintenance: MaintenanceStatus | None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, default=str)
-
-    def render(self) -> str:
-        """A human-readable table."""
-        lines = [
-            f"table        {self.uri}",
-            f"primary key  {', '.join(self.primary_key)}",
-            f"sharding     {self.sharding}",
-            f"base table   version {self.base_version}, {self.base_rows} rows",
-            f"shards       {self.num_shards}",
-        ]
-        if self.shards:
-            header = ("shard", "values", "epoch", "manifest", "wal flushed/seen/tail", "gen", "sstables", "compacted", "pending")
-            rows = [
-                (
-                    s.shard_id,
-                    ",".join(f"{k}={v}" for k, v in s.shard_values.items()) or "-",
-                    str(s.writer_epoch),
-                    f"v{s.manifest_version}",
-                    f"{s.wal_flushed_position}/{s.wal_last_seen_position}/{s.wal_tail_position}",
-                    str(s.current_generation),
-                    _ranges(s.sstables),
-                    str(s.compacted_generation),
-                    str(s.pending_sstables),
-                )
-                for s in self.shards
-            ]
-            widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-            fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-            lines += ["", fmt.format(*header), fmt.format(*("-" * w for w in widths))]
-            lines += [fmt.format(*r) for r in rows]
-        lag = self.extra.get("index_lag_generations")
-        if lag:
-            lines += ["", "base indexes (generations behind compaction):"]
-            lines += [f"  {name:<20} {sum(per_shard.values())}" for name, per_shard in sorted(lag.items())]
-        m = self.extra.get("maintenance")
-        if m:
-            last, totals = m.get("last_cycle", {}), m.get("totals", {})
-            age = time.time() - m.get("updated_at", time.time())
-            lines += ["", f"maintenance (last cycle {age:.0f}s ago):"]
-            if last.get("error"):
-                lines.append(f"  last cycle FAILED: {last['error']}")
-            else:
-                lines.append(
-                    f"  last cycle: {last.get('compaction_commits', 0)} compaction commits, "
-                    f"{last.get('rows_compacted', 0)} rows at {last.get('rows_per_second', 0):,.0f} rows/s, "
-                    f"{last.get('bytes_reclaimed', 0):,} bytes reclaimed"
-                )
-            lines.append(
-                f"  totals: {totals.get('cycles', 0)} cycles ({totals.get('failures', 0)} failed), "
-                f"{totals.get('rows_compacted', 0)} rows compacted, {totals.get('bytes_reclaimed', 0):,} bytes reclaimed"
-            )
-        return "\n".join(lines)
+        """One JSON object; the index lag and maintenance record sit under ``extra``, where
+        earlier versions put them, so scripts reading this keep working."""
+        doc = asdict(self)
+        del doc["index_lag_generations"], doc["maintenance"]
+        extra: dict[str, Any] = {"index_lag_generations": self.index_lag_generations}
+        if self.maintenance is not None:
+            extra["maintenance"] = self.maintenance.to_dict()
+        doc["extra"] = extra
+        return json.dumps(doc, sort_keys=True, default=str)
 
 
-def _ranges(gens: list[int]) -> str:
-    """[1,2,3,5] -> '1-3,5'."""
-    if not gens:
-        return "-"
-    out, start, prev = [], gens[0], gens[0]
-    for g in gens[1:] + [None]:
-        if g is not None and g == prev + 1:
-            prev = g
-            continue
-        out.append(str(start) if start == prev else f"{start}-{prev}")
-        if g is not None:
-            start = prev = g
-    return ",".join(out)
-
-
-def read_maintenance_metrics(io: FileIO, table_uri: str) -> dict[str, Any] | None:
-    """The maintenance service's last published metrics for a table, if it ever ran."""
+def read_maintenance_metrics(io: FileIO, table_uri: str) -> MaintenanceStatus | None:
+    """The maintenance service's last published metrics for a table; None if it never ran."""
     try:
-        return json.loads(io.read(paths.maintenance_metrics(table_uri)))
-    except (FileNotFoundError, ValueError):
+        data = io.read(paths.maintenance_metrics(table_uri))
+    except FileNotFoundError:
         return None
+    try:
+        return MaintenanceStatus(MaintenanceMetrics.from_json(data))
+    except MetricsFormatError as e:
+        return MaintenanceStatus(None, str(e))
+    except ValueError as e:  # a torn or foreign file: say so rather than show made-up numbers
+        return MaintenanceStatus(None, f"unreadable maintenance metrics: {e}")
 
 
 def table_status(state: TableState) -> TableStatus:
@@ -152,12 +116,6 @@ def table_status(state: TableState) -> TableStatus:
                 sealed=m.sealed,
             )
         )
-    extra: dict[str, Any] = {
-        "index_lag_generations": {lg.index: lg.lag for lg in index_lag(snap.dataset, snap.index)},
-    }
-    metrics = read_maintenance_metrics(state.io, state.uri)
-    if metrics is not None:
-        extra["maintenance"] = metrics
     return TableStatus(
         uri=state.uri,
         primary_key=list(state.primary_key),
@@ -166,5 +124,6 @@ def table_status(state: TableState) -> TableStatus:
         base_rows=snap.dataset.count_rows(),
         num_shards=len(shards),
         shards=shards,
-        extra=extra,
+        index_lag_generations={lg.index: lg.lag for lg in index_lag(snap.dataset, snap.index)},
+        maintenance=read_maintenance_metrics(state.io, state.uri),
     )

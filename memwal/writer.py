@@ -21,6 +21,7 @@ import lance.mem_wal
 import pyarrow as pa
 
 from memwal.errors import FencedError
+from memwal.lance_errors import is_claim_race, is_fenced
 from memwal.manifest import ShardManifest
 from memwal.metadata import WriterConfig
 from memwal.routing import RoutedBatch
@@ -30,14 +31,7 @@ from memwal.wal import WalTailReader
 
 log = logging.getLogger(__name__)
 
-_FENCED_MARKER = "Writer fenced"
-_CLAIM_RACE = "Failed to claim shard"
 _CLAIM_ATTEMPTS = 10
-
-
-def is_fenced(exc: BaseException) -> bool:
-    """True if ``exc`` is Lance's (untyped) error for a writer whose shard was claimed by another."""
-    return isinstance(exc, OSError) and _FENCED_MARKER in str(exc)
 
 
 def _keeps_claiming(shard_id: str, what: str) -> FencedError:
@@ -125,8 +119,13 @@ class ShardWriterPool:
             except OSError as e:
                 # Lance gives up when another claim (a writer, or a GC drain) commits the same
                 # manifest version first; the spec says to reload and claim again.
-                if _CLAIM_RACE not in str(e) or attempt == _CLAIM_ATTEMPTS - 1:
+                if not is_claim_race(e):
                     raise
+                if attempt == _CLAIM_ATTEMPTS - 1:
+                    raise FencedError(
+                        f"shard {shard_id}: lost the claim to other writers {_CLAIM_ATTEMPTS} times in a row; "
+                        "another writer keeps claiming this shard. Make sure one pipeline writes each shard"
+                    ) from e
                 time.sleep(min(0.01 * 2**attempt, 0.5))
         self.stats.opens += 1
         self.stats.open_seconds += time.perf_counter() - t0

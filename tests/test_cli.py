@@ -153,3 +153,49 @@ def test_help_everywhere():
     for cmd in ([], ["init"], ["put"], ["delete"], ["get"], ["scan"], ["status"], ["maintain"]):
         p = memwal(*cmd, "--help")
         assert "usage: memwal" in p.stdout
+
+
+def test_cli_internal_errors_are_one_line_with_a_debug_hint(tmp_path):
+    src = tmp_path / "rows.jsonl"
+    src.write_text("".join(json.dumps({"id": i, "v": i}) + "\n" for i in range(3)))
+    uri = str(tmp_path / "t")
+    memwal("init", uri, "--schema-from", str(src), "--primary-key", "id")
+    odd = tmp_path / "rows.txt"
+    odd.write_text("id\n1\n")
+
+    bad = memwal("put", uri, str(odd), check=False)
+    assert bad.returncode == 3
+    assert bad.stderr.splitlines() == [
+        f"memwal: error: cannot tell the format of {str(odd)!r} from its extension; "
+        "use .parquet, .arrow/.feather, .csv or .jsonl",
+        "memwal: re-run with --debug to see the traceback",
+    ]
+    debug = memwal("--debug", "put", uri, str(odd), check=False)
+    assert debug.returncode == 3 and "Traceback (most recent call last)" in debug.stderr
+    assert debug.stderr.splitlines()[-1].startswith("memwal: error: cannot tell the format")
+
+    usage = memwal("get", uri, "{not json", check=False)  # the user's input: exit 2, no hint
+    assert usage.returncode == 2 and len(usage.stderr.splitlines()) == 1
+    assert usage.stderr.startswith("memwal: error: key '{not json' is not a valid JSON object")
+
+
+def test_cli_status_reports_metrics_of_a_newer_format_instead_of_misreading_them(tmp_path):
+    src = tmp_path / "rows.jsonl"
+    src.write_text("".join(json.dumps({"id": i, "v": i}) + "\n" for i in range(3)))
+    uri = str(tmp_path / "t")
+    memwal("init", uri, "--schema-from", str(src), "--primary-key", "id")
+    memwal("put", uri, str(src))
+    memwal("maintain", uri, "--once", "--reader-grace", "0", "--base-retention", "0")
+    metrics_file = paths.maintenance_metrics(uri)
+    written = json.loads(open(metrics_file).read())
+    assert written["format_version"] == 1 and written["totals"]["cycles"] == 1
+    assert "1 cycles (0 failed)" in memwal("status", uri).stdout
+
+    written["format_version"] = 99
+    written["totals"] = {"renamed": 1}
+    with open(metrics_file, "w") as f:
+        json.dump(written, f)
+    text = memwal("status", uri).stdout
+    assert "format version 99" in text and "upgrade memwal" in text and "cycles" not in text
+    status = json.loads(memwal("status", uri, "--json").stdout)
+    assert "format version 99" in status["extra"]["maintenance"]["unreadable"]

@@ -204,7 +204,7 @@ def test_gc_during_active_ingestion(table_uri):
     writer.close()
     assert reads > 5
     assert writer.writers.stats.fenced_retries > 0  # GC drains fenced the writer, which carried on
-    assert maintenance.totals["bytes_reclaimed"] > 0 and maintenance.totals["failures"] == 0
+    assert maintenance.totals.bytes_reclaimed > 0 and maintenance.totals.failures == 0
     assert live(table_uri) == model
     # and once everything is compacted and collected, the disk holds little more than the base
     final = Maintenance(TableState.load(table_uri), MaintenanceConfig(gc_config=NOW))

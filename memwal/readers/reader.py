@@ -25,6 +25,7 @@ from memwal.readers import text
 from memwal.readers.sql import filter_rows
 from memwal.readers.vectors import as_matrix, distances, vector_columns
 from memwal import paths
+from memwal.errors import InvalidArgumentError
 from memwal.lsm import without_keys
 from memwal.schema import TOMBSTONE
 from memwal.snapshot import Snapshot
@@ -48,17 +49,6 @@ class ReadPlan:
     sstables: tuple[str, ...]
     pruning: str = ""
 
-    def render(self) -> str:
-        lines = [f"base table version {self.base_version}"]
-        lines.append(f"shards read: {len(self.shards)}, pruned: {len(self.pruned_shards)} ({self.pruning})")
-        for s in self.shards:
-            lines.append(f"  read   {s}")
-        for s in self.pruned_shards:
-            lines.append(f"  pruned {s}")
-        lines.append(f"sstables: {len(self.sstables)}")
-        lines += [f"  {p}" for p in self.sstables]
-        return "\n".join(lines)
-
 
 class Reader:
     """Reads a memwal table. Obtain one with :func:`memwal.readers.open`."""
@@ -73,9 +63,9 @@ class Reader:
         cache_bytes: int = sstables.DEFAULT_CACHE_BYTES,
     ) -> None:
         if consistency not in ("eventual", "strong"):
-            raise ValueError(f"consistency must be 'eventual' or 'strong', got {consistency!r}")
+            raise InvalidArgumentError(f"consistency must be 'eventual' or 'strong', got {consistency!r}")
         if version is not None and consistency == "strong":
-            raise ValueError("time travel (version=) reads a base table version; it cannot be strongly consistent")
+            raise InvalidArgumentError("time travel (version=) reads a base table version; it cannot be strongly consistent")
         self.state = state
         self.consistency = consistency
         self.refresh_interval_ms = refresh_interval_ms
@@ -195,10 +185,6 @@ class Reader:
         pruned = tuple(s.shard_id for s in snap.shards if s.shard_id not in set(read))
         return ReadPlan(snap.base_version, read, pruned, tuple(kept.sstable_paths()), p.reason)
 
-    def explain(self, where: str | None = None) -> str:
-        """A readable plan: base version, shards read and pruned, SSTables merged."""
-        return self.plan(where).render()
-
     def _merge(
         self, snap: Snapshot, tail: pa.Table | None, wanted: Sequence[str], where: str | None, limit: int | None
     ) -> pa.Table:
@@ -261,7 +247,7 @@ class Reader:
             return configured
         candidates = vector_columns(self.state.schema)
         if len(candidates) != 1:
-            raise ValueError(f"name the vector column to search (candidates: {candidates})")
+            raise InvalidArgumentError(f"name the vector column to search (candidates: {candidates})")
         return candidates[0]
 
     def search(
@@ -287,13 +273,13 @@ class Reader:
         unflushed WAL tail.
         """
         if k <= 0:
-            raise ValueError(f"k must be positive, got {k}")
+            raise InvalidArgumentError(f"k must be positive, got {k}")
         col = self._vector_column(column)
         metric = metric or self.state.metadata.indexes.vector_metric
         dim = self.state.schema.field(col).type.list_size
         query = np.asarray(vector, dtype=np.float32).reshape(-1)
         if query.shape[0] != dim:
-            raise ValueError(f"the query has {query.shape[0]} dimensions; {col!r} has {dim}")
+            raise InvalidArgumentError(f"the query has {query.shape[0]} dimensions; {col!r} has {dim}")
         pk = list(self.state.primary_key)
         out = list(columns) if columns else self.state.schema.names
         wanted = list(dict.fromkeys([*pk, col, *out]))
@@ -366,7 +352,7 @@ class Reader:
         """
         col = column or self.state.metadata.indexes.fts_column
         if col is None:
-            raise ValueError("name the text column to search (or configure the table's fts_column)")
+            raise InvalidArgumentError("name the text column to search (or configure the table's fts_column)")
         # No shard pruning: BM25 statistics are those of the whole live table.
         snap, tail = self._view()
         out = list(columns) if columns else self.state.schema.names

@@ -1,0 +1,102 @@
+"""Lance's exceptions, classified: the one place that reads their text.
+
+pylance raises untyped ``OSError`` (occasionally ``RuntimeError``/``ValueError``) whose
+message is the Rust error's ``Display``, followed by the source locations of Lance's CI
+build (``/home/runner/work/lance/...rs:LINE:COL``). Everything memwal decides about a
+Lance failure (retry, reopen, report) is decided here, by exception type plus a pattern
+anchored on the message Lance gives the *kind* of error, never a bare word: "conflict"
+alone would match the ``conflict_resolver.rs`` path that follows almost every commit error.
+
+The patterns are the real messages of the pinned pylance; tests/test_lance_errors.py
+provokes each one and would fail if an upgrade reworded them.
+"""
+
+from __future__ import annotations
+
+import re
+
+from memwal.errors import (
+    CommitConflictError,
+    FencedError,
+    MemwalError,
+    StaleCompactionError,
+)
+
+#: The exception types pylance raises for Lance errors.
+_LANCE_TYPES = (OSError, RuntimeError, ValueError)
+
+#: Lance prefixes some messages with the error's category, e.g. "LanceError(IO): ".
+_PREFIX = r"^(?:LanceError\(\w+\): )?(?:Invalid user input: )?"
+
+#: A writer whose shard was claimed by a newer epoch (Lance ``Error::Fenced``).
+_FENCED = re.compile(r"Writer fenced \(")
+#: Opening a writer lost the race to commit the next shard manifest version.
+_CLAIM_RACE = re.compile(_PREFIX + r"Failed to claim shard \S+ \(version \d+\)")
+#: ``mark_sstables_as_compacted`` with a generation at or below the recorded one.
+_STALE_COMPACTION = re.compile(_PREFIX + r"Stale SSTable compaction for shard \S+")
+#: A commit that lost to concurrent commits and may be retried from a fresh read: Lance's
+#: ``TooMuchWriteContention`` (retries exhausted, or ``conflict_retries(0)``),
+#: ``RetryableCommitConflict`` and ``CommitConflict``. ``Incompatible transaction`` (e.g.
+#: a concurrent overwrite) is deliberately not here: the operation's plan is void.
+_COMMIT_CONFLICT = re.compile(
+    _PREFIX
+    + r"(?:Too many concurrent writers\. |Too many concurrent writes"
+    + r"|Retryable commit conflict for version \d+|Commit conflict for version \d+)"
+)
+
+#: ", /home/runner/work/lance/lance/rust/.../file.rs:12:34" (and any other build path).
+_SOURCE_LOCATION = re.compile(r",?\s*/[^\s,]*\.rs:\d+:\d+")
+
+
+def _text(exc: BaseException) -> str | None:
+    return str(exc) if isinstance(exc, _LANCE_TYPES) else None
+
+
+def _matches(pattern: re.Pattern[str], exc: BaseException) -> bool:
+    text = _text(exc)
+    return text is not None and pattern.search(text) is not None
+
+
+def is_fenced(exc: BaseException) -> bool:
+    """True if ``exc`` is Lance's error for a writer whose shard was claimed by another."""
+    return _matches(_FENCED, exc)
+
+
+def is_claim_race(exc: BaseException) -> bool:
+    """True if opening a writer lost the race to claim the shard; reload and claim again."""
+    return _matches(_CLAIM_RACE, exc)
+
+
+def is_stale_compaction(exc: BaseException) -> bool:
+    """True if a compaction marker was at or below the generation already recorded."""
+    return _matches(_STALE_COMPACTION, exc)
+
+
+def is_commit_conflict(exc: BaseException) -> bool:
+    """True if a base-table commit lost to concurrent commits and may be retried.
+
+    A claim race also carries "Retryable commit conflict" (of the shard manifest), nested
+    after its own message; the anchored pattern leaves it to :func:`is_claim_race`.
+    """
+    return _matches(_COMMIT_CONFLICT, exc)
+
+
+def lance_message(exc: BaseException) -> str:
+    """``exc``'s message without Lance's build paths: what a user may be shown."""
+    return _SOURCE_LOCATION.sub("", str(exc)).strip()
+
+
+def classify(exc: BaseException) -> MemwalError | None:
+    """The memwal error for a Lance exception, or None if it is none of the known kinds.
+
+    The caller raises it ``from exc`` (the original keeps the full text for ``--debug``).
+    """
+    if isinstance(exc, MemwalError):
+        return exc
+    if is_fenced(exc) or is_claim_race(exc):
+        return FencedError(f"another writer claimed the shard: {lance_message(exc)}")
+    if is_stale_compaction(exc):
+        return StaleCompactionError(f"another compactor already compacted this generation: {lance_message(exc)}")
+    if is_commit_conflict(exc):
+        return CommitConflictError(f"a concurrent commit won: {lance_message(exc)}")
+    return None

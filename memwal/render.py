@@ -1,0 +1,124 @@
+"""Text renderings for terminals: rows, read plans, table status.
+
+The one place that turns memwal's data records into human-readable text; only the entry
+points (``memwal.cli``, ``memwal.demo``) use it. Domain modules hold data, and JSON output
+is each record's own ``to_json``, so changing a rendering here never changes what a
+script parsing ``--json`` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from memwal.formats import jsonable
+from memwal.metrics import MaintenanceMetrics
+from memwal.readers.reader import ReadPlan
+from memwal.status import MaintenanceStatus, TableStatus
+
+
+def render_rows(table: pa.Table, max_width: int = 40) -> str:
+    """A plain-text table of ``table``'s rows."""
+    names = table.schema.names
+    rows = table.to_pylist()
+
+    def cell(v: Any) -> str:
+        s = "null" if v is None else (json.dumps(jsonable(v)) if isinstance(v, (list, dict, bytes)) else str(v))
+        return s if len(s) <= max_width else s[: max_width - 1] + "…"
+
+    cells = [[cell(r[n]) for n in names] for r in rows]
+    widths = [max([len(n)] + [len(c[i]) for c in cells]) for i, n in enumerate(names)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [fmt.format(*names), fmt.format(*("-" * w for w in widths))]
+    out += [fmt.format(*c).rstrip() for c in cells]
+    out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+    return "\n".join(out)
+
+
+def render_plan(plan: ReadPlan) -> str:
+    """A read plan: base version, shards read and pruned (and why), SSTables merged."""
+    lines = [f"base table version {plan.base_version}"]
+    lines.append(f"shards read: {len(plan.shards)}, pruned: {len(plan.pruned_shards)} ({plan.pruning})")
+    lines += [f"  read   {s}" for s in plan.shards]
+    lines += [f"  pruned {s}" for s in plan.pruned_shards]
+    lines.append(f"sstables: {len(plan.sstables)}")
+    lines += [f"  {p}" for p in plan.sstables]
+    return "\n".join(lines)
+
+
+def render_status(status: TableStatus) -> str:
+    """The table, its shards, its base indexes' lag and the maintenance service's last cycle."""
+    lines = [
+        f"table        {status.uri}",
+        f"primary key  {', '.join(status.primary_key)}",
+        f"sharding     {status.sharding}",
+        f"base table   version {status.base_version}, {status.base_rows} rows",
+        f"shards       {status.num_shards}",
+    ]
+    if status.shards:
+        header = ("shard", "values", "epoch", "manifest", "wal flushed/seen/tail", "gen", "sstables", "compacted", "pending")
+        rows = [
+            (
+                s.shard_id,
+                ",".join(f"{k}={v}" for k, v in s.shard_values.items()) or "-",
+                str(s.writer_epoch),
+                f"v{s.manifest_version}",
+                f"{s.wal_flushed_position}/{s.wal_last_seen_position}/{s.wal_tail_position}",
+                str(s.current_generation),
+                _ranges(s.sstables),
+                str(s.compacted_generation),
+                str(s.pending_sstables),
+            )
+            for s in status.shards
+        ]
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+        fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+        lines += ["", fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+        lines += [fmt.format(*r) for r in rows]
+    if status.index_lag_generations:
+        lines += ["", "base indexes (generations behind compaction):"]
+        lines += [
+            f"  {name:<20} {sum(per_shard.values())}" for name, per_shard in sorted(status.index_lag_generations.items())
+        ]
+    if status.maintenance is not None:
+        lines += ["", *_maintenance_lines(status.maintenance)]
+    return "\n".join(lines)
+
+
+def _maintenance_lines(m: MaintenanceStatus) -> list[str]:
+    if m.metrics is None:
+        return [f"maintenance: {m.problem}"]
+    metrics: MaintenanceMetrics = m.metrics
+    last, totals = metrics.last_cycle, metrics.totals
+    lines = [f"maintenance (last cycle {time.time() - metrics.updated_at:.0f}s ago):"]
+    if last.error:
+        lines.append(f"  last cycle FAILED: {last.error}")
+    else:
+        lines.append(
+            f"  last cycle: {last.compaction_commits} compaction commits, "
+            f"{last.rows_compacted} rows at {last.rows_per_second:,.0f} rows/s, "
+            f"{last.bytes_reclaimed:,} bytes reclaimed"
+        )
+    lines.append(
+        f"  totals: {totals.cycles} cycles ({totals.failures} failed), "
+        f"{totals.rows_compacted} rows compacted, {totals.bytes_reclaimed:,} bytes reclaimed"
+    )
+    return lines
+
+
+def _ranges(gens: list[int]) -> str:
+    """[1,2,3,5] -> '1-3,5'."""
+    if not gens:
+        return "-"
+    out, start, prev = [], gens[0], gens[0]
+    for g in gens[1:] + [None]:
+        if g is not None and g == prev + 1:
+            prev = g
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if g is not None:
+            start = prev = g
+    return ",".join(out)
