@@ -14,15 +14,20 @@ The main entry points::
 """
 
 from memwal.errors import (
+    CommitConflictError,
+    ConcurrencyError,
     FencedError,
+    InvalidArgumentError,
     InvalidValueError,
     ManifestError,
     MemwalError,
+    MetricsFormatError,
     PrimaryKeyError,
     SchemaMismatchError,
     ShardingSpecError,
     ShardRoutingError,
     StaleCompactionError,
+    TableDamagedError,
     TableExistsError,
     TableNotFoundError,
     TransformTypeError,
@@ -51,17 +56,22 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "CommitConflictError",
+    "ConcurrencyError",
     "FencedError",
+    "InvalidArgumentError",
     "IndexConfig",
     "InvalidValueError",
     "ManifestError",
     "MemwalError",
+    "MetricsFormatError",
     "PrimaryKeyError",
     "SchemaMismatchError",
     "ShardRoutingError",
     "ShardingSpecError",
     "StaleCompactionError",
     "Table",
+    "TableDamagedError",
     "TableExistsError",
     "TableNotFoundError",
     "TransformTypeError",

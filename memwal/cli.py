@@ -30,6 +30,7 @@ import pyarrow as pa  # noqa: E402
 
 from memwal import formats  # noqa: E402
 from memwal.errors import (  # noqa: E402
+    ConcurrencyError,
     InvalidArgumentError,
     InvalidValueError,
     MemwalError,
@@ -55,6 +56,7 @@ EXIT_OK = 0
 EXIT_NOT_FOUND = 1
 EXIT_USAGE = 2
 EXIT_ERROR = 3
+EXIT_CONFLICT = 4
 
 #: Errors caused by what the user typed or passed: exit code 2, like argparse's own. A table
 #: URI with no table is one (the user named it), as a missing input file is; "not found"
@@ -501,7 +503,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def exit_code(exc: BaseException) -> int:
     """The exit code for an error that ended a command: the one place that maps classes to codes."""
-    return EXIT_USAGE if isinstance(exc, _INPUT_ERRORS) else EXIT_ERROR
+    if isinstance(exc, _INPUT_ERRORS):
+        return EXIT_USAGE
+    known = exc if isinstance(exc, MemwalError) else classify(exc)
+    return EXIT_CONFLICT if isinstance(known, ConcurrencyError) else EXIT_ERROR
 
 
 def error_line(exc: BaseException) -> str:

@@ -47,7 +47,13 @@ class SchemaMismatchError(MemwalError):
     """Data to write does not match the table schema."""
 
 
-class FencedError(MemwalError):
+class ConcurrencyError(MemwalError):
+    """Another process did something first: a writer claimed the shard, a compactor or a
+    refresh committed, a lease is held. Nothing acknowledged is lost; the operation can be
+    retried (or the other process stopped)."""
+
+
+class FencedError(ConcurrencyError):
     """Another writer claimed the shard (a higher writer epoch) and this one lost it twice.
 
     memwal reopens a fenced writer once and retries; this error means the retry was
@@ -59,11 +65,11 @@ class ManifestError(MemwalError):
     """An on-disk manifest is missing, unreadable or inconsistent."""
 
 
-class StaleCompactionError(MemwalError):
+class StaleCompactionError(ConcurrencyError):
     """A compaction commit lost a race: another compactor already compacted the generation."""
 
 
-class CommitConflictError(MemwalError):
+class CommitConflictError(ConcurrencyError):
     """A commit (to the base table, or of a shard manifest) lost to concurrent commits, e.g.
     Lance's commit-conflict and write-contention errors. Nothing was changed by it; retrying
     from a fresh read is safe."""

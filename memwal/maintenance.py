@@ -21,6 +21,7 @@ from memwal.indexes import IndexMaintainer, index_lag
 from memwal.lance_errors import lance_message
 from memwal.metrics import CycleReport, MaintenanceMetrics, MaintenanceTotals
 from memwal.state import TableState
+from memwal.views import View, ViewBusyError, list_views
 from memwal.writer import ShardWriterPool
 
 log = logging.getLogger(__name__)
@@ -119,12 +120,10 @@ class Maintenance:
 
     def _refresh_views(self) -> int:
         """Refresh every view of the table; a view that fails is logged, the others go on."""
-        from memwal.views import View, ViewBusyError, list_views
-
         done = 0
-        for name in list_views(self.state.uri):
+        for name in list_views(self.state):
             try:
-                if View.open(self.state.uri, name).refresh() is not None:
+                if View.open(self.state, name).refresh() is not None:
                     done += 1
             except ViewBusyError as e:
                 log.info("view %s: %s", name, e)

@@ -31,6 +31,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 
+from memwal import lance_errors
 from memwal.sqltext import sql_literal
 from memwal.state import TableState
 from memwal.views import aggregates
@@ -218,9 +219,7 @@ def commit(
         raise ViewBusyError(f"view {name} changed while refreshing (v{view.version} -> v{latest}); rerun the refresh")
     try:
         lance.LanceDataset.commit(uri, txn, read_version=view.version, max_retries=0)
-    except Exception as e:
-        from memwal import lance_errors
-
+    except (OSError, RuntimeError, ValueError) as e:  # Lance's untyped errors, classified below
         if lance_errors.is_commit_conflict(e):
             raise ViewBusyError(f"view {name} changed while refreshing (a concurrent commit); rerun the refresh") from None
         raise
