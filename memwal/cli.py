@@ -11,11 +11,9 @@ Defaults of options that configure the library are read from its config dataclas
 
 from __future__ import annotations
 
-import os
+from memwal.runtime import configure_process
 
-# Before Lance is imported: Lance logs a spurious ERROR ("Index __lance_mem_wal has no
-# fields") on every base table update. Users can still choose their own LANCE_LOG.
-os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
+configure_process()  # before anything imports Lance
 
 import argparse  # noqa: E402
 import json  # noqa: E402

@@ -26,7 +26,9 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
+from memwal.runtime import configure_process
+
+configure_process()  # before anything imports Lance
 
 import pyarrow as pa  # noqa: E402
 
