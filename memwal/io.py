@@ -23,11 +23,11 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import obstore
-from obstore.exceptions import AlreadyExistsError, NotFoundError
+from obstore.exceptions import AlreadyExistsError, NotFoundError, UnknownConfigurationKeyError
 from obstore.store import MemoryStore, from_url
 
 from memwal.paths import normalize_uri
-from memwal.storage import StorageConfig, UnsupportedSchemeError
+from memwal.storage import StorageConfig, StorageOptionError, UnsupportedSchemeError
 
 # Schemes served by ObjectStoreFileIO (those Lance reads and writes, plus memory for tests).
 OBJECT_STORE_SCHEMES = frozenset({"s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "adl", "memory"})
@@ -235,7 +235,11 @@ class ObjectStoreFileIO:
                     with _MEMORY_LOCK:
                         store = _MEMORY_STORES.setdefault(bucket, MemoryStore())
                 else:
-                    store = from_url(f"{scheme}://{bucket}", **self.storage.obstore_kwargs(scheme))
+                    try:
+                        store = from_url(f"{scheme}://{bucket}", **self.storage.obstore_kwargs(scheme))
+                    except UnknownConfigurationKeyError as e:
+                        # One line naming the key, instead of obstore's multi-line debug dump on every operation.
+                        raise StorageOptionError(f"storage option not valid for {scheme}:// ({e.args[0].splitlines()[0]})") from e
                 self._stores[(scheme, bucket)] = store
             return store
 
@@ -244,7 +248,6 @@ class ObjectStoreFileIO:
         return self._store(scheme, bucket), key
 
     def read(self, path: str) -> bytes:
-
         store, key = self._locate(path)
         try:
             return bytes(obstore.get(store, key).bytes())
@@ -253,7 +256,6 @@ class ObjectStoreFileIO:
 
     def exists(self, path: str) -> bool:
         """Whether an object exists at ``path`` (one HEAD). A prefix with objects under it is not one."""
-
         store, key = self._locate(path)
         try:
             obstore.head(store, key)
@@ -262,7 +264,6 @@ class ObjectStoreFileIO:
             return False
 
     def list_dir(self, path: str) -> list[str]:
-
         store, key = self._locate(path)
         # The delimiter listing returns the objects directly under the prefix and the "subdirectories"
         # (common prefixes), i.e. what os.listdir returns, in one paginated request sequence.
@@ -272,7 +273,6 @@ class ObjectStoreFileIO:
         return sorted(names)
 
     def write_if_absent(self, path: str, data: bytes) -> bool:
-
         store, key = self._locate(path)
         try:
             obstore.put(store, key, data, mode="create")
@@ -281,17 +281,14 @@ class ObjectStoreFileIO:
             return False
 
     def write(self, path: str, data: bytes) -> None:
-
         store, key = self._locate(path)
         obstore.put(store, key, data)
 
     def remove(self, path: str) -> None:
-
         store, key = self._locate(path)
         _delete_key(store, key)
 
     def remove_tree(self, path: str) -> None:
-
         store, key = self._locate(path)
         keys = [m["path"] for m in self._list(store, key)]
         for i in range(0, len(keys), _DELETE_BATCH):
@@ -308,7 +305,6 @@ class ObjectStoreFileIO:
         return sum(info.size for info in self.list_prefix(path))
 
     def stat(self, path: str) -> tuple[int, float]:
-
         store, key = self._locate(path)
         try:
             meta = obstore.head(store, key)

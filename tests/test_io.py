@@ -164,6 +164,8 @@ def test_file_io_for_dispatches_on_the_scheme(tmp_path):
     assert file_io_for("s3://bucket/t", cfg).storage is cfg
     with pytest.raises(UnsupportedSchemeError, match="hdfs://"):
         file_io_for("hdfs://namenode/t")
+    with pytest.raises(StorageOptionError, match="aws_no_such_option"):
+        file_io_for("s3://bucket/t", {"aws_no_such_option": "1"}).exists("s3://bucket/t/x")
 
 
 # --- one FileIO contract, three stores ---------------------------------------------------------------------
