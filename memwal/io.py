@@ -2,8 +2,14 @@
 
 Lance reads and writes table data; memwal only lists shard directories, reads small
 manifests and WAL entries, writes a shard manifest with put-if-not-exists semantics and
-deletes what garbage collection frees. Those operations go through :class:`FileIO` so an
-object-store implementation can be added without touching the modules that use it.
+deletes what garbage collection frees. Those operations go through :class:`FileIO`, with one
+implementation for local file systems (:class:`LocalFileIO`) and one for every object store
+Lance supports (:class:`ObjectStoreFileIO`: S3, GCS, Azure, and memory for tests).
+
+Paths are full URIs or absolute local paths, joined with ``/`` (:func:`memwal.paths.join`).
+An object store has no directories: a "directory" is the set of objects whose keys start with
+``path + "/"``, so listing a directory that holds nothing is the same as listing a missing one,
+and the age of a directory is the age of the newest object under it.
 """
 
 from __future__ import annotations
@@ -11,10 +17,29 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import threading
 import uuid
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import obstore
+from obstore.exceptions import AlreadyExistsError, NotFoundError, UnknownConfigurationKeyError
+from obstore.store import MemoryStore, from_url
 
 from memwal.paths import normalize_uri
+from memwal.storage import StorageConfig, StorageOptionError, UnsupportedSchemeError
+
+# Schemes served by ObjectStoreFileIO (those Lance reads and writes, plus memory for tests).
+OBJECT_STORE_SCHEMES = frozenset({"s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "adl", "memory"})
+LOCAL_SCHEMES = frozenset({"", "file"})
+
+
+class ObjectInfo(NamedTuple):
+    """One file (object) under a prefix: its path relative to the prefix ('/'-separated), size, mtime."""
+
+    path: str
+    size: int
+    mtime: float
 
 
 @runtime_checkable
@@ -51,6 +76,22 @@ class FileIO(Protocol):
 
     def stat(self, path: str) -> tuple[int, float]:
         """(size in bytes, modification time as a Unix timestamp); FileNotFoundError if missing."""
+        ...
+
+    def modified_time(self, path: str) -> float:
+        """Modification time of a file as a Unix timestamp; FileNotFoundError if missing."""
+        ...
+
+    def newest_modified_time(self, prefix: str) -> float | None:
+        """The newest modification time of the files under ``prefix``; None if there are none.
+
+        This is a directory's age on a store without directory mtimes: it changes whenever a file
+        under it is written, which is what a grace period has to wait out.
+        """
+        ...
+
+    def list_prefix(self, prefix: str) -> list[ObjectInfo]:
+        """Every file under ``prefix`` (recursively), sorted by relative path; empty if none."""
         ...
 
 
@@ -119,14 +160,208 @@ class LocalFileIO:
                     pass  # removed concurrently (e.g. by GC); it no longer counts
         return total
 
+    def modified_time(self, path: str) -> float:
+        return os.stat(path).st_mtime
 
-def file_io_for(uri: str) -> FileIO:
-    """The FileIO for a table URI. Only local paths are supported for now."""
-    uri = normalize_uri(uri)
-    if "://" in uri:
-        scheme = uri.split("://", 1)[0]
-        raise NotImplementedError(
-            f"memwal supports local tables only for now (got scheme {scheme!r}); "
-            "use a local path or file:// URI"
-        )
-    return LocalFileIO()
+    def newest_modified_time(self, prefix: str) -> float | None:
+        return max((info.mtime for info in self.list_prefix(prefix)), default=None)
+
+    def list_prefix(self, prefix: str) -> list[ObjectInfo]:
+        out: list[ObjectInfo] = []
+        for root, _dirs, files in os.walk(prefix):
+            for name in files:
+                full = os.path.join(root, name)
+                try:
+                    st = os.stat(full)
+                except FileNotFoundError:
+                    continue  # removed concurrently (e.g. by GC)
+                rel = os.path.relpath(full, prefix).replace(os.sep, "/")
+                out.append(ObjectInfo(rel, st.st_size, st.st_mtime))
+        return sorted(out)
+
+
+# One MemoryStore per process and bucket name: two FileIOs on memory://b/... see the same objects, as
+# two clients of one bucket do. It is not Lance's memory store, so it serves memwal-only tests.
+_MEMORY_STORES: dict[str, Any] = {}
+_MEMORY_LOCK = threading.Lock()
+
+# object_store's bulk delete takes at most this many keys per request (the S3 DeleteObjects limit).
+_DELETE_BATCH = 1000
+
+
+def split_uri(uri: str) -> tuple[str, str, str]:
+    """(scheme, bucket, key) of ``scheme://bucket/key``; the key has no leading or trailing '/'.
+
+    Split by hand rather than with urllib, which would take a '#' or '?' in a key for a fragment or a query.
+    """
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        raise ValueError(f"not a URI: {uri!r}")
+    bucket, _, key = rest.partition("/")
+    return scheme.lower(), bucket, key.strip("/")
+
+
+class ObjectStoreFileIO:
+    """:class:`FileIO` on an object store (S3, GCS, Azure, memory) through obstore.
+
+    Paths are full URIs (``s3://bucket/table/_mem_wal/...``); one obstore client per bucket is built
+    lazily from the :class:`~memwal.storage.StorageConfig` and reused, since creating one costs a
+    credential lookup. ``write_if_absent`` is a conditional PUT (``If-None-Match: *`` on S3), the same
+    primitive Lance commits its own manifests with, so exactly one of several racing writers creates an
+    object. A plain PUT replaces an object atomically, which is all ``write`` promises.
+
+    Picklable: the clients are rebuilt on the other side from the config.
+    """
+
+    def __init__(self, storage: StorageConfig | None = None) -> None:
+        self.storage = storage or StorageConfig()
+        self._stores: dict[tuple[str, str], Any] = {}
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"storage": self.storage}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["storage"])
+
+    def __repr__(self) -> str:
+        return f"ObjectStoreFileIO({self.storage!r})"
+
+    def _store(self, scheme: str, bucket: str) -> Any:
+        with self._lock:
+            store = self._stores.get((scheme, bucket))
+            if store is None:
+                if scheme == "memory":
+                    with _MEMORY_LOCK:
+                        store = _MEMORY_STORES.setdefault(bucket, MemoryStore())
+                else:
+                    try:
+                        store = from_url(f"{scheme}://{bucket}", **self.storage.obstore_kwargs(scheme))
+                    except UnknownConfigurationKeyError as e:
+                        # One line naming the key, instead of obstore's multi-line debug dump on every operation.
+                        raise StorageOptionError(f"storage option not valid for {scheme}:// ({e.args[0].splitlines()[0]})") from e
+                self._stores[(scheme, bucket)] = store
+            return store
+
+    def _locate(self, path: str) -> tuple[Any, str]:
+        scheme, bucket, key = split_uri(path)
+        return self._store(scheme, bucket), key
+
+    def read(self, path: str) -> bytes:
+        store, key = self._locate(path)
+        try:
+            return bytes(obstore.get(store, key).bytes())
+        except _not_found_errors() as e:
+            raise FileNotFoundError(errno.ENOENT, "no such object", path) from e
+
+    def exists(self, path: str) -> bool:
+        """Whether an object exists at ``path`` (one HEAD). A prefix with objects under it is not one."""
+        store, key = self._locate(path)
+        try:
+            obstore.head(store, key)
+            return True
+        except _not_found_errors():
+            return False
+
+    def list_dir(self, path: str) -> list[str]:
+        store, key = self._locate(path)
+        # The delimiter listing returns the objects directly under the prefix and the "subdirectories"
+        # (common prefixes), i.e. what os.listdir returns, in one paginated request sequence.
+        listing = obstore.list_with_delimiter(store, key or None)
+        names = {p.rsplit("/", 1)[-1] for p in listing["common_prefixes"]}
+        names.update(m["path"].rsplit("/", 1)[-1] for m in listing["objects"])
+        return sorted(names)
+
+    def write_if_absent(self, path: str, data: bytes) -> bool:
+        store, key = self._locate(path)
+        try:
+            obstore.put(store, key, data, mode="create")
+            return True
+        except AlreadyExistsError:
+            return False
+
+    def write(self, path: str, data: bytes) -> None:
+        store, key = self._locate(path)
+        obstore.put(store, key, data)
+
+    def remove(self, path: str) -> None:
+        store, key = self._locate(path)
+        _delete_key(store, key)
+
+    def remove_tree(self, path: str) -> None:
+        store, key = self._locate(path)
+        keys = [m["path"] for m in self._list(store, key)]
+        for i in range(0, len(keys), _DELETE_BATCH):
+            batch = keys[i : i + _DELETE_BATCH]
+            try:
+                obstore.delete(store, batch)
+            except _not_found_errors():
+                # Some stores fail a bulk delete when a key went away concurrently (e.g. another GC);
+                # one by one, each missing key is simply skipped.
+                for k in batch:
+                    _delete_key(store, k)
+
+    def tree_size(self, path: str) -> int:
+        return sum(info.size for info in self.list_prefix(path))
+
+    def stat(self, path: str) -> tuple[int, float]:
+        store, key = self._locate(path)
+        try:
+            meta = obstore.head(store, key)
+        except _not_found_errors() as e:
+            raise FileNotFoundError(errno.ENOENT, "no such object", path) from e
+        return int(meta["size"]), meta["last_modified"].timestamp()
+
+    def modified_time(self, path: str) -> float:
+        return self.stat(path)[1]
+
+    def newest_modified_time(self, prefix: str) -> float | None:
+        return max((info.mtime for info in self.list_prefix(prefix)), default=None)
+
+    def list_prefix(self, prefix: str) -> list[ObjectInfo]:
+        store, key = self._locate(prefix)
+        skip = len(key) + 1 if key else 0
+        out = [ObjectInfo(m["path"][skip:], int(m["size"]), m["last_modified"].timestamp()) for m in self._list(store, key)]
+        return sorted(out)
+
+    @staticmethod
+    def _list(store: Any, key: str) -> list[dict[str, Any]]:
+        """Every object under ``key`` taken as a directory (object_store prefixes match whole path
+        segments, so ``t`` never matches ``t_dead_letters/...``)."""
+
+        return [meta for batch in obstore.list(store, key or None) for meta in batch]
+
+
+def _delete_key(store: Any, key: str) -> None:
+    try:
+        obstore.delete(store, key)
+    except _not_found_errors():
+        pass  # S3 says nothing about a missing key; other stores raise. Both mean "gone".
+
+
+def _not_found_errors() -> tuple[type[BaseException], ...]:
+    # obstore raises its NotFoundError from some calls and FileNotFoundError from others.
+    return (NotFoundError, FileNotFoundError)
+
+
+def uri_scheme(uri: str) -> str:
+    """The lower-case scheme of a URI; '' for a local path."""
+    return uri.split("://", 1)[0].lower() if "://" in uri else ""
+
+
+def file_io_for(uri: str, storage_options: StorageConfig | Mapping[str, str] | None = None) -> FileIO:
+    """The FileIO for a table URI: :class:`LocalFileIO` for local paths and ``file://``,
+    :class:`ObjectStoreFileIO` for ``s3://``, ``gs://``, ``az://`` (``abfs[s]://``, ``adl://``) and ``memory://``.
+
+    ``storage_options`` is a resolved :class:`StorageConfig`, or a mapping in Lance's spelling that is
+    resolved here over the environment variables (explicit keys win).
+    """
+    scheme = uri_scheme(normalize_uri(uri))
+    if scheme in LOCAL_SCHEMES:
+        return LocalFileIO()
+    if scheme in OBJECT_STORE_SCHEMES:
+        storage = storage_options if isinstance(storage_options, StorageConfig) else StorageConfig.resolve(storage_options)
+        return ObjectStoreFileIO(storage)
+    raise UnsupportedSchemeError(
+        f"memwal cannot store tables at {scheme}:// URIs; use a local path, file://, s3://, gs://, az:// or memory://"
+    )

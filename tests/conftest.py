@@ -45,3 +45,30 @@ def noida(tmp_path_factory):
 
     with start_broker("noida", tmp_path_factory.mktemp("noida")) as broker:
         yield broker
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server on 127.0.0.1 with one bucket, for the whole test session (see tests/s3.py)."""
+    from s3 import start_s3
+
+    with start_s3() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_uri(s3_server) -> str:
+    """A table URI on the session's S3 server under a prefix of its own."""
+    return s3_server.fresh_uri("table")
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch):
+    """The standard AWS_* variables point at the session's S3 server (and no other storage variable is set)."""
+    from memwal.storage import ENVIRONMENT_VARIABLES
+
+    for var, _key in ENVIRONMENT_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in s3_server.env().items():
+        monkeypatch.setenv(var, value)
+    return s3_server
