@@ -45,6 +45,7 @@ from memwal.maintenance import MaintenanceConfig  # noqa: E402
 from memwal.metadata import IndexConfig, WriterConfig  # noqa: E402
 from memwal.render import render_plan, render_rows, render_status  # noqa: E402
 from memwal.state import TableState  # noqa: E402
+from memwal.storage import StorageConfig  # noqa: E402
 from memwal.status import table_status  # noqa: E402
 from memwal.table import Table  # noqa: E402
 
@@ -97,12 +98,22 @@ def cmd_init(args: argparse.Namespace) -> int:
             max_wal_flush_interval_ms=args.wal_flush_interval_ms,
         ),
         indexes=IndexConfig(vector_column=args.vector_column, fts_column=args.fts_column),
+        storage_options=_storage(args),
     )
     print(f"created {table.uri}: primary key {', '.join(table.primary_key)}; sharding {table.spec.render()}")
     return 0
 
 
-def _apply_file(uri: str, path: str, deletes: bool) -> tuple[int, int]:
+def _storage(args: argparse.Namespace) -> StorageConfig:
+    """The storage config of a command: its --storage-option flags over the environment."""
+    return StorageConfig.from_args(getattr(args, "storage_option", None) or [])
+
+
+def _state(args: argparse.Namespace, uri: str | None = None) -> TableState:
+    return TableState.load(uri or args.uri, _storage(args))
+
+
+def _apply_file(uri: str, path: str, deletes: bool, storage: StorageConfig) -> tuple[int, int]:
     """Upsert (or delete) every row of a file, streaming it in batches; returns (rows, shards).
 
     Returns once the table is closed, which flushes MemTables to SSTables: every reader
@@ -110,7 +121,7 @@ def _apply_file(uri: str, path: str, deletes: bool) -> tuple[int, int]:
     """
     rows = 0
     last = time.monotonic()
-    with Table.open(uri) as table:
+    with Table.open(uri, storage) as table:
         op = table.delete if deletes else table.write
         for batch in formats.iter_batches(path, table.schema):
             op(pa.Table.from_batches([batch]))
@@ -123,13 +134,13 @@ def _apply_file(uri: str, path: str, deletes: bool) -> tuple[int, int]:
 
 
 def cmd_put(args: argparse.Namespace) -> int:
-    rows, shards = _apply_file(args.uri, args.file, deletes=False)
+    rows, shards = _apply_file(args.uri, args.file, False, _storage(args))
     print(f"upserted {rows} rows into {shards} shard(s)")
     return 0
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    rows, shards = _apply_file(args.uri, args.file, deletes=True)
+    rows, shards = _apply_file(args.uri, args.file, True, _storage(args))
     print(f"deleted {rows} key(s) in {shards} shard(s)")
     return 0
 
@@ -174,7 +185,7 @@ def _columns(text: str | None) -> list[str] | None:
 def cmd_get(args: argparse.Namespace) -> int:
     from memwal.readers import Reader
 
-    table = Table.open(args.uri)
+    table = Table.open(args.uri, _storage(args))
     reader = Reader(table.state, consistency=args.consistency)
     row = reader.get(parse_key(args.key, table), columns=_columns(args.columns))
     if row is None:
@@ -190,7 +201,7 @@ def cmd_get(args: argparse.Namespace) -> int:
 def cmd_scan(args: argparse.Namespace) -> int:
     from memwal.readers import Reader
 
-    reader = Reader(TableState.load(args.uri), consistency=args.consistency, version=args.version)
+    reader = Reader(_state(args), consistency=args.consistency, version=args.version)
     if args.explain:
         print(render_plan(reader.plan(args.where)))
         return 0
@@ -205,7 +216,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    status = table_status(TableState.load(args.uri))
+    status = table_status(_state(args))
     print(status.to_json() if args.json else render_status(status))
     return 0
 
@@ -227,7 +238,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
             drain_interval_seconds=args.drain_interval,
         ),
     )
-    service = Maintenance(TableState.load(args.uri), config)
+    service = Maintenance(_state(args), config)
     if args.once:
         report = service.run_cycle()
         print(
@@ -259,7 +270,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     if args.maintain:
         from memwal.maintenance import Maintenance
 
-        maintenance = Maintenance(TableState.load(args.table))
+        maintenance = Maintenance(_state(args, args.table))
         maintenance.start()
     job = ingest(
         spark,
@@ -310,7 +321,7 @@ def cmd_view(args: argparse.Namespace) -> int:
 
     if args.view_command == "create":
         view = View.create(
-            args.uri,
+            _state(args),
             args.name,
             select=args.select or [],
             where=args.where,
@@ -323,10 +334,10 @@ def cmd_view(args: argparse.Namespace) -> int:
         print(f"created view {view.definition.name}: {view.uri}")
         return 0
     if args.view_command == "list":
-        for name in list_views(args.uri):
+        for name in list_views(_state(args)):
             print(name)
         return 0
-    view = View.open(args.uri, args.name)
+    view = View.open(_state(args), args.name)
     if args.view_command == "refresh":
         record = view.refresh(args.src_version, **_given(max_rows_per_fragment=args.max_rows_per_fragment))
         if record is None:
@@ -377,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("init", help="create a table", description="Create an empty memwal table.")
-    s.add_argument("uri", metavar="URI", help="table location (a local path)")
+    s.add_argument("uri", metavar="URI", help="table location: a local path, or s3://, gs://, az:// URI")
     s.add_argument("--schema-from", required=True, metavar="FILE", help="Parquet, Arrow IPC or JSON-lines file whose schema to use (no rows are written)")
     s.add_argument("--primary-key", required=True, action="append", metavar="COL", help="primary-key column; repeat for a composite key")
     s.add_argument("--shard-by", default="unsharded", metavar="SPEC", help="sharding spec, e.g. 'bucket(id,4)', 'identity(region)', 'unsharded' (default)")
@@ -496,6 +507,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-views", action="store_true", help="do not refresh the table's views")
     s.set_defaults(func=cmd_maintain)
 
+    # Every command that opens a table takes storage options (credentials, endpoint, ...).
+    view_actions = sub.choices["view"]._subparsers._group_actions[0].choices  # noqa: SLF001 - argparse keeps them here
+    for command in [*(c for n, c in sub.choices.items() if n != "view"), *view_actions.values()]:
+        command.add_argument(
+            "--storage-option", action="append", metavar="KEY=VALUE",
+            help="object-store option in Lance's spelling (aws_endpoint=..., aws_region=..., allow_http=true); "
+            "repeatable; overrides the AWS_*/GOOGLE_*/AZURE_* environment variables",
+        )
     return p
 
 

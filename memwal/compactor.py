@@ -158,7 +158,7 @@ class Compactor:
     # -- compaction ------------------------------------------------------------------------------
 
     def _read(self, shard_id: str, s: SsTable) -> pa.Table:
-        data = lance.dataset(paths.sstable_path(self.state.uri, shard_id, s.path)).to_table()
+        data = self.state.lance_dataset(paths.sstable_path(self.state.uri, shard_id, s.path)).to_table()
         return data.select(self.state.write_schema.names + [TOMBSTONE])
 
     def _marker(self, shard_id: str, generation: int) -> list[lance.mem_wal.CompactedSsTable]:

@@ -203,10 +203,10 @@ class GarbageCollector:
             path = paths.join(shard_dir, name)
             if gen >= manifest.current_generation:
                 # The current generation's directory may be a flush in progress.
-                try:
-                    if now - io.stat(path)[1] < self.config.orphan_grace_seconds:
-                        continue
-                except FileNotFoundError:
+                # Object stores have no directory times: the newest object inside tells the
+                # age (an empty directory is a flush that has written nothing yet).
+                newest = io.newest_modified_time(path)
+                if newest is None or now - newest < self.config.orphan_grace_seconds:
                     continue
             size = io.tree_size(path)
             io.remove_tree(path)

@@ -29,6 +29,14 @@ from memwal.metadata import CONFIG_KEY, TableMetadata
 from memwal.schema import primary_key_of, user_schema
 from memwal.sharding import ShardingSpec, ShardResolver, ShardValues, decode_shard_value, parse_sharding_spec
 from memwal.snapshot import Snapshot, take_snapshot
+from memwal.storage import StorageConfig
+
+
+def resolve_storage(storage_options: "Mapping[str, str] | StorageConfig | None") -> StorageConfig:
+    """A storage config as given, or resolved from explicit options over the environment."""
+    if isinstance(storage_options, StorageConfig):
+        return storage_options
+    return StorageConfig.resolve(storage_options)
 
 
 def table_exists(uri: str, io: FileIO | None = None) -> bool:
@@ -52,13 +60,14 @@ class TableState:
     spec: ShardingSpec = field(repr=False)
     resolver: ShardResolver = field(repr=False)
     manifests: ManifestStore = field(repr=False, compare=False)
-    #: Options handed to every Lance call that opens this table's files.
-    storage_options: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+    #: Where the files live and how to reach them (credentials, endpoint): handed to every
+    #: Lance call and to :attr:`io`.
+    storage: StorageConfig = field(default_factory=StorageConfig, repr=False, compare=False)
 
     @classmethod
     def from_dataset(
         cls, uri: str, dataset: lance.LanceDataset, metadata: TableMetadata, io: FileIO,
-        storage_options: Mapping[str, str] | None = None,
+        storage: StorageConfig | None = None,
     ) -> "TableState":
         uri = paths.normalize_uri(uri)
         schema = user_schema(dataset.schema)
@@ -77,17 +86,22 @@ class TableState:
             spec=spec,
             resolver=ShardResolver(metadata.table_uuid, spec),
             manifests=ManifestStore(uri, io),
-            storage_options=dict(storage_options or {}),
+            storage=storage or StorageConfig(),
         )
 
     @classmethod
-    def load(cls, uri: str, storage_options: Mapping[str, str] | None = None) -> "TableState":
-        """Read the state of the memwal table at ``uri``; TableNotFoundError if there is none."""
+    def load(cls, uri: str, storage_options: "Mapping[str, str] | StorageConfig | None" = None) -> "TableState":
+        """Read the state of the memwal table at ``uri``; TableNotFoundError if there is none.
+
+        ``storage_options`` (Lance's key names) override what the standard environment
+        variables say (``AWS_*``, ``GOOGLE_*``, ``AZURE_*``); see :mod:`memwal.storage`.
+        """
         uri = paths.normalize_uri(uri)
-        io = file_io_for(uri)
+        storage = resolve_storage(storage_options)
+        io = file_io_for(uri, storage)
         if not table_exists(uri, io):
             raise TableNotFoundError(f"no table at {uri}; create one with Table.create or `memwal init`")
-        ds = lance.dataset(uri, storage_options=dict(storage_options or {}) or None)
+        ds = lance.dataset(uri, storage_options=storage.lance_options())
         meta = TableMetadata.from_config(ds.config())
         if meta is None:
             raise TableNotFoundError(
@@ -99,7 +113,7 @@ class TableState:
             raise TableDamagedError(
                 f"primary key in the schema {primary_key_of(ds.schema)} differs from memwal's {meta.primary_key}"
             )
-        return cls.from_dataset(uri, ds, meta, io, storage_options)
+        return cls.from_dataset(uri, ds, meta, io, storage)
 
     # -- fixed facts -----------------------------------------------------------------------
 
@@ -128,9 +142,18 @@ class TableState:
 
     # -- what changes, read on demand ------------------------------------------------------
 
+    @property
+    def storage_options(self) -> dict[str, str] | None:
+        """The storage options every Lance call on this table's files takes."""
+        return self.storage.lance_options()
+
     def dataset(self, version: int | None = None) -> lance.LanceDataset:
         """The base table (compacted data only) at ``version`` (latest when None)."""
-        return lance.dataset(self.uri, version=version, storage_options=dict(self.storage_options) or None)
+        return self.lance_dataset(self.uri, version)
+
+    def lance_dataset(self, uri: str, version: int | None = None) -> lance.LanceDataset:
+        """Any Lance dataset of this table's storage (an SSTable, a view) at ``uri``."""
+        return lance.dataset(uri, version=version, storage_options=self.storage_options)
 
     def snapshot(self, version: int | None = None, shard_ids: Iterable[str] | None = None) -> Snapshot:
         """What a reader must merge: the base version and every shard's uncompacted SSTables."""

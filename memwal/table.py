@@ -27,12 +27,15 @@ from memwal.routing import RoutedBatch, check_shard, route
 from memwal.schema import as_table, conform, key_schema, with_primary_key
 from memwal.sharding import ShardingSpec, ShardResolver, ShardValues, lance_init_kwargs, parse_sharding_spec
 from memwal.snapshot import Snapshot
-from memwal.state import TableState, table_exists
+from memwal.state import TableState, resolve_storage, table_exists
+from memwal.storage import StorageConfig
 from memwal.status import TableStatus, table_status
 from memwal.writer import ShardWriterPool
 
 if TYPE_CHECKING:
+    from memwal.maintenance import Maintenance, MaintenanceConfig
     from memwal.readers.reader import Consistency, Reader
+    from memwal.views import View
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +115,7 @@ class Table:
         writer: WriterConfig | None = None,
         indexes: IndexConfig | None = None,
         initial_data: Any = None,
-        storage_options: Mapping[str, str] | None = None,
+        storage_options: "Mapping[str, str] | StorageConfig | None" = None,
     ) -> "Table":
         """Create a table, empty or bulk-loaded with ``initial_data`` (one row per key).
 
@@ -122,7 +125,8 @@ class Table:
         maps to exactly one shard for its whole life.
         """
         uri = paths.normalize_uri(uri)
-        io = file_io_for(uri)
+        storage = resolve_storage(storage_options)
+        io = file_io_for(uri, storage)
         if isinstance(primary_key, str):
             primary_key = [primary_key]
         if table_exists(uri, io):
@@ -161,7 +165,7 @@ class Table:
             keys = base.select(list(primary_key))
             if keys.group_by(list(primary_key)).aggregate([]).num_rows != base.num_rows:
                 raise PrimaryKeyError("initial data repeats a primary key; load one row per key")
-        opts = dict(storage_options or {}) or None
+        opts = storage.lance_options()
         # Stable row ids keep row identity across compaction, which views' change feeds need.
         ds = lance.write_dataset(base, uri, enable_stable_row_ids=True, storage_options=opts)
         ds.update_config({CONFIG_KEY: meta.to_json()})
@@ -175,11 +179,11 @@ class Table:
             ds = lance.dataset(uri, storage_options=opts)
         ds.initialize_mem_wal(**lance_init_kwargs(spec), **meta.writer.lance_kwargs())
         log.info("created table %s (primary key %s, sharding %s)", uri, list(primary_key), spec.render())
-        return cls(TableState.from_dataset(uri, lance.dataset(uri, storage_options=opts), meta, io, storage_options))
+        return cls(TableState.from_dataset(uri, lance.dataset(uri, storage_options=opts), meta, io, storage))
 
     @classmethod
-    def open(cls, uri: str, storage_options: Mapping[str, str] | None = None) -> "Table":
-        """Open an existing memwal table."""
+    def open(cls, uri: str, storage_options: "Mapping[str, str] | StorageConfig | None" = None) -> "Table":
+        """Open an existing memwal table (``storage_options``: see :meth:`TableState.load`)."""
         return cls(TableState.load(uri, storage_options))
 
     def __enter__(self) -> "Table":
@@ -281,6 +285,26 @@ class Table:
         from memwal.readers.reader import Reader
 
         return Reader(self.state, consistency=consistency, **kwargs)
+
+    def maintenance(self, config: "MaintenanceConfig | None" = None) -> "Maintenance":
+        """The maintenance service of this table (compaction, indexes, GC, views)."""
+        # Imported on use, like the reader and views below: a process that only writes (a
+        # Spark write task) need not load the read, view and DataFusion machinery.
+        from memwal.maintenance import Maintenance
+
+        return Maintenance(self.state, config)
+
+    def views(self) -> list[str]:
+        """Names of this table's materialized views."""
+        from memwal.views import list_views
+
+        return list_views(self.state)
+
+    def view(self, name: str) -> "View":
+        """The materialized view ``name`` of this table."""
+        from memwal.views import View
+
+        return View.open(self.state, name)
 
     def status(self) -> TableStatus:
         """Per-shard state from the manifests on disk, and the base table's version and rows."""

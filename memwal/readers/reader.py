@@ -74,7 +74,7 @@ class Reader:
         self._taken_at = 0.0
         self._wal = WalTailReader(state.uri, state.io, state.manifests, state.primary_key)
         #: immutable SSTable data this reader has read, bounded by ``cache_bytes``
-        self.sstables = sstables.SSTableCache(cache_bytes, dict(state.storage_options) or None)
+        self.sstables = sstables.SSTableCache(cache_bytes, state.storage_options)
         #: the base table's full-text corpus statistics (BM25), per base version
         self.text_stats = text.BaseTextStats()
         #: which plan the last vector search used (for explain and the benchmark)

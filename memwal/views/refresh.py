@@ -185,6 +185,7 @@ def commit(
     overwrite: bool,
     lease: Lease,
     name: str,
+    storage_options: dict[str, str] | None = None,
 ) -> None:
     """Apply ``change`` to the view as one commit on top of ``view`` (the version it was
     computed against). ViewBusyError if anything else committed to the view since, or the
@@ -196,7 +197,10 @@ def commit(
     schema = view.schema
     new_fragments = []
     if change.add is not None and change.add.num_rows:
-        new_fragments = write_fragments(change.add.cast(schema), uri, max_rows_per_file=max_rows_per_fragment, schema=schema)
+        new_fragments = write_fragments(
+            change.add.cast(schema), uri, max_rows_per_file=max_rows_per_fragment, schema=schema,
+            storage_options=storage_options,
+        )
     if overwrite:
         op = LanceOperation.Overwrite(schema, new_fragments)
     else:
@@ -214,11 +218,11 @@ def commit(
         op = LanceOperation.Update(removed_fragment_ids=removed, updated_fragments=updated, new_fragments=new_fragments)
     txn = Transaction(read_version=view.version, operation=op, transaction_properties=record.to_properties())
     lease.check()
-    latest = lance.dataset(uri).version
+    latest = lance.dataset(uri, storage_options=storage_options).version
     if latest != view.version:
         raise ViewBusyError(f"view {name} changed while refreshing (v{view.version} -> v{latest}); rerun the refresh")
     try:
-        lance.LanceDataset.commit(uri, txn, read_version=view.version, max_retries=0)
+        lance.LanceDataset.commit(uri, txn, read_version=view.version, max_retries=0, storage_options=storage_options)
     except (OSError, RuntimeError, ValueError) as e:  # Lance's untyped errors, classified below
         if lance_errors.is_commit_conflict(e):
             raise ViewBusyError(f"view {name} changed while refreshing (a concurrent commit); rerun the refresh") from None

@@ -95,7 +95,10 @@ class View:
         if view_exists(state.io, view.uri):
             raise ViewError(f"view {name!r} already exists on {state.uri}; drop it first")
         sample = view._computer(None).rows(base.to_table(with_row_id=True, limit=0))
-        ds = lance.write_dataset(sample.schema.empty_table(), view.uri, max_rows_per_file=max_rows_per_fragment)
+        ds = lance.write_dataset(
+            sample.schema.empty_table(), view.uri, max_rows_per_file=max_rows_per_fragment,
+            storage_options=state.storage_options,
+        )
         ds.update_config({CONFIG_KEY: defn.to_json()})
         log.info("created view %s on %s", name, state.uri)
         if refresh:
@@ -105,15 +108,14 @@ class View:
     @classmethod
     def open(cls, table: TableState | str, name: str) -> "View":
         """The view ``name`` of ``table`` (a table state, or a table's URI)."""
-        table_uri = table.uri if isinstance(table, TableState) else paths.normalize_uri(table)
-        io = table.io if isinstance(table, TableState) else file_io_for(table_uri)
-        uri = view_uri(table_uri, name)
-        if not view_exists(io, uri):
-            raise ViewError(f"no view {name!r} on {table_uri}")
-        text = lance.dataset(uri).config().get(CONFIG_KEY)
+        state = _state(table)
+        uri = view_uri(state.uri, name)
+        if not view_exists(state.io, uri):
+            raise ViewError(f"no view {name!r} on {state.uri}")
+        text = state.lance_dataset(uri).config().get(CONFIG_KEY)
         if not text:
             raise ViewError(f"{uri} is not a memwal view")
-        return cls(table, ViewDefinition.from_json(text))
+        return cls(state, ViewDefinition.from_json(text))
 
     def drop(self) -> None:
         self.state.io.remove_tree(self.uri)
@@ -121,7 +123,7 @@ class View:
 
     def dataset(self, version: int | None = None) -> lance.LanceDataset:
         """The view as a plain Lance dataset."""
-        return lance.dataset(self.uri, version=version)
+        return self.state.lance_dataset(self.uri, version)
 
     def to_table(self, columns: Sequence[str] | None = None, hidden: bool = False) -> pa.Table:
         """The view's rows (internal ``__`` columns left out unless ``hidden``)."""
@@ -227,6 +229,7 @@ class View:
             refreshing.commit(
                 self.uri, view_ds, change, record,
                 max_rows_per_fragment=max_rows_per_fragment, overwrite=full, lease=lease, name=defn.name,
+                storage_options=state.storage_options,
             )
             Checkpoints(state.io, self.uri).clear()
             refreshing.index_key(self.dataset(), GROUP_KEY if defn.aggregate else ROW_ID, self.INDEX_SLACK_ROWS)
