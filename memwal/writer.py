@@ -82,9 +82,10 @@ class ShardWriterPool:
     """Writers of one table, keyed by shard id. Thread-safe across shards.
 
     A shard gets its first manifest (:meth:`ensure_shard`) before its first write.
-    :attr:`stats` counts for the whole pool; :meth:`shard_stats` for one shard, updated only
-    under that shard's lock, so a caller holding the shard (one thread per shard) can take
-    exact before/after differences while other threads write other shards.
+    :attr:`stats` counts for the whole pool; :meth:`shard_stats` for one shard, changed only
+    by operations on that shard, so a caller that alone uses a shard (the Spark sink: one
+    thread per shard) gets exact before/after differences while other threads write other
+    shards, which the pool-wide counters cannot give.
     """
 
     state: TableState
