@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from memwal.errors import ShardRoutingError
+from memwal.errors import SchemaMismatchError, ShardRoutingError
 from memwal.sharding import ShardResolver, ShardValues
 
 
@@ -73,6 +74,35 @@ def route(data: pa.Table, arrays: list[pa.Array], resolver: ShardResolver, *, de
         v = values[int(codes[group[0]])]
         routes.append(RoutedBatch(resolver.shard_id(v), v, data.take(pa.array(group)), deletes))
     return routes
+
+
+def trusted_batch(
+    shard_id: str,
+    values: ShardValues,
+    rows: pa.Table,
+    row_shards: pa.Array | pa.ChunkedArray,
+    schema: pa.Schema,
+    *,
+    deletes: bool = False,
+) -> RoutedBatch:
+    """A :class:`RoutedBatch` of rows that were routed and conformed upstream (Spark's
+    prepare stage), after a cheap check rather than a re-route: ``row_shards`` (the shard id
+    routing gave each row) all equal ``shard_id``, and ``rows`` has ``schema``'s columns,
+    types and nullability. Shard values are not recomputed.
+
+    The rows are relabelled with ``schema`` itself (zero copy), so the writer gets the exact
+    field metadata (primary key) that Lance expects.
+    """
+    if len(row_shards) != rows.num_rows:
+        raise ShardRoutingError(f"{rows.num_rows} rows but {len(row_shards)} shard ids for shard {shard_id}")
+    if rows.num_rows and not pc.all(pc.equal(row_shards, pa.scalar(shard_id, pa.string())), skip_nulls=False).as_py():
+        raise ShardRoutingError(f"rows routed to another shard reached the writer of shard {shard_id}")
+    if not rows.schema.equals(schema):
+        raise SchemaMismatchError(
+            f"rows for shard {shard_id} have schema {rows.schema.to_string(show_schema_metadata=False)}, "
+            f"not the writers' {schema.to_string(show_schema_metadata=False)}"
+        )
+    return RoutedBatch(shard_id, values, pa.Table.from_arrays(rows.columns, schema=schema), deletes)
 
 
 def check_shard(data: pa.Table, arrays: list[pa.Array], resolver: ShardResolver, shard_id: str) -> None:

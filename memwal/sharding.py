@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import struct
 import uuid
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
-from memwal.errors import ShardingSpecError, UnknownColumnError
+from memwal.errors import InvalidValueError, ShardingSpecError, UnknownColumnError
 from memwal.transforms import (
     Bucket,
     Identity,
+    MultiBucket,
     Transform,
     Unsharded,
     lance_type_name,
@@ -73,6 +75,39 @@ class ShardingSpec:
     def render(self) -> str:
         """The spec in the syntax :func:`parse_sharding_spec` reads."""
         return ", ".join(f.render() for f in self.fields)
+
+    @property
+    def fixed_shard_count(self) -> int | None:
+        """How many shards the spec can ever have, if that is fixed (one field: unsharded, or
+        a bucket transform); None when shards appear with the data (identity, time, ...).
+
+        A fixed-count spec's only shard value is an int in ``[0, count)``, which is what
+        :meth:`partition_of` relies on.
+        """
+        if len(self.fields) != 1:
+            return None
+        t = self.fields[0].transform
+        if isinstance(t, Unsharded):
+            return 1
+        if isinstance(t, (Bucket, MultiBucket)):
+            return t.num_buckets
+        return None
+
+    def partition_of(self, values: ShardValues, shard_id: str, n: int) -> int:
+        """The one of ``n`` partitions (e.g. write tasks) that owns the shard with ``values``
+        and id ``shard_id``.
+
+        Every shard maps to exactly one partition, so one task writes it. With a fixed shard
+        count the shard value itself is the partition modulo ``n``: ``n`` at least the count
+        gives each shard a partition of its own. Other specs spread shards by a stable hash
+        of their id (CRC-32, the same in every process and Python version).
+        """
+        if n < 1:
+            raise InvalidValueError(f"partition count must be positive, got {n}")
+        if self.fixed_shard_count is not None:
+            v = values[0]
+            return 0 if v is None else int(v) % n
+        return zlib.crc32(shard_id.encode()) % n
 
     def shard_value_arrays(self, data: pa.Table | pa.RecordBatch) -> list[pa.Array]:
         """One array of shard values per field, for every row of ``data``."""

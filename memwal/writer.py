@@ -66,16 +66,25 @@ class WriterStats:
     def snapshot(self) -> dict[str, float]:
         return dict(self.__dict__)
 
+    def add(self, **deltas: float) -> None:
+        for name, delta in deltas.items():
+            setattr(self, name, getattr(self, name) + delta)
+
 
 @dataclass
 class ShardWriterPool:
     """Writers of one table, keyed by shard id. Thread-safe across shards.
 
     A shard gets its first manifest (:meth:`ensure_shard`) before its first write.
+    :attr:`stats` counts for the whole pool; :meth:`shard_stats` for one shard, changed only
+    by operations on that shard, so a caller that alone uses a shard (the Spark sink: one
+    thread per shard) gets exact before/after differences while other threads write other
+    shards, which the pool-wide counters cannot give.
     """
 
     state: TableState
     stats: WriterStats = field(default_factory=WriterStats)
+    _shard_stats: dict[str, WriterStats] = field(default_factory=dict, repr=False)
     _writers: dict[str, lance.mem_wal.ShardWriter] = field(default_factory=dict, repr=False)
     _locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
     _guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -110,6 +119,16 @@ class ShardWriterPool:
         with self._guard:
             return self._locks.setdefault(shard_id, threading.Lock())
 
+    def shard_stats(self, shard_id: str) -> WriterStats:
+        """The counters of one shard (live; copy with :meth:`WriterStats.snapshot`)."""
+        with self._guard:
+            return self._shard_stats.setdefault(shard_id, WriterStats())
+
+    def _count(self, shard_id: str, **deltas: float) -> None:
+        self.shard_stats(shard_id).add(**deltas)
+        with self._guard:
+            self.stats.add(**deltas)
+
     def _open(self, shard_id: str) -> lance.mem_wal.ShardWriter:
         t0 = time.perf_counter()
         for attempt in range(_CLAIM_ATTEMPTS):
@@ -127,8 +146,7 @@ class ShardWriterPool:
                         "another writer keeps claiming this shard. Make sure one pipeline writes each shard"
                     ) from e
                 time.sleep(min(0.01 * 2**attempt, 0.5))
-        self.stats.opens += 1
-        self.stats.open_seconds += time.perf_counter() - t0
+        self._count(shard_id, opens=1, open_seconds=time.perf_counter() - t0)
         log.debug("opened writer for shard %s in %.3fs", shard_id, time.perf_counter() - t0)
         return w
 
@@ -156,7 +174,7 @@ class ShardWriterPool:
                     raise
                 log.info("writer of shard %s was fenced during %s; reopening and retrying once", shard_id, what)
                 self._discard(shard_id)
-                self.stats.fenced_retries += 1
+                self._count(shard_id, fenced_retries=1)
             try:
                 op(self._writer(shard_id))
             except OSError as e:
@@ -174,15 +192,13 @@ class ShardWriterPool:
         """Upsert ``rows`` (already conformed to the table schema) into ``shard_id``."""
         for part in split_rows(rows, self.config.max_memtable_rows):
             self._run(shard_id, lambda w, p=part: w.put(p), "put")
-            self.stats.puts += 1
-            self.stats.rows_put += part.num_rows
+            self._count(shard_id, puts=1, rows_put=part.num_rows)
 
     def delete(self, shard_id: str, keys: pa.Table) -> None:
         """Delete ``keys`` (primary-key columns only) from ``shard_id``."""
         for part in split_rows(keys, self.config.max_memtable_rows):
             self._run(shard_id, lambda w, p=part: w.delete(p), "delete")
-            self.stats.deletes += 1
-            self.stats.rows_deleted += part.num_rows
+            self._count(shard_id, deletes=1, rows_deleted=part.num_rows)
 
     def flush(self, shard_ids: list[str] | None = None) -> None:
         """Close writers, which flushes their MemTables to SSTables; they reopen on next use.
@@ -201,7 +217,7 @@ class ShardWriterPool:
                 except OSError as e:
                     if not is_fenced(e):
                         raise
-                self.stats.fenced_retries += 1
+                self._count(shard_id, fenced_retries=1)
                 log.info("writer of shard %s was fenced before its flush; reopening to flush", shard_id)
                 try:
                     self._open(shard_id).close()

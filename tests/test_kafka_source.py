@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
 
+import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -322,3 +323,76 @@ def test_group_ranges_covers_every_range_once_and_balances(ranges: List[Tuple[st
     loads = [sum(b - a for _, _, a, b in g) for g in groups]
     # greedy largest-first: no group exceeds the lightest by more than the largest range
     assert max(loads) - min(loads) <= max(b - a for _, _, a, b in ranges)
+
+
+# --------------------------------------------------------------------------------------
+# Standalone: the source needs nothing from memwal; consumers plug in a batch mapper
+# --------------------------------------------------------------------------------------
+
+
+def test_the_source_imports_nothing_from_memwal() -> None:
+    """Its file alone, loaded in a fresh interpreter, imports no memwal module; nor does any
+    import statement in it (lazy ones included)."""
+    import ast
+    import subprocess
+
+    import memwal.streaming.kafka_source as ks
+
+    path = ks.__file__
+    imported = [
+        name
+        for node in ast.walk(ast.parse(Path(path).read_text()))
+        for name in ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+    ]
+    assert not [n for n in imported if n == "memwal" or n.startswith("memwal.")]
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('standalone_kafka_source', {path!r})\n"
+        "module = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(module)\n"
+        "print(sorted(n for n in sys.modules if n == 'memwal' or n.startswith('memwal.')))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/", check=True)
+    assert out.stdout.strip() == "[]"
+
+
+class Upper:
+    """A batch mapper for the tests: upper-cases the values of the records."""
+
+    def __init__(self, config: str) -> None:
+        self.suffix = json.loads(config)["suffix"].encode() if config else b""
+        self.schema = pa.schema([pa.field("value", pa.binary())])
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for b in batches:
+            values = [None if v is None else v.upper() + self.suffix for v in b.column("value").to_pylist()]
+            yield pa.RecordBatch.from_arrays([pa.array(values, pa.binary())], schema=self.schema)
+
+
+def test_batch_mapper_is_loaded_from_its_factory_name() -> None:
+    from memwal.streaming.kafka_source import KAFKA_ARROW_SCHEMA, load_batch_mapper
+
+    mapper = load_batch_mapper(f"{__name__}:Upper", json.dumps({"suffix": "!"}))
+    assert mapper.schema == pa.schema([pa.field("value", pa.binary())])
+    batch = pa.RecordBatch.from_pylist(
+        [{"key": None, "value": b"ab", "topic": "t", "partition": 0, "offset": 0, "timestamp": None, "timestampType": 0}],
+        schema=KAFKA_ARROW_SCHEMA)
+    assert [b.to_pylist() for b in mapper(iter([batch]))] == [[{"value": b"AB!"}]]
+    # dotted callables (e.g. a classmethod) too
+    assert load_batch_mapper("memwal.streaming.sink:Prepare.from_json",
+                             '{"uri": "/t", "options": {}}').schema.names[0] == "__memwal_part"
+    with pytest.raises(TypeError):
+        load_batch_mapper("json:loads", "{}")  # a dict is no mapper
+
+
+@pytest.mark.parametrize("options, error", [
+    ({"memwal.batchMapper": "no_colon"}, "module:callable"),
+    ({"memwal.batchMapper": "mod:not an identifier"}, "module:callable"),
+    ({"memwal.batchMapperConfig": "{}"}, "needs memwal.batchMapper"),
+])
+def test_batch_mapper_options_are_checked(options: Dict[str, str], error: str) -> None:
+    base = {"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t"}
+    with pytest.raises(ValueError, match=error):
+        _Settings({**base, **{k.lower(): v for k, v in options.items()}})

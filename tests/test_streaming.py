@@ -19,7 +19,8 @@ from memwal import Table, readers
 from memwal.failpoints import DIR_ENV, ENV
 from memwal.streaming import SinkOptions, ingest
 from memwal.streaming.dead_letters import dead_letter_uri, read_dead_letters
-from memwal.streaming.sink import partition_keys
+from memwal.streaming.sink import Prepare, Write, partition_keys
+from memwal.streaming.worker import WORKER
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -161,6 +162,26 @@ def test_partition_keys_map_each_shard_to_its_own_task(spark):
         df = spark.createDataFrame([(p, k) for p, k in enumerate(keys)], "want int, k int")
         got = df.repartition(n, "k").withColumn("got", F.spark_partition_id()).collect()
         assert all(r.want == r.got for r in got)
+
+
+def test_a_task_writing_several_shards_counts_each_writer_open_once(tmp_path):
+    """One write task writes four shards in parallel threads (the prepare and write stages
+    run here as Spark runs them in a worker): the batch reports the four real opens, not
+    the overlapping differences of a pool-wide counter."""
+    uri = str(tmp_path / "t")
+    Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)").close()
+    options = SinkOptions(source="columns", max_write_tasks=1, flush_interval_seconds=None)
+    rows = pa.table({"id": list(range(400)), "name": [f"n{i}" for i in range(400)],
+                     "score": [float(i) for i in range(400)], "vec": [[1.0, 2.0, 3.0, 4.0]] * 400}).cast(SCHEMA)
+    exchange = list(Prepare(uri, options)(iter(rows.to_batches())))
+    try:
+        summaries = pa.Table.from_batches(list(Write(uri, options, 0, dead_letter_uri(uri))(iter(exchange)))).to_pylist()
+    finally:
+        WORKER.clear()
+    assert len(summaries) == 4 and sum(s["upserts"] for s in summaries) == 400
+    assert [s["writer_opens"] for s in summaries] == [1, 1, 1, 1]
+    assert sum(s["fenced_retries"] for s in summaries) == 0
+    assert approx(table_rows(uri)) == approx({r["id"]: r for r in rows.to_pylist()})
 
 
 # -- crashes and competing writers, with real processes ------------------------------------------

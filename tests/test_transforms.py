@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import datetime as dt
 import struct
+import uuid
+import zlib
 
 import lance
 import lance.mem_wal
@@ -15,8 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memwal.errors import ShardingSpecError, TransformTypeError
-from memwal.sharding import lance_spec_dict, parse_sharding_spec
+from memwal.errors import InvalidValueError, ShardingSpecError, TransformTypeError
+from memwal.sharding import ShardResolver, lance_spec_dict, parse_sharding_spec
 from memwal.transforms import (
     Bucket,
     Day,
@@ -293,3 +295,54 @@ def test_date_parts_of_iso_strings():
     assert Day().apply([arr]).to_pylist() == [4, 4, 4, None]
     # an explicit offset is honoured: 01:00+02:00 is 23:00 UTC the day before
     assert Day().apply([pa.array(["2026-03-04T01:00:00+02:00"])]).to_pylist() == [3]
+
+
+# -- which write task owns a shard ----------------------------------------------------------------
+
+PARTITION_SCHEMA = pa.schema([("id", pa.int64()), ("region", pa.string()), ("ts", pa.timestamp("us"))])
+
+
+@pytest.mark.parametrize(
+    "text, count",
+    [
+        ("unsharded", 1),
+        ("bucket(id, 4)", 4),
+        ("multi_bucket(id, region, 8)", 8),
+        ("identity(region)", None),
+        ("day(ts)", None),
+        ("bucket(id, 4), day(ts)", None),
+    ],
+)
+def test_fixed_shard_count(text, count):
+    assert parse_sharding_spec(text, PARTITION_SCHEMA).fixed_shard_count == count
+
+
+@pytest.mark.parametrize("text", ["unsharded", "bucket(id, 16)", "multi_bucket(id, region, 8)"])
+def test_fixed_count_specs_give_each_shard_its_own_partition(text):
+    spec = parse_sharding_spec(text, PARTITION_SCHEMA)
+    count = spec.fixed_shard_count
+    values = [(v,) for v in range(count)]
+    # as many partitions as shards: one to one
+    assert sorted(spec.partition_of(v, f"shard-{v[0]}", count) for v in values) == list(range(count))
+    # fewer partitions: every shard in exactly one, spread evenly
+    for n in (1, 3, 5):
+        parts = [spec.partition_of(v, f"shard-{v[0]}", n) for v in values]
+        assert all(0 <= p < n for p in parts)
+        assert max(parts.count(p) for p in range(n)) - min(parts.count(p) for p in range(n)) <= 1
+
+
+@given(st.lists(st.text(max_size=10), min_size=1, max_size=50), st.integers(1, 16))
+def test_open_specs_place_shards_by_their_id(regions, n):
+    spec = parse_sharding_spec("identity(region)", PARTITION_SCHEMA)
+    resolver = ShardResolver(uuid.UUID(int=7), spec)
+    for r in regions:
+        sid = resolver.shard_id((r,))
+        p = spec.partition_of((r,), sid, n)
+        assert 0 <= p < n
+        # the same shard lands in the same partition in every process: a function of its id alone
+        assert p == spec.partition_of(("ignored",), sid, n) == zlib.crc32(sid.encode()) % n
+
+
+def test_partition_of_needs_partitions():
+    with pytest.raises(InvalidValueError):
+        parse_sharding_spec("bucket(id, 4)", PARTITION_SCHEMA).partition_of((1,), "s", 0)

@@ -9,7 +9,6 @@ reason in words: which column, what was wrong.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -24,17 +23,6 @@ from memwal.schema import conform
 #: operation) is an upsert; any other value is a bad record.
 DELETE_VALUES = frozenset({"delete", "d", "DELETE", "D", "del"})
 UPSERT_VALUES = frozenset({"upsert", "insert", "update", "u", "c", "r", "i", "UPSERT", "INSERT", "UPDATE", "U", "C", "R", "I"})
-
-
-@dataclass(frozen=True)
-class Decoded:
-    """The good rows of a batch (typed as the table, in input order) and the bad ones."""
-
-    rows: pa.Table
-    #: positions (in the input) of the good rows
-    good: np.ndarray
-    #: input position -> reason, for every bad record
-    errors: dict[int, str]
 
 
 def bisect_failures(n: int, attempt: Callable[[np.ndarray], object]) -> tuple[np.ndarray, dict[int, str]]:

@@ -126,7 +126,8 @@ def kafka_stream(spark, bootstrap: str, topic: str, *, starting_offsets: str = "
     for k, v in (kafka_options or {}).items():
         reader = reader.option(k if k.startswith("kafka.") else f"kafka.{k}", v)
     if prepare_for is not None:
-        reader = reader.option("memwal.prepare", prepare_for.prepare_spec().to_json())
+        for k, v in prepare_for.batch_mapper_options().items():
+            reader = reader.option(k, v)
     if min_records_per_read_task is not None:
         reader = reader.option("memwal.minRecordsPerReadTask", str(min_records_per_read_task))
     return reader.load()

@@ -44,6 +44,19 @@ option keys lower-cased, so they are matched case-insensitively):
 ``groupIdPrefix`` (default ``memwal-kafka-source``)
     Prefix of the random consumer ``group.id``; ``kafka.group.id`` sets it
     outright.  No offsets are ever committed to the group.
+``memwal.minRecordsPerReadTask``
+    Group topic-partitions so each read task gets at least this many records of
+    the micro-batch (default: one task per topic-partition, as the built-in).
+``memwal.batchMapper``, ``memwal.batchMapperConfig``
+    A hook that transforms the records inside the read task, before they reach
+    the JVM: ``module:callable`` naming a factory, imported with importlib in
+    every process that plans or reads, and called with the config string (any
+    text, JSON by convention; default empty).  The factory returns a mapper with
+    a ``schema`` attribute (the ``pyarrow.Schema`` of its output, which becomes
+    the DataFrame's schema) that is called with the iterator of Kafka record
+    batches and returns an iterator of batches of that schema.  The mapper's
+    module must be importable where the Python workers run; this module knows
+    nothing about it.
 ``kafka.<name>``
     Any other ``kafka.``-prefixed option is passed to librdkafka as ``<name>``.
     librdkafka's property names are all lower-case, so the lower-casing of keys
@@ -81,6 +94,7 @@ Nothing is committed to Kafka.
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 import sys
@@ -121,6 +135,7 @@ __all__ = [
     "KafkaStreamReader",
     "KafkaInputPartition",
     "apportion",
+    "load_batch_mapper",
     "register",
 ]
 
@@ -241,9 +256,15 @@ class _Settings:
         # One id per query (never used for commits): consumers with equal settings can be
         # reused across read tasks.
         self.group_id: str = f"{self.group_id_prefix}-{uuid.uuid4()}"
-        # memwal's sink can fuse its prepare stage (decode, validate, route) into the read
-        # task, saving a round trip of every record between the JVM and Python.
-        self.memwal_prepare: Optional[str] = opts.get("memwal.prepare")
+        # A batch mapper fuses a consumer's first stage (memwal's sink: decode, validate,
+        # route) into the read task, saving a round trip of every record between the JVM
+        # and Python.
+        self.batch_mapper: Optional[str] = opts.get("memwal.batchmapper")
+        self.batch_mapper_config: str = opts.get("memwal.batchmapperconfig", "")
+        if self.batch_mapper is not None:
+            _split_factory(self.batch_mapper)
+        elif "memwal.batchmapperconfig" in opts:
+            raise ValueError("option memwal.batchMapperConfig needs memwal.batchMapper")
         # Group topic-partitions so each read task gets at least this many records (largest
         # ranges spread first). Spark's source reads each topic-partition in a task of its
         # own; for a small micro-batch every extra Python read task costs more than the
@@ -338,6 +359,26 @@ def apportion(backlog: Mapping[TopicPart, int], limit: int) -> Dict[TopicPart, i
     for _, tp in sorted(remainders, key=lambda x: (-x[0], x[1]))[:left]:
         take[tp] += 1
     return take
+
+
+def _split_factory(name: str) -> Tuple[str, List[str]]:
+    module, sep, attr = name.strip().partition(":")
+    if not sep or not module or not attr or not all(part.isidentifier() for part in attr.split(".")):
+        raise ValueError(f"option memwal.batchMapper must be 'module:callable', got {name!r}")
+    return module, attr.split(".")
+
+
+def load_batch_mapper(name: str, config: str) -> Any:
+    """The mapper the factory ``name`` (``module:callable``, the callable may be dotted, e.g.
+    ``pkg.mod:Class.from_config``) makes from ``config``."""
+    module, attrs = _split_factory(name)
+    factory: Any = importlib.import_module(module)
+    for attr in attrs:
+        factory = getattr(factory, attr)
+    mapper = factory(config)
+    if not isinstance(getattr(mapper, "schema", None), pa.Schema) or not callable(mapper):
+        raise TypeError(f"batch mapper factory {name} must return a callable with a pyarrow.Schema 'schema'")
+    return mapper
 
 
 class KafkaInputPartition(InputPartition):
@@ -566,11 +607,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 _read_range(s, str(t), int(part), int(a), int(b)) for t, part, a, b in p.ranges)
         else:
             batches = _read_range(self._s, str(p.topic), int(p.partition), int(p.start), int(p.end))
-        if self._s.memwal_prepare is None:
+        if self._s.batch_mapper is None:
             return batches
-        from memwal.streaming.sink import Prepare
-
-        return Prepare.from_json(self._s.memwal_prepare)(batches)
+        return load_batch_mapper(self._s.batch_mapper, self._s.batch_mapper_config)(batches)
 
 
 class _ConsumerPool:
@@ -764,12 +803,13 @@ class KafkaDataSource(DataSource):
         return SHORT_NAME
 
     def schema(self) -> StructType:
-        """The fixed Kafka record schema (or, with ``memwal.prepare``, memwal's prepared rows);
+        """The fixed Kafka record schema (or, with ``memwal.batchMapper``, the mapper's);
         user-specified schemas are not supported."""
-        if self._settings.memwal_prepare is not None:
-            from memwal.streaming.sink import Prepare
+        s = self._settings
+        if s.batch_mapper is not None:
+            from pyspark.sql.pandas.types import from_arrow_schema
 
-            return Prepare.from_json(self._settings.memwal_prepare).spark_schema()
+            return from_arrow_schema(load_batch_mapper(s.batch_mapper, s.batch_mapper_config).schema)
         return KAFKA_SCHEMA
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:

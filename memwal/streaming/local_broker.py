@@ -1,6 +1,7 @@
 """A Kafka-protocol broker on 127.0.0.1 for demos and local development (noida-db).
 
-noida-db is a single-binary Kafka-protocol server from PyPI (``pip install memwal[demo]``);
+noida-db is a single-binary Kafka-protocol server from PyPI (``pip install noida-db==0.2.3``,
+also in memwal's ``test`` extra);
 it starts in well under a second and needs no Java. It is not a production broker.
 """
 
@@ -27,7 +28,7 @@ def noida_executable() -> Path:
     try:
         import noida_db  # type: ignore[import-not-found]
     except ImportError:
-        raise MemwalError("noida-db is not installed: pip install 'memwal[demo]' (or noida-db==0.2.3)") from None
+        raise MemwalError("noida-db is not installed: pip install noida-db==0.2.3 (or memwal's test extra: pip install 'memwal[test]')") from None
     exe = Path(noida_db.__file__).parent / "noida-db"
     if not exe.is_file():
         raise MemwalError(f"the noida-db package has no server binary at {exe}")

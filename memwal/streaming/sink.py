@@ -2,18 +2,20 @@
 
 Per micro-batch, entirely on the executors:
 
-1. **prepare** (``mapInArrow``): decode (for Kafka JSON), validate and route every
-   record. Good rows get their shard and a partition key; bad ones (null key, unparseable
-   value, wrong type, oversized row, unknown operation) get the reason and their Kafka
-   coordinates.
-2. **write** (``repartition`` by that key, then ``mapInArrow``): one task per shard
-   (bucket and unsharded specs map shards to partitions one to one; other specs hash
-   shards over a fixed number of partitions, each shard still in exactly one task). The
-   task orders the shard's rows by Kafka (partition, offset), or by the sequence column,
-   keeps the newest per key, and writes upserts and deletes through a Lance ShardWriter
-   cached in the Python worker process across micro-batches. A fenced writer is reopened
-   (claimed) and the write retried once. The first partition's task also records the
-   batch's bad rows in the dead-letter table.
+1. **prepare** (``mapInArrow``, or the Kafka source's read task as its batch mapper):
+   decode (for Kafka JSON) straight to the table's write schema, validate and route every
+   record, once. Good rows get their shard id and a write partition, and travel with the
+   shards' values (payload metadata); bad ones (null key, unparseable value, wrong type,
+   oversized row, unknown operation) get the reason and their Kafka coordinates.
+2. **write** (``repartition`` by that partition, then ``mapInArrow``): every shard in
+   exactly one task (the sharding spec maps shards to partitions:
+   :meth:`~memwal.sharding.ShardingSpec.partition_of`). The task orders the shard's rows
+   by Kafka (partition, offset), or by the sequence column, keeps the newest per key, and
+   hands upserts and deletes as :class:`~memwal.routing.RoutedBatch` es, trusted after a
+   cheap check, to the shard's Lance ShardWriter, kept in the Python worker process across
+   micro-batches (:mod:`memwal.streaming.worker`). A fenced writer is reopened (claimed)
+   and the write retried once. The first partition's task also records the batch's bad
+   rows in the dead-letter table.
 
 Only per-shard counters come back to the driver, which logs one line per micro-batch.
 
@@ -31,9 +33,7 @@ import logging
 import os
 import threading
 import time
-import zlib
-from dataclasses import asdict, dataclass, field, replace
-from functools import lru_cache
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Iterator
 
 import numpy as np
@@ -41,7 +41,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal.failpoints import failpoint
+from memwal.lsm import newest_per_key
+from memwal.routing import shard_codes, trusted_batch
+from memwal.sharding import ShardingSpec, ShardValues
+from memwal.state import TableState
+from memwal.streaming.dead_letters import record_json
 from memwal.streaming.decode import JsonDecoder, check_rows, operations
+from memwal.streaming.worker import WORKER, WorkerTable
 
 log = logging.getLogger("memwal.streaming")
 
@@ -57,7 +63,6 @@ KPART = "__memwal_kafka_partition"
 OFFSET = "__memwal_offset"
 KEY = "__memwal_key"
 RAW = "__memwal_raw"
-INTERNAL = [PART, SHARD, ORDER, DELETE, ERROR, TOPIC, KPART, OFFSET, KEY, RAW]
 
 #: Kafka offsets fit in 40 bits for a long time (10^12 records per partition).
 _OFFSET_BITS = 40
@@ -138,43 +143,10 @@ class BatchReport:
 
 
 # ---------------------------------------------------------------------------------------
-# Executor-side state: cached per Python worker process, reused across micro-batches.
-# ---------------------------------------------------------------------------------------
-
-_TABLES: dict[str, Any] = {}
-_LAST_FLUSH: dict[tuple[str, str], float] = {}
-_LOCK = threading.Lock()
-
-
-def _table(uri: str):
-    """The worker's Table for ``uri`` (its writer pool keeps one ShardWriter per shard)."""
-    with _LOCK:
-        t = _TABLES.get(uri)
-        if t is None:
-            from memwal.table import Table
-
-            t = _TABLES[uri] = Table.open(uri)
-        return t
-
-
-def clear_worker_cache() -> None:
-    """Flush and forget the cached tables of this process (tests, shutdown)."""
-    with _LOCK:
-        for t in _TABLES.values():
-            try:
-                t.close()
-            except Exception:  # noqa: BLE001 - best effort at shutdown
-                pass
-        _TABLES.clear()
-        _LAST_FLUSH.clear()
-
-
-# ---------------------------------------------------------------------------------------
 # Partitioning: shard -> Spark partition, one shard per task where the spec allows it.
 # ---------------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=64)
 @functools.lru_cache(maxsize=64)
 def partition_keys(n: int) -> tuple[int, ...]:
     """For every p in [0, n), an int whose Spark hash partition among n partitions is p.
@@ -196,30 +168,10 @@ def partition_keys(n: int) -> tuple[int, ...]:
     return tuple(found[p] for p in range(n))
 
 
-def _fixed_shard_count(spec) -> int | None:
-    from memwal.transforms import Bucket, MultiBucket, Unsharded
-
-    if len(spec.fields) != 1:
-        return None
-    t = spec.fields[0].transform
-    if isinstance(t, Unsharded):
-        return 1
-    if isinstance(t, (Bucket, MultiBucket)):
-        return t.num_buckets
-    return None
-
-
-def shard_partitions(spec, options: SinkOptions) -> int:
+def shard_partitions(spec: ShardingSpec, options: SinkOptions) -> int:
     """Number of write partitions (write tasks per micro-batch)."""
-    n = _fixed_shard_count(spec) or options.partitions_for_open_specs
+    n = spec.fixed_shard_count or options.partitions_for_open_specs
     return min(n, options.max_write_tasks) if options.max_write_tasks else n
-
-
-def _partition_of(spec, values: tuple, shard_id: str, n: int) -> int:
-    if _fixed_shard_count(spec) is not None:
-        v = values[0]
-        return 0 if v is None else int(v) % n
-    return zlib.crc32(shard_id.encode()) % n
 
 
 # ---------------------------------------------------------------------------------------
@@ -227,13 +179,15 @@ def _partition_of(spec, values: tuple, shard_id: str, n: int) -> int:
 # ---------------------------------------------------------------------------------------
 
 
-#: What the prepare stage hands to Spark: one row per (input task, write partition) with
-#: the prepared rows as an Arrow IPC payload. Spark shuffles a few opaque blobs instead
-#: of converting every row (vectors especially) to its internal format and back.
+#: What the prepare stage hands to Spark: one row per (input batch, write partition) with
+#: the routed rows, and the dead letters, as Arrow IPC payloads. Spark shuffles a few
+#: opaque blobs instead of converting every row (vectors especially) to its internal
+#: format and back.
 COUNT_ROWS = "rows"
 COUNT_DEAD = "dead_letters"
 COUNT_DELETES = "deletes"
 PAYLOAD = "payload"
+DEAD_PAYLOAD = "dead_payload"
 EXCHANGE_SCHEMA = pa.schema(
     [
         pa.field(PART, pa.int32()),
@@ -241,8 +195,34 @@ EXCHANGE_SCHEMA = pa.schema(
         pa.field(COUNT_DEAD, pa.int64()),
         pa.field(COUNT_DELETES, pa.int64()),
         pa.field(PAYLOAD, pa.binary()),
+        pa.field(DEAD_PAYLOAD, pa.binary()),
     ]
 )
+
+#: Schema metadata key of a routed payload: JSON ``{shard id: [shard values...]}`` of the
+#: shards its rows belong to, so the write task need not recompute any shard value.
+SHARDS_KEY = b"memwal.shards"
+
+#: Dead letters inside a payload; partition 0's task records them.
+DEAD_SCHEMA = pa.schema(
+    [
+        pa.field(ORDER, pa.int64()),
+        pa.field(ERROR, pa.string()),
+        pa.field(TOPIC, pa.string()),
+        pa.field(KPART, pa.int32()),
+        pa.field(OFFSET, pa.int64()),
+        pa.field(KEY, pa.binary()),
+        pa.field(RAW, pa.binary()),
+    ]
+)
+
+
+def routed_schema(write_schema: pa.Schema) -> pa.Schema:
+    """The schema of routed rows inside a payload: each row's shard id, Kafka order and
+    operation, then the table's columns exactly as writers take them (types, nullability,
+    primary-key metadata), which IPC carries unchanged to the write task."""
+    internal = [pa.field(SHARD, pa.string(), nullable=False), pa.field(ORDER, pa.int64()), pa.field(DELETE, pa.bool_())]
+    return pa.schema(internal + list(write_schema))
 
 
 def to_payload(rows: pa.Table) -> bytes:
@@ -257,26 +237,27 @@ def from_payload(data: bytes) -> pa.Table:
         return r.read_all()
 
 
-def prepared_schema(table_schema: pa.Schema) -> pa.Schema:
-    """The schema of prepared rows inside a payload."""
-    internal = [
-        pa.field(PART, pa.int32()),
-        pa.field(SHARD, pa.string()),
-        pa.field(ORDER, pa.int64()),
-        pa.field(DELETE, pa.bool_()),
-        pa.field(ERROR, pa.string()),
-        pa.field(TOPIC, pa.string()),
-        pa.field(KPART, pa.int32()),
-        pa.field(OFFSET, pa.int64()),
-        pa.field(KEY, pa.binary()),
-        pa.field(RAW, pa.binary()),
-    ]
-    return pa.schema(internal + [pa.field(f.name, f.type, nullable=True) for f in table_schema])
+@dataclass(frozen=True)
+class Prepared:
+    """One input batch after the prepare stage."""
+
+    #: :func:`routed_schema` rows plus their write partition (:data:`PART`).
+    rows: pa.Table
+    #: Shard id -> shard values of every shard in ``rows``.
+    shards: dict[str, ShardValues]
+    #: :data:`DEAD_SCHEMA` rows.
+    dead: pa.Table
 
 
 class Prepare:
     """The prepare stage, pickled to executors (``mapInArrow``), or run inside the Kafka
-    source's read task (``memwal.prepare`` option)."""
+    source's read task as its batch mapper (:meth:`from_json` is the factory)."""
+
+    #: The factory, as the Kafka source's ``memwal.batchMapper`` option names it.
+    FACTORY = "memwal.streaming.sink:Prepare.from_json"
+
+    #: The Arrow schema of what it yields (the batch-mapper contract).
+    schema = EXCHANGE_SCHEMA
 
     def __init__(self, uri: str, options: SinkOptions) -> None:
         self.uri = uri
@@ -290,41 +271,25 @@ class Prepare:
         d = json.loads(text)
         return cls(d["uri"], SinkOptions(**d["options"]))
 
-    def spark_schema(self):
-        return spark_schema(EXCHANGE_SCHEMA)
-
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Exchange rows (see :data:`EXCHANGE_SCHEMA`) for ``batches``."""
         from pyspark import TaskContext
 
-        table = _table(self.uri)
+        state = WORKER.table(self.uri).state
         ctx = TaskContext.get()
         task_partition = ctx.partitionId() if ctx is not None else 0
-        schema = prepared_schema(table.schema)
-        n = shard_partitions(table.spec, self.options)
+        n = shard_partitions(state.spec, self.options)
         row = 0
         for batch in batches:
             if batch.num_rows == 0:
                 continue
-            out = self.prepare(table, pa.Table.from_batches([batch]), task_partition, row, n).cast(schema)
+            prepared = self.prepare(state, pa.Table.from_batches([batch]), task_partition, row, n)
             row += batch.num_rows
-            parts = out.column(PART)
-            exchange = []
-            for part in pc.unique(parts).to_pylist():
-                rows = out.filter(pc.equal(parts, part))
-                bad = pc.is_valid(rows.column(ERROR))
-                exchange.append(
-                    {
-                        PART: part,
-                        COUNT_ROWS: rows.num_rows,
-                        COUNT_DEAD: pc.sum(bad.cast(pa.int64())).as_py() or 0,
-                        COUNT_DELETES: pc.sum(pc.and_(rows.column(DELETE), pc.invert(bad)).cast(pa.int64())).as_py() or 0,
-                        PAYLOAD: to_payload(rows),
-                    }
-                )
-            yield pa.RecordBatch.from_pylist(exchange, schema=EXCHANGE_SCHEMA)
+            yield pa.RecordBatch.from_pylist(exchange_rows(prepared), schema=EXCHANGE_SCHEMA)
 
-    def prepare(self, table, data: pa.Table, task_partition: int, first_row: int, n: int) -> pa.Table:
+    def prepare(self, state: TableState, data: pa.Table, task_partition: int, first_row: int, n: int) -> Prepared:
+        """Decode, validate and route ``data``: every good row conformed to the table's write
+        schema with its shard and write partition, every bad row with its reason."""
         opts = self.options
         count = data.num_rows
         errors: dict[int, str] = {}
@@ -335,7 +300,7 @@ class Prepare:
             order = (np.asarray(kpart.to_numpy(), dtype=np.int64) << _OFFSET_BITS) | np.asarray(offset.to_numpy(), dtype=np.int64)
             raw = data.column("value")
             kkey = data.column("key")
-            decoder = JsonDecoder(table.schema, opts.op_field, opts.sequence_field)
+            decoder = JsonDecoder(state.schema, opts.op_field, opts.sequence_field)
             parsed, positions, errors = decoder.decode(raw.to_pylist())
         else:
             topic = pa.nulls(count, pa.string())
@@ -360,65 +325,73 @@ class Prepare:
         parsed = parsed.take(pa.array(keep, pa.int64()))
         positions = positions[keep]
         deletes_p = deletes_p[keep]
-        rows, good, row_errors = check_rows(parsed, table.write_schema, table.primary_key, opts.max_row_bytes)
+        rows, good, row_errors = check_rows(parsed, state.write_schema, state.primary_key, opts.max_row_bytes)
         for i, reason in row_errors.items():
             errors[int(positions[i])] = reason
         positions = positions[good]
         deletes_p = deletes_p[good]
 
-        # Route the good rows.
+        # Route the good rows, once: the write task trusts this.
         parts_out = np.zeros(len(positions), np.int32)
-        shards_out: list[str] = [""] * len(positions)
+        shards_out: list[str] = []
+        shards: dict[str, ShardValues] = {}
         if len(positions):
-            arrays = table.spec.shard_value_arrays(rows)
-            from memwal.routing import shard_codes
-
-            codes, values = shard_codes(arrays)
-            ids = [table.shard_id_of(v) for v in values]
-            parts = np.asarray([_partition_of(table.spec, v, sid, n) for v, sid in zip(values, ids)], dtype=np.int32)
+            codes, values = shard_codes(state.spec.shard_value_arrays(rows))
+            ids = [state.shard_id_of(v) for v in values]
+            shards = dict(zip(ids, values))
+            parts = np.asarray([state.spec.partition_of(v, sid, n) for v, sid in zip(values, ids)], dtype=np.int32)
             parts_out = parts[codes]
             shards_out = [ids[c] for c in codes]
-
-        pos_pa = pa.array(positions, pa.int64())
-        good_cols: dict[str, pa.Array | pa.ChunkedArray] = {
-            PART: pa.array(parts_out, pa.int32()),
-            SHARD: pa.array(shards_out, pa.string()),
-            ORDER: pa.array(order[positions], pa.int64()),
-            DELETE: pa.array(deletes_p, pa.bool_()),
-            ERROR: pa.nulls(len(positions), pa.string()),
-            TOPIC: topic.take(pos_pa),
-            KPART: kpart.take(pos_pa),
-            OFFSET: offset.take(pos_pa),
-            KEY: pa.nulls(len(positions), pa.binary()),
-            RAW: pa.nulls(len(positions), pa.binary()),
-        }
-        for f in table.schema:
-            good_cols[f.name] = rows.column(f.name)
-        good_table = pa.table(good_cols)
-        if not errors:
-            return good_table
+        good_rows = pa.Table.from_arrays(
+            [pa.array(shards_out, pa.string()), pa.array(order[positions], pa.int64()), pa.array(deletes_p, pa.bool_()), *rows.columns],
+            schema=routed_schema(state.write_schema),
+        ).append_column(PART, pa.array(parts_out, pa.int32()))
 
         bad = np.array(sorted(errors), dtype=np.int64)
         bad_pa = pa.array(bad, pa.int64())
         if raw is not None:
             raw_bad = raw.take(bad_pa)
         else:
-            raw_bad = pa.array([_row_json(data, int(i)).encode() for i in bad], pa.binary())
-        bad_cols = {
-            PART: pa.array([0] * len(bad), pa.int32()),  # partition 0 records them
-            SHARD: pa.array([""] * len(bad), pa.string()),
-            ORDER: pa.array(order[bad], pa.int64()),
-            DELETE: pa.array([False] * len(bad), pa.bool_()),
-            ERROR: pa.array([errors[int(i)] for i in bad], pa.string()),
-            TOPIC: topic.take(bad_pa),
-            KPART: kpart.take(bad_pa),
-            OFFSET: offset.take(bad_pa),
-            KEY: kkey.take(bad_pa),
-            RAW: raw_bad,
+            raw_bad = pa.array([record_json(data.slice(int(i), 1).to_pylist()[0]) for i in bad], pa.binary())
+        dead = pa.Table.from_arrays(
+            [
+                pa.array(order[bad], pa.int64()),
+                pa.array([errors[int(i)] for i in bad], pa.string()),
+                topic.take(bad_pa),
+                kpart.take(bad_pa),
+                offset.take(bad_pa),
+                kkey.take(bad_pa),
+                raw_bad,
+            ],
+            schema=DEAD_SCHEMA,
+        )
+        return Prepared(good_rows, shards, dead)
+
+
+def exchange_rows(prepared: Prepared) -> list[dict[str, Any]]:
+    """The exchange rows of one prepared batch: one per write partition with rows, and
+    partition 0's carrying the dead letters."""
+    rows, dead = prepared.rows, prepared.dead
+    parts = rows.column(PART)
+    by_part: dict[int, dict[str, Any]] = {}
+    for part in pc.unique(parts).to_pylist():
+        mine = rows.filter(pc.equal(parts, part)).drop_columns([PART])
+        ids = pc.unique(mine.column(SHARD)).to_pylist()
+        meta = {SHARDS_KEY: json.dumps({sid: list(prepared.shards[sid]) for sid in ids}).encode()}
+        by_part[part] = {
+            PART: part,
+            COUNT_ROWS: mine.num_rows,
+            COUNT_DEAD: 0,
+            COUNT_DELETES: pc.sum(mine.column(DELETE).cast(pa.int64())).as_py() or 0,
+            PAYLOAD: to_payload(mine.replace_schema_metadata(meta)),
+            DEAD_PAYLOAD: None,
         }
-        for f in table.schema:
-            bad_cols[f.name] = pa.nulls(len(bad), f.type)
-        return pa.concat_tables([good_table, pa.table(bad_cols).cast(good_table.schema)])
+    if dead.num_rows:
+        zero = by_part.setdefault(0, {PART: 0, COUNT_ROWS: 0, COUNT_DEAD: 0, COUNT_DELETES: 0, PAYLOAD: None})
+        zero[COUNT_ROWS] += dead.num_rows
+        zero[COUNT_DEAD] = dead.num_rows
+        zero[DEAD_PAYLOAD] = to_payload(dead)
+    return list(by_part.values())
 
 
 def spark_schema(schema: pa.Schema):
@@ -428,14 +401,8 @@ def spark_schema(schema: pa.Schema):
     return from_arrow_schema(schema)
 
 
-def _row_json(data: pa.Table, i: int) -> str:
-    from memwal.formats import row_to_json
-
-    return row_to_json(data.slice(i, 1).to_pylist()[0])
-
-
 # ---------------------------------------------------------------------------------------
-# Stage 2: write (one task per shard; the last partition holds dead letters)
+# Stage 2: write (one task per write partition; partition 0 also records dead letters)
 # ---------------------------------------------------------------------------------------
 
 
@@ -449,26 +416,32 @@ class Write:
         self.dead_letter_uri = dead_letter_uri
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        tables = [from_payload(p) for b in batches for p in b.column(PAYLOAD).to_pylist() if p]
-        if not tables:
+        routed: list[pa.Table] = []
+        dead: list[pa.Table] = []
+        shards: dict[str, ShardValues] = {}
+        for b in batches:
+            for p in b.column(PAYLOAD).to_pylist():
+                if p:
+                    t = from_payload(p)
+                    shards.update((sid, tuple(v)) for sid, v in json.loads(t.schema.metadata[SHARDS_KEY]).items())
+                    routed.append(t)
+            for p in b.column(DEAD_PAYLOAD).to_pylist():
+                if p:
+                    dead.append(from_payload(p))
+        if dead:
+            yield self._dead_letters(pa.concat_tables(dead))
+        if not routed:
             return
-        data = pa.concat_tables(tables)
-        errors = data.column(ERROR)
-        bad_mask = pc.is_valid(errors)
-        if pc.any(bad_mask).as_py():
-            yield self._dead_letters(data.filter(bad_mask))
-            data = data.filter(pc.invert(bad_mask))
-        if data.num_rows == 0:
-            return
-        shards = data.column(SHARD)
-        ids = pc.unique(shards).to_pylist()
+        data = pa.concat_tables(routed)
+        ids = pc.unique(data.column(SHARD)).to_pylist()
         if len(ids) == 1:
-            yield self._write_shard(ids[0], data)
+            yield self._write_shard(ids[0], shards[ids[0]], data)
             return
         from concurrent.futures import ThreadPoolExecutor
 
+        column = data.column(SHARD)
         with ThreadPoolExecutor(max_workers=min(8, len(ids))) as pool:
-            futures = [pool.submit(self._write_shard, sid, data.filter(pc.equal(shards, sid))) for sid in ids]
+            futures = [pool.submit(self._write_shard, sid, shards[sid], data.filter(pc.equal(column, sid))) for sid in ids]
             for f in futures:
                 yield f.result()
 
@@ -499,41 +472,44 @@ class Write:
         write_dead_letters(self.dead_letter_uri, rows)
         return _summary("", rows=0, dead_letters=n, seconds=time.perf_counter() - t0)
 
-    def _write_shard(self, shard_id: str, rows: pa.Table) -> pa.RecordBatch:
+    def _write_shard(self, shard_id: str, values: ShardValues, rows: pa.Table) -> pa.RecordBatch:
+        """Write one shard's routed rows: the newest per key, deletes and upserts, as routed
+        batches trusted after a cheap check. Runs in the one thread writing this shard, so
+        the shard's writer counters before and after are this write's alone."""
         t0 = time.perf_counter()
-        table = _table(self.uri)
-        pk = list(table.primary_key)
+        worker = WORKER.table(self.uri)
+        state = worker.state
+        pk = list(state.primary_key)
         seq = self.options.sequence_field
         # Newest row per key: by sequence (when configured), then Kafka (partition, offset).
         sort_keys = ([(seq, "ascending")] if seq else []) + [(ORDER, "ascending")]
         rows = rows.sort_by(sort_keys)
-        from memwal.lsm import newest_per_key
-
-        newest = newest_per_key(rows.select(pk + [c for c in rows.schema.names if c not in pk]), pk)
+        newest = newest_per_key(rows, pk)
+        stats = worker.writers.shard_stats(shard_id)
+        before = stats.snapshot()
         stale = 0
-        if seq and self.options.drop_stale_across_batches:
-            newest, stale = _drop_stale(table, shard_id, newest, seq)
+        drop_stale = bool(seq and self.options.drop_stale_across_batches)
+        if drop_stale:
+            newest, stale = _drop_stale(worker, shard_id, newest, str(seq))
         deletes_mask = newest.column(DELETE)
-        dels = newest.filter(deletes_mask).select(pk)
-        ups = newest.filter(pc.invert(deletes_mask)).select(table.schema.names)
-        stats = table.writers.stats
-        before = (stats.fenced_retries, stats.opens)
-        first = (ups if ups.num_rows else dels).slice(0, 1).to_pylist()[0]
-        values = table.spec.shard_values_of(first, table.schema)
+        dels = newest.filter(deletes_mask)
+        ups = newest.filter(pc.invert(deletes_mask))
+        key_schema = pa.schema([state.write_schema.field(c) for c in pk])
         if dels.num_rows:
-            table.write_shard(shard_id, values, dels, deletes=True)
+            worker.writers.write(trusted_batch(shard_id, values, dels.select(pk), dels.column(SHARD), key_schema, deletes=True))
         if ups.num_rows:
-            table.write_shard(shard_id, values, ups)
+            worker.writers.write(trusted_batch(shard_id, values, ups.select(state.write_schema.names), ups.column(SHARD), state.write_schema))
+        if drop_stale:
+            _remember_written(worker, shard_id, dels, ups, str(seq))
         failpoint(f"sink.wrote.batch-{self.batch_id}")  # crash tests: some shards written, not all
         flushed = False
         interval = self.options.flush_interval_seconds
         if interval is not None:
-            key = (self.uri, shard_id)
             now = time.monotonic()
-            last = _LAST_FLUSH.setdefault(key, now)
+            last = worker.last_flush.setdefault(shard_id, now)
             if now - last >= interval:
-                table.writers.flush([shard_id])
-                _LAST_FLUSH[key] = time.monotonic()
+                worker.writers.flush([shard_id])
+                worker.last_flush[shard_id] = time.monotonic()
                 flushed = True
         return _summary(
             shard_id,
@@ -541,32 +517,48 @@ class Write:
             upserts=ups.num_rows,
             deletes=dels.num_rows,
             stale_dropped=stale,
-            fenced_retries=stats.fenced_retries - before[0],
-            writer_opens=stats.opens - before[1],
+            fenced_retries=stats.fenced_retries - before["fenced_retries"],
+            writer_opens=stats.opens - before["opens"],
             flushed=flushed,
             seconds=time.perf_counter() - t0,
         )
 
 
-def _drop_stale(table, shard_id: str, rows: pa.Table, seq: str) -> tuple[pa.Table, int]:
-    """Rows whose sequence is not older than the stored version of their key."""
-    from memwal.readers import Reader
-    from memwal.readers.keys import keys_predicate
+def _key_tuples(rows: pa.Table, pk: list[str]) -> list[tuple[Any, ...]]:
+    return list(zip(*(rows.column(c).to_pylist() for c in pk)))
 
-    pk = list(table.primary_key)
-    reader = Reader(table.state, consistency="strong")
-    stored = reader.scan(columns=pk + [seq], where=keys_predicate(rows.select(pk)))
-    if stored.num_rows == 0:
+
+def _drop_stale(worker: WorkerTable, shard_id: str, rows: pa.Table, seq: str) -> tuple[pa.Table, int]:
+    """Rows (one per key) whose sequence is not older than the stored version of their key.
+
+    Stored sequences come from what this worker wrote to the shard (see
+    :class:`~memwal.streaming.worker.StoredSequences`); only keys it does not know are read
+    from the table, in this shard.
+    """
+    pk = list(worker.state.primary_key)
+    cache = worker.sequences(shard_id)
+    keys = _key_tuples(rows, pk)
+    stored = {k: cache.known[k] for k in keys if k in cache.known}
+    missing = [i for i, k in enumerate(keys) if k not in stored]
+    if missing:
+        found = worker.stored_sequences(shard_id, rows.take(pa.array(missing, pa.int64())).select(pk), seq)
+        looked_up = dict(zip(_key_tuples(found, pk), found.column(seq).to_pylist()))
+        for i in missing:
+            stored[keys[i]] = looked_up.get(keys[i])
+    keep = [i for i, (k, s) in enumerate(zip(keys, rows.column(seq).to_pylist())) if stored[k] is None or s >= stored[k]]
+    if len(keep) == rows.num_rows:
         return rows, 0
-    stored = stored.rename_columns(pk + ["__stored_seq"])
-    # Join keys and positions only: Arrow joins cannot carry every column type (e.g. vectors).
-    probe = rows.select(pk + [seq]).append_column("__pos", pa.array(range(rows.num_rows), pa.int64()))
-    joined = probe.join(stored, keys=pk, join_type="left outer")
-    stored_seq = joined.column("__stored_seq")
-    keep = pc.or_kleene(pc.is_null(stored_seq), pc.greater_equal(joined.column(seq), stored_seq))
-    positions = pc.sort_indices(joined.filter(keep).column("__pos"))
-    kept = rows.take(pc.take(joined.filter(keep).column("__pos"), positions))
-    return kept, rows.num_rows - kept.num_rows
+    return rows.take(pa.array(keep, pa.int64())), rows.num_rows - len(keep)
+
+
+def _remember_written(worker: WorkerTable, shard_id: str, dels: pa.Table, ups: pa.Table, seq: str) -> None:
+    """Record the sequences just written (deleted keys: no live row). If this write
+    (re)opened the shard's writer, :meth:`WorkerTable.sequences` has started over and only
+    what was just written is known."""
+    cache = worker.sequences(shard_id)
+    pk = list(worker.state.primary_key)
+    cache.remember(_key_tuples(dels, pk), [None] * dels.num_rows)
+    cache.remember(_key_tuples(ups, pk), ups.column(seq).to_pylist())
 
 
 def _summary(shard: str, **counters: Any) -> pa.RecordBatch:
@@ -594,7 +586,6 @@ class MemwalSink:
     def __init__(self, table_uri: str, options: SinkOptions | None = None) -> None:
         from memwal import paths
         from memwal.streaming.dead_letters import dead_letter_uri
-        from memwal.state import TableState
 
         self.uri = paths.normalize_uri(table_uri)
         self.options = options or SinkOptions()
@@ -617,14 +608,16 @@ class MemwalSink:
         write stages must agree on it for the life of the query)."""
         if self.options.max_write_tasks is None:
             self.options = replace(self.options, max_write_tasks=max(1, spark.sparkContext.defaultParallelism))
-            from memwal.state import TableState
-
             self.partitions = shard_partitions(TableState.load(self.uri).spec, self.options)
         return self
 
     def prepare_spec(self) -> Prepare:
-        """The prepare stage, for running it elsewhere (the Kafka source's ``memwal.prepare``)."""
+        """The prepare stage, for running it elsewhere."""
         return Prepare(self.uri, self.options)
+
+    def batch_mapper_options(self) -> dict[str, str]:
+        """Options that make the Kafka source run the prepare stage in its read tasks."""
+        return {"memwal.batchMapper": Prepare.FACTORY, "memwal.batchMapperConfig": self.prepare_spec().to_json()}
 
     def prepare(self, df):
         """``df`` decoded, validated and routed (a lazy transformation; streaming DataFrames too)."""
@@ -696,14 +689,9 @@ class MemwalSink:
         return out
 
 
-def progress_json(report: BatchReport) -> str:
-    return json.dumps(asdict(report), sort_keys=True)
-
-
 __all__ = [
     "BatchReport",
     "MemwalSink",
     "SinkOptions",
-    "clear_worker_cache",
     "partition_keys",
 ]

@@ -1,0 +1,121 @@
+"""What a Spark Python worker process keeps between tasks: per table, its state and writers.
+
+Spark reuses a Python worker process for many tasks and micro-batches. Opening a shard
+writer claims the shard and replays its WAL, and loading a table's state reads its
+metadata, so both are done once per worker and kept in a :class:`WorkerTable`, owned by
+the process's :class:`WorkerCache` (:data:`WORKER`). Their lifetime is the worker's:
+:meth:`WorkerCache.clear` (tests, shutdown) flushes the writers and forgets the tables.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import pyarrow as pa
+
+from memwal.state import TableState
+from memwal.writer import ShardWriterPool
+
+
+@dataclass
+class StoredSequences:
+    """The stored sequence (``SinkOptions.sequence_field``) of keys of one shard, as far as
+    this worker knows: key tuple -> sequence, None for a key with no live row.
+
+    Invariant: an entry is the sequence of the key's newest stored version. It holds because
+    only this worker's writer writes the shard while the writer stays open (a writer that
+    another one claimed is fenced, and reopening it counts as an open), and every write of
+    the sink records what it wrote here. So the cache belongs to one writer generation (the
+    shard's open count, :attr:`opens`): when the writer was (re)opened, what happened in
+    between is unknown and the cache starts empty. Keys it does not know are read from the
+    table, this shard only, once.
+    """
+
+    #: Keep at most this many keys; beyond that the cache starts over (memory stays bounded).
+    MAX_KEYS = 1_000_000
+
+    opens: int = -1
+    known: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+    reader: Any = None
+
+    def restart(self, opens: int) -> None:
+        self.opens = opens
+        self.known.clear()
+
+    def remember(self, keys: Sequence[tuple[Any, ...]], sequences: Sequence[Any]) -> None:
+        if len(self.known) + len(keys) > self.MAX_KEYS:
+            self.known.clear()
+        self.known.update(zip(keys, sequences))
+
+
+@dataclass
+class WorkerTable:
+    """One table in one worker process: its state, its writer pool (one writer per shard the
+    worker writes), and per shard the time of its last flush and its :class:`StoredSequences`."""
+
+    state: TableState
+    writers: ShardWriterPool
+    last_flush: dict[str, float] = field(default_factory=dict)
+    _sequences: dict[str, StoredSequences] = field(default_factory=dict, repr=False)
+    _guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def load(cls, uri: str) -> "WorkerTable":
+        state = TableState.load(uri)
+        return cls(state, ShardWriterPool(state))
+
+    def sequences(self, shard_id: str) -> StoredSequences:
+        """The shard's stored sequences, started over if its writer was (re)opened since."""
+        with self._guard:
+            cache = self._sequences.setdefault(shard_id, StoredSequences())
+        opens = self.writers.shard_stats(shard_id).opens
+        if cache.opens != opens:
+            cache.restart(opens)
+        return cache
+
+    def stored_sequences(self, shard_id: str, keys: pa.Table, sequence_field: str) -> pa.Table:
+        """Key columns and ``sequence_field`` of the live rows of ``keys`` in ``shard_id``
+        (strongly consistent: the shard's unflushed WAL included)."""
+        from memwal.readers import Reader
+        from memwal.readers.keys import keys_predicate
+
+        cache = self.sequences(shard_id)
+        if cache.reader is None:
+            # One reader per shard: its WAL-tail cache is per shard, and threads write shards.
+            cache.reader = Reader(self.state, consistency="strong")
+        pk = list(self.state.primary_key)
+        return cache.reader.scan(columns=pk + [sequence_field], where=keys_predicate(keys.select(pk)))
+
+    def close(self) -> None:
+        self.writers.close()
+
+
+class WorkerCache:
+    """The worker process's tables by URI, loaded on first use."""
+
+    def __init__(self) -> None:
+        self._tables: dict[str, WorkerTable] = {}
+        self._lock = threading.Lock()
+
+    def table(self, uri: str) -> WorkerTable:
+        with self._lock:
+            t = self._tables.get(uri)
+            if t is None:
+                t = self._tables[uri] = WorkerTable.load(uri)
+            return t
+
+    def clear(self) -> None:
+        """Flush and forget every table (tests, shutdown)."""
+        with self._lock:
+            tables, self._tables = list(self._tables.values()), {}
+        for t in tables:
+            try:
+                t.close()
+            except Exception:  # noqa: BLE001 - best effort at shutdown
+                pass
+
+
+#: This process's cache.
+WORKER = WorkerCache()
