@@ -1,6 +1,6 @@
 # The two commands of the README's Quick start, and what they need.
 #   make demo   end-to-end demo on a local embedded setup
-#   make test   the whole test suite
+#   make test   lint (ruff, the import-layer contract) and the whole test suite
 # Both create .venv/ and install memwal with its pinned dependencies; both install Java
 # (Spark needs it) and Node.js/npm (the Apache Kafka test broker comes from npm) via apt
 # when missing.
@@ -28,6 +28,8 @@ demo: system-deps $(VENV)/.installed
 	$(PY) -m memwal.demo
 
 test: system-deps $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest
 
 clean:

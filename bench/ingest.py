@@ -243,7 +243,8 @@ def main() -> None:
             results["throughput"] = []
             for name, n, busy, elapsed, durations in rows:
                 rate = n / busy
-                print(f"{name:32} {rate:14,.0f} {rate / naive_rate:8.2f} {n / elapsed:15,.0f} {pct(durations, 50) * 1000:9.0f} / {pct(durations, 99) * 1000:.0f}")
+                p50, p99 = pct(durations, 50) * 1000, pct(durations, 99) * 1000
+                print(f"{name:32} {rate:14,.0f} {rate / naive_rate:8.2f} {n / elapsed:15,.0f} {p50:9.0f} / {p99:.0f}")
                 results["throughput"].append(
                     {"sink": name, "rows": n, "rows_per_s": rate, "x_naive": rate / naive_rate, "query_rows_per_s": n / elapsed,
                      "batch_p50_ms": pct(durations, 50) * 1000, "batch_p99_ms": pct(durations, 99) * 1000}
@@ -267,14 +268,24 @@ def main() -> None:
                     r = eventual.get(PROBE, columns=["val"])
                     return r["val"] if r else None
 
+                def ckpt(tag, topic):
+                    return os.path.join(work, f"ckpt-{tag}-{topic}")
+
                 cases = [
-                    ("naive", lambda topic, stop: run_naive(spark, broker, topic, naive_uri, os.path.join(work, f"ckpt-fn-{topic}"), args.batch_rows, False, stop), naive_probe),
-                    ("memwal, strong reader", lambda topic, stop: run_memwal(spark, broker, topic, uris["memwal"], os.path.join(work, f"ckpt-fm-{topic}"), args.batch_rows, None, False, stop), strong_probe),
-                    ("memwal, eventual reader", lambda topic, stop: run_memwal(spark, broker, topic, uris["memwal"], os.path.join(work, f"ckpt-fe-{topic}"), args.batch_rows, None, False, stop), eventual_probe),
+                    ("naive", lambda topic, stop: run_naive(spark, broker, topic, naive_uri, ckpt("fn", topic), args.batch_rows, False, stop),
+                     naive_probe),
+                    ("memwal, strong reader",
+                     lambda topic, stop: run_memwal(spark, broker, topic, uris["memwal"], ckpt("fm", topic), args.batch_rows, None, False, stop),
+                     strong_probe),
+                    ("memwal, eventual reader",
+                     lambda topic, stop: run_memwal(spark, broker, topic, uris["memwal"], ckpt("fe", topic), args.batch_rows, None, False, stop),
+                     eventual_probe),
                 ]
                 print(f"\nfreshness at {args.freshness_rate:,} rows/s for {args.freshness_seconds:.0f}s (producer send -> visible to a reader)")
                 for name, run, probe in cases:
-                    samples = freshness(spark, broker, name.split(",")[0], run, probe, args.freshness_rate, args.freshness_seconds, args.base_rows, args.batch_rows)
+                    samples = freshness(
+                        spark, broker, name.split(",")[0], run, probe, args.freshness_rate, args.freshness_seconds, args.base_rows, args.batch_rows
+                    )
                     print(f"{name:32} p50 {pct(samples, 50) * 1000:6.0f} ms   p99 {pct(samples, 99) * 1000:6.0f} ms   ({len(samples)} probes)")
                     results["freshness"].append({"reader": name, "p50_ms": pct(samples, 50) * 1000, "p99_ms": pct(samples, 99) * 1000, "probes": len(samples)})
         spark.stop()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import sys
 import time
 
@@ -106,7 +105,7 @@ def main() -> None:
             reader = readers.open(uri, refresh_interval_ms=None)
             assert reader.snapshot.num_live_sstables == sstables
             reader.get(keys[0])  # warm the planner
-            lat = time_calls(lambda k: reader.get(k, columns=["id", "val", "name"]), keys)
+            lat = time_calls(lambda k, r=reader: r.get(k, columns=["id", "val", "name"]), keys)
             t0 = time.perf_counter()
             rows = reader.scan(columns=["id", "val", "name"]).num_rows
             scan = rows / (time.perf_counter() - t0)
@@ -142,7 +141,8 @@ def main() -> None:
                 got = r.search(q, k=10, nprobes=nprobes, columns=["id"], overfetch=overfetch)
                 lat.append(time.perf_counter() - t0)
                 recall.append(len(set(got.column("id").to_pylist()) & want) / 10)
-            print(f"  nprobes {nprobes:3}, overfetch {overfetch:4.0f}: p50 {pct(lat, 50) * 1000:6.1f} ms  p99 {pct(lat, 99) * 1000:6.1f} ms  recall@10 {np.mean(recall):.3f}")
+            p50, p99 = pct(lat, 50) * 1000, pct(lat, 99) * 1000
+            print(f"  nprobes {nprobes:3}, overfetch {overfetch:4.0f}: p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  recall@10 {np.mean(recall):.3f}")
             results["vector"].append({"nprobes": nprobes, "overfetch": overfetch, "p50_ms": pct(lat, 50) * 1000,
                                       "p99_ms": pct(lat, 99) * 1000, "recall_at_10": float(np.mean(recall))})
 

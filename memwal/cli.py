@@ -398,12 +398,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--fts-column", help="build and maintain a full-text index on this column")
     s.set_defaults(func=cmd_init)
 
-    s = sub.add_parser("put", help="upsert rows from a file", description="Upsert rows from a Parquet, CSV or JSON-lines file. Returns when the rows are flushed to SSTables.")
+    s = sub.add_parser("put",
+        help="upsert rows from a file", description="Upsert rows from a Parquet, CSV or JSON-lines file. Returns when the rows are flushed to SSTables.")
     s.add_argument("uri", metavar="URI")
     s.add_argument("file", metavar="FILE")
     s.set_defaults(func=cmd_put)
 
-    s = sub.add_parser("delete", help="delete keys listed in a file", description="Delete the primary keys listed in a Parquet, CSV or JSON-lines file (other columns are ignored). Returns when flushed.")
+    s = sub.add_parser("delete",
+        help="delete keys listed in a file",
+        description="Delete the primary keys listed in a Parquet, CSV or JSON-lines file (other columns are ignored). Returns when flushed.")
     s.add_argument("uri", metavar="URI")
     s.add_argument("file", metavar="FILE")
     s.set_defaults(func=cmd_delete)
@@ -427,7 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--explain", action="store_true", help="print which shards and SSTables the scan reads")
     s.set_defaults(func=cmd_scan)
 
-    s = sub.add_parser("status", help="show shards, WAL and SSTables", description="Per shard: id, writer epoch, manifest version, WAL positions, SSTables and compacted generation; the base table's version and rows.")
+    s = sub.add_parser("status",
+        help="show shards, WAL and SSTables",
+        description="Per shard: id, writer epoch, manifest version, WAL positions, SSTables and compacted generation; the base table's version and rows.")
     s.add_argument("uri", metavar="URI")
     s.add_argument("--json", action="store_true", help="one JSON object")
     s.set_defaults(func=cmd_status)
@@ -450,21 +455,28 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--op-field", help="JSON field holding the operation (upsert/delete); '' for none (default: the sink's)")
     s.add_argument("--sequence-field", help="JSON field ordering versions of a key (highest wins)")
     s.add_argument("--drop-stale", action="store_true", help="with --sequence-field: drop rows older than the stored version")
-    s.add_argument("--flush-interval", type=float, metavar="S", help="flush MemTables at most every S seconds (eventual readers' freshness; default: the sink's)")
-    s.add_argument("--max-write-tasks", type=int, metavar="N", help="write tasks per micro-batch (default: one per 50k rows of --max-offsets-per-trigger, up to Spark's task slots; each shard is written by one task)")
+    s.add_argument("--flush-interval", type=float, metavar="S",
+        help="flush MemTables at most every S seconds (eventual readers' freshness; default: the sink's)")
+    s.add_argument("--max-write-tasks", type=int, metavar="N",
+        help="write tasks per micro-batch (default: one per 50k rows of --max-offsets-per-trigger, up to Spark's task slots; each shard is written by "
+        "one task)")
     s.add_argument("--cores", type=int, help="local Spark cores (default: the local session's)")
     s.add_argument("--maintain", action="store_true", help="also run the maintenance service in this process")
     s.set_defaults(func=cmd_ingest)
 
     s = sub.add_parser("view", help="materialized views", description="Materialized views over a table, refreshed incrementally.")
     vsub = s.add_subparsers(dest="view_command", required=True, metavar="ACTION")
-    v = vsub.add_parser("create", help="define a view and fill it", description="Define a view: SELECT expressions and a WHERE predicate (DataFusion SQL), Python UDF columns, or GROUP BY aggregates (count, sum, min, max, avg).")
+    v = vsub.add_parser("create",
+        help="define a view and fill it",
+        description="Define a view: SELECT expressions and a WHERE predicate (DataFusion SQL), Python UDF columns, or GROUP BY aggregates (count, "
+        "sum, min, max, avg).")
     v.add_argument("uri", metavar="URI", help="the table")
     v.add_argument("name", metavar="NAME")
     v.add_argument("--select", action="append", metavar="EXPR", help="an output column, e.g. 'upper(name) AS uname' or 'sum(score) AS total'; repeat")
     v.add_argument("--where", metavar="SQL")
     v.add_argument("--group-by", action="append", metavar="COL", help="group by this column (repeat); the other --select items must be aggregates")
-    v.add_argument("--udf", action="append", metavar="SPEC", help="name=module:function(col,...)->type[@version], e.g. emb=myudfs:embed(text)->list<float32>[8]@2")
+    v.add_argument("--udf", action="append", metavar="SPEC",
+        help="name=module:function(col,...)->type[@version], e.g. emb=myudfs:embed(text)->list<float32>[8]@2")
     v.add_argument("--shuffle-seed", type=int, help="store rows in a deterministic pseudo-random order")
     v.add_argument("--max-rows-per-fragment", type=int, help="rows per view fragment (default: the view's)")
     v.add_argument("--no-refresh", action="store_true", help="define only; fill on the first refresh")
@@ -495,12 +507,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--once", action="store_true", help="run one cycle and exit")
     maintenance, gc = MaintenanceConfig(), GcConfig()
     s.add_argument("--interval", type=float, default=maintenance.interval_seconds, metavar="S", help="seconds between cycles (default %(default)s)")
-    s.add_argument("--max-generations-per-commit", type=int, default=maintenance.max_generations_per_commit, help="consecutive generations compacted in one commit (default %(default)s)")
-    s.add_argument("--reader-grace", type=float, default=gc.reader_grace_seconds, metavar="S", help="keep SSTables compacted less than S seconds ago (readers may still read them; default %(default)s)")
-    s.add_argument("--base-retention", type=float, default=gc.base_version_retention_seconds, metavar="S", help="keep base table versions younger than S seconds (time travel; default %(default)s)")
+    s.add_argument("--max-generations-per-commit", type=int, default=maintenance.max_generations_per_commit,
+        help="consecutive generations compacted in one commit (default %(default)s)")
+    s.add_argument("--reader-grace", type=float, default=gc.reader_grace_seconds, metavar="S",
+        help="keep SSTables compacted less than S seconds ago (readers may still read them; default %(default)s)")
+    s.add_argument("--base-retention", type=float, default=gc.base_version_retention_seconds, metavar="S",
+        help="keep base table versions younger than S seconds (time travel; default %(default)s)")
     s.add_argument("--drain-interval", type=float, default=gc.drain_interval_seconds, metavar="S",
                    help="drain a shard's collected SSTables at most every S seconds (each drain fences its writer once; default %(default)s)")
-    s.add_argument("--flush-stranded-after", type=float, default=maintenance.flush_stranded_after_seconds, metavar="S", help="flush writes left unflushed S seconds by a crashed or idle writer (default %(default)s)")
+    s.add_argument("--flush-stranded-after", type=float, default=maintenance.flush_stranded_after_seconds, metavar="S",
+        help="flush writes left unflushed S seconds by a crashed or idle writer (default %(default)s)")
     s.add_argument("--no-compact", action="store_true")
     s.add_argument("--no-indexes", action="store_true")
     s.add_argument("--no-gc", action="store_true")

@@ -129,7 +129,7 @@ def run_kafka_flow(workdir: str, records: int, keys: int) -> bool:
     from memwal.streaming.local_broker import start_local_broker
 
     uri = os.path.join(workdir, "users")
-    print(f"== starting a local Kafka-protocol broker and Spark (local[2])")
+    print("== starting a local Kafka-protocol broker and Spark (local[2])")
     with start_local_broker(os.path.join(workdir, "broker")) as broker:
         spark = local_session(app="memwal-demo")
         broker.create_topic("users", 3)

@@ -8,7 +8,6 @@ import os
 # readable. Must happen before Lance is imported.
 os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
 
-import pyarrow as pa  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 

@@ -10,7 +10,6 @@ import threading
 import time
 
 import lance
-import pyarrow as pa
 import pytest
 from helpers import PEOPLE, people
 

@@ -160,7 +160,10 @@ def test_gc_during_active_ingestion(table_uri):
     writer = Table.open(table_uri)
     maintenance = Maintenance(
         TableState.load(table_uri),
-        MaintenanceConfig(interval_seconds=0.05, gc_config=GcConfig(reader_grace_seconds=2, manifest_retention_seconds=0, manifest_versions_kept=5, drain_interval_seconds=0)),
+        MaintenanceConfig(
+            interval_seconds=0.05,
+            gc_config=GcConfig(reader_grace_seconds=2, manifest_retention_seconds=0, manifest_versions_kept=5, drain_interval_seconds=0),
+        ),
     )
     reads = 0
 

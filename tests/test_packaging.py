@@ -4,7 +4,6 @@ memwal/proto) shadows the installed copy: the folder tree is the import namespac
 
 from __future__ import annotations
 
-import os
 import site
 import subprocess
 import sys
