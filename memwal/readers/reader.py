@@ -356,7 +356,7 @@ class Reader:
         # No shard pruning: BM25 statistics are those of the whole live table.
         snap, tail = self._view()
         out = list(columns) if columns else self.state.schema.names
-        return text.search(self, snap, tail, query, k, col, where, out)
+        return text.search(self.state, self.sstables, self.text_stats, snap, tail, query, k, col, where, out)
 
 
 def _unindexed_sstable_rows(cache: sstables.SSTableCache, snap: Snapshot, column: str, wanted: list[str], pk: list[str]) -> pa.Table | None:

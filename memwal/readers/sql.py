@@ -17,6 +17,6 @@ def filter_rows(rows: pa.Table, where: str | None) -> pa.Table:
     ctx.register_record_batches("rows", [rows.to_batches()])
     try:
         out = ctx.sql(f"SELECT * FROM rows WHERE {where}").to_arrow_table()
-    except Exception as e:  # datafusion raises its own exception types
+    except Exception as e:  # noqa: BLE001 - datafusion raises its own exception types, none of them a common base
         raise MemwalError(f"cannot evaluate filter {where!r}: {e}") from None
     return out.cast(rows.schema) if out.num_rows else rows.schema.empty_table()

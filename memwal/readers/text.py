@@ -14,7 +14,7 @@ Lance 14.0.2 searches the LSM levels' text only in Rust; this is memwal's own pl
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import lance
 import pyarrow as pa
@@ -28,7 +28,8 @@ from memwal.schema import TOMBSTONE
 from memwal.snapshot import Snapshot
 
 if TYPE_CHECKING:
-    from memwal.readers.reader import Reader
+    from memwal.readers.sstables import SSTableCache
+    from memwal.state import TableState
 
 SCORE = "_score"
 
@@ -60,7 +61,9 @@ def _matches(texts: pa.ChunkedArray, terms: set[str]) -> pa.Array:
 
 
 def search(
-    reader: "Reader",
+    state: TableState,
+    cache: SSTableCache,
+    base_stats: BaseTextStats,
     snap: Snapshot,
     tail: pa.Table | None,
     query: str,
@@ -69,7 +72,7 @@ def search(
     where: str | None,
     out: list[str],
 ) -> pa.Table:
-    table = reader.state
+    table = state
     pk = list(table.primary_key)
     columns = table.schema.names
     out_schema = pa.schema([table.schema.field(c) for c in out] + [pa.field(SCORE, pa.float64())])
@@ -80,9 +83,9 @@ def search(
     ds = snap.dataset
 
     # Live corpus statistics.
-    stats = reader.text_stats.get(ds, column)
+    stats = base_stats.get(ds, column)
     stats = CorpusStats(stats.docs, stats.length, stats.df.copy())
-    newer = reader.sstables.delta(snap, tail, columns, pk)
+    newer = cache.delta(snap, tail, columns, pk)
     if newer is not None and newer.num_rows:
         shadowed = ds.to_table(columns=[*pk, column], filter=keys_predicate(newer.select(pk)))
         for text in shadowed.column(column).to_pylist():
