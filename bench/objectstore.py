@@ -452,7 +452,7 @@ def main() -> None:
         if name.startswith("memwal"):
             ratios[name] = {c: naive["requests"][c] / r["requests"][c] if r["requests"][c] else None for c in CLASSES}
             ratios[name].update(total=naive["total"] / r["total"], dollars=naive["dollars"] / r["dollars"], bytes_in=naive["bytes_in"] / r["bytes_in"])
-            cells = "  ".join(f"{c} {v:.2f}x" if v else f"{c} -" for c, v in ratios[name].items())
+            cells = "  ".join(f"{c} -" if v is None else f"{c} {v:.2f}x" for c, v in ratios[name].items())
             print(f"naive / {name}: {cells}")
     results["naive_over_memwal"] = ratios
     print_table(f"maintenance of the {args.batches} micro-batches of 'memwal, flush every {flush_every[0]}'", list(maint.items()))
