@@ -144,7 +144,8 @@ def test_gc_sweeps_orphans_but_not_a_flush_in_progress(table_uri):
         with open(os.path.join(d, "data", "x.lance"), "wb") as f:
             f.write(b"x" * 100)
     old = time.time() - 7200
-    os.utime(stale_attempt, (old, old))
+    # An SSTable directory's age is that of its newest file (object stores have no directory times).
+    os.utime(os.path.join(stale_attempt, "data", "x.lance"), (old, old))
     r = GarbageCollector(t.state, NOW).collect_shard(shard, 0)
     assert sorted(r.orphans_removed) == sorted([os.path.basename(failed), os.path.basename(stale_attempt)])
     assert os.path.exists(in_progress) and not os.path.exists(failed)
