@@ -292,6 +292,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     finally:
         if maintenance is not None:
             maintenance.stop()
+        # Stopped before the interpreter exits: on a cluster master the executors are released
+        # in order instead of racing the JVM's shutdown (which relaunches them meanwhile).
+        spark.stop()
     totals = job.sink.totals()
     print(
         f"ingested {int(totals.get('rows', 0))} records in {int(totals.get('batches', 0))} micro-batch(es): "

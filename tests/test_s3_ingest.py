@@ -7,6 +7,7 @@ only if they travel with the sink.
 
 from __future__ import annotations
 
+import pickle
 import time
 
 import pytest
@@ -15,13 +16,27 @@ from test_streaming import SCHEMA, approx, workload
 
 from memwal import Table, readers
 from memwal.state import TableState
-from memwal.storage import ENVIRONMENT_VARIABLES
-from memwal.streaming import ingest
+from memwal.storage import ENVIRONMENT_VARIABLES, StorageConfig
+from memwal.streaming import SinkOptions, ingest
 from memwal.streaming.dead_letters import dead_letter_uri, read_dead_letters
+from memwal.streaming.sink import Prepare, Write
 
-pytestmark = [pytest.mark.s3, pytest.mark.spark, pytest.mark.kafka]
+
+def test_the_stages_carry_the_drivers_storage():
+    """What the executors get: the storage resolved on the driver, in the prepare stage's JSON
+    config (the Kafka source's option) and in the pickled write stage."""
+    storage = StorageConfig.resolve({"aws_region": "eu-west-1", "aws_secret_access_key": "s3cr=t"}, environ={})
+    prepare = Prepare("s3://b/t", SinkOptions(source="kafka-json"), storage)
+    assert Prepare.from_json(prepare.to_json()).storage == storage
+    write = pickle.loads(pickle.dumps(Write("s3://b/t", SinkOptions(), 3, "s3://b/t_dead_letters", storage)))
+    assert write.storage == storage
+    # a config written before storage travelled: the executor's own environment
+    assert Prepare.from_json('{"uri": "/t", "options": {}}').storage is None
 
 
+@pytest.mark.s3
+@pytest.mark.spark
+@pytest.mark.kafka
 def test_ingest_into_an_s3_table_equals_the_model(spark, noida, s3_server, tmp_path, monkeypatch):
     for var, _key in ENVIRONMENT_VARIABLES:
         monkeypatch.delenv(var, raising=False)

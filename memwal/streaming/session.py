@@ -112,6 +112,10 @@ def local_session(app: str = "memwal", cores: int | str = 2, memory: str = "1g",
     # Lance warns on any fork after it is imported; PySpark forks only to exec the JVM.
     warnings.filterwarnings("ignore", message="lance is not fork-safe")
     env = executor_env()  # also this process's own setup (Lance's log filter)
+    if master is not None and is_local_master(master):
+        # The address local-cluster workers and executors bind and advertise (read when the
+        # JVM starts, so only a master known before the launch can set it).
+        os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
     configured = launcher_conf({**LAUNCH_DEFAULTS, "spark.driver.memory": memory})
     chosen = resolve_master(master, configured.get("spark.master"), cores)
     if is_local_master(chosen):
