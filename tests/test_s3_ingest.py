@@ -7,7 +7,10 @@ only if they travel with the sink.
 
 from __future__ import annotations
 
+import os
 import pickle
+import subprocess
+import sys
 import time
 
 import pytest
@@ -74,3 +77,28 @@ def test_ingest_into_an_s3_table_equals_the_model(spark, noida, s3_server, tmp_p
     dlq = read_dead_letters(dead_letter_uri(uri), opts).to_pylist()
     assert [(d["topic"], d["partition"], d["offset"], d["key"]) for d in dlq] == [(topic, bad_partition, bad_offset, b"bad")]
     assert "not valid JSON" in dlq[0]["error"] and dlq[0]["target"] == state.uri
+
+
+@pytest.mark.s3
+@pytest.mark.spark
+@pytest.mark.kafka
+def test_memwal_ingest_with_storage_option_flags(noida, s3_server, tmp_path):
+    """`memwal ingest --available-now --storage-option ...` with no AWS_* variable anywhere."""
+    env = {k: v for k, v in os.environ.items() if k not in {var for var, _key in ENVIRONMENT_VARIABLES}}
+    opts = s3_server.storage_options()
+    flags = [arg for k, v in opts.items() for arg in ("--storage-option", f"{k}={v}")]
+    topic = f"s3-cli-{time.monotonic_ns()}"
+    noida.create_topic(topic, 2)
+    records, model = workload(2000, 300, seed=12, partitions=2)
+    produce(noida, topic, records)
+    uri = s3_server.fresh_uri("users")
+    Table.create(uri, SCHEMA, ["id"], "bucket(id, 2)", storage_options=opts).close()
+    p = subprocess.run(
+        [sys.executable, "-m", "memwal", "ingest", "--bootstrap", noida.bootstrap, "--topic", topic, "--table", uri,
+         "--checkpoint", str(tmp_path / "ckpt"), "--available-now", "--max-offsets-per-trigger", "1000", *flags],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600,
+    )
+    assert p.returncode == 0, p.stderr[-4000:]
+    assert f"ingested {len(records)} records" in p.stdout
+    rows = {r["id"]: r for r in readers.Reader(TableState.load(uri, opts), consistency="eventual").scan().to_pylist()}
+    assert approx(rows) == approx(model)
