@@ -265,7 +265,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         # '' on the command line: records carry no operation field (all upserts)
         **({} if args.op_field is None else {"op_field": args.op_field or None}),
     )
-    spark = local_session(**_given(cores=args.cores))
+    spark = local_session(**_given(cores=args.cores), master=args.master)
     maintenance = None
     if args.maintain:
         from memwal.maintenance import Maintenance
@@ -283,6 +283,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         starting_offsets=args.starting_offsets,
         max_offsets_per_trigger=args.max_offsets_per_trigger,
         options=options,
+        storage_options=_storage(args),
     )
     try:
         job.await_termination()
@@ -291,6 +292,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     finally:
         if maintenance is not None:
             maintenance.stop()
+        # Stopped before the interpreter exits: on a cluster master the executors are released
+        # in order instead of racing the JVM's shutdown (which relaunches them meanwhile).
+        spark.stop()
     totals = job.sink.totals()
     print(
         f"ingested {int(totals.get('rows', 0))} records in {int(totals.get('batches', 0))} micro-batch(es): "
@@ -460,7 +464,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-write-tasks", type=int, metavar="N",
         help="write tasks per micro-batch (default: one per 50k rows of --max-offsets-per-trigger, up to Spark's task slots; each shard is written by "
         "one task)")
-    s.add_argument("--cores", type=int, help="local Spark cores (default: the local session's)")
+    s.add_argument("--master", metavar="URL",
+        help="Spark master (spark://HOST:PORT, yarn, k8s://..., local-cluster[W,C,M], ...); default: the one spark-submit, --conf, "
+        "PYSPARK_SUBMIT_ARGS or spark-defaults.conf name, else local[--cores]")
+    s.add_argument("--cores", type=int, help="cores of the default local[N] master (default: the local session's)")
     s.add_argument("--maintain", action="store_true", help="also run the maintenance service in this process")
     s.set_defaults(func=cmd_ingest)
 

@@ -2,7 +2,9 @@
 
 A Lance table beside the target (``{table}_dead_letters``), keyed by ``dlq_id`` (the Kafka
 coordinates ``topic/partition/offset``, or the micro-batch and row for other sources), so
-a micro-batch that Spark replays after a crash records each bad record once.
+a micro-batch that Spark replays after a crash records each bad record once. It lives on
+the target's object store, so every Lance call takes the target's storage options (they
+travel to the executors with the sink; see :mod:`memwal.storage`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import decimal
 import json
 import math
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import lance
@@ -20,6 +23,11 @@ import pyarrow as pa
 
 from memwal import paths
 from memwal.schema import with_primary_key
+from memwal.state import resolve_storage
+from memwal.storage import StorageConfig
+
+#: What the functions here take as storage: a resolved config, or Lance options resolved over the environment.
+Storage = StorageConfig | Mapping[str, str] | None
 
 SCHEMA = with_primary_key(
     pa.schema(
@@ -72,31 +80,35 @@ def dead_letter_uri(table_uri: str) -> str:
     return paths.dead_letter_table(paths.normalize_uri(table_uri))
 
 
-def _open_or_create(uri: str) -> lance.LanceDataset:
+def _open_or_create(uri: str, options: dict[str, str] | None) -> lance.LanceDataset:
     try:
-        return lance.dataset(uri)
+        return lance.dataset(uri, storage_options=options)
     except (FileNotFoundError, ValueError, OSError):
         pass  # not there yet: create it
     try:
-        return lance.write_dataset(SCHEMA.empty_table(), uri, mode="create")
+        return lance.write_dataset(SCHEMA.empty_table(), uri, mode="create", storage_options=options)
     except (OSError, ValueError):
-        return lance.dataset(uri)  # another task created it first
+        # Another task created it first (its first manifest is a create-if-absent PUT on object stores).
+        return lance.dataset(uri, storage_options=options)
 
 
-def write_dead_letters(uri: str, rows: pa.Table) -> int:
-    """Record ``rows`` (in :data:`SCHEMA`, ``recorded_at`` may be null) unless already recorded."""
+def write_dead_letters(uri: str, rows: pa.Table, storage: Storage = None) -> int:
+    """Record ``rows`` (in :data:`SCHEMA`, ``recorded_at`` may be null) unless already recorded.
+
+    ``storage``: the target table's storage (its :class:`~memwal.storage.StorageConfig`, or Lance
+    options resolved over this process's environment)."""
     if rows.num_rows == 0:
         return 0
     now = pa.array([int(time.time() * 1e6)] * rows.num_rows, pa.timestamp("us", tz="UTC"))
     rows = rows.set_column(rows.schema.get_field_index("recorded_at"), "recorded_at", now).cast(SCHEMA)
-    ds = _open_or_create(uri)
+    ds = _open_or_create(uri, resolve_storage(storage).lance_options())
     ds.merge_insert("dlq_id").when_not_matched_insert_all().execute(rows)
     return rows.num_rows
 
 
-def read_dead_letters(uri: str) -> pa.Table:
+def read_dead_letters(uri: str, storage: Storage = None) -> pa.Table:
     """Everything in a dead-letter table (empty if it does not exist)."""
     try:
-        return lance.dataset(uri).to_table()
+        return lance.dataset(uri, storage_options=resolve_storage(storage).lance_options()).to_table()
     except (FileNotFoundError, ValueError, OSError):
         return SCHEMA.empty_table()

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+from memwal.storage import StorageConfig
 
 from memwal.streaming.kafka_source import SHORT_NAME, register
 from memwal.streaming.sink import MemwalSink, SinkOptions
@@ -90,7 +93,7 @@ class IngestJob:
         if self.query.exception() is None:
             from memwal.table import Table
 
-            flushed = Table.open(self.sink.uri).flush_stranded(0)
+            flushed = Table.open(self.sink.uri, self.sink.storage).flush_stranded(0)
             if flushed:
                 log.info("flushed %d shard(s) left unflushed by the stopped query", len(flushed))
 
@@ -147,12 +150,17 @@ def ingest(
     kafka_options: dict[str, str] | None = None,
     options: SinkOptions | None = None,
     query_name: str | None = None,
+    storage_options: "Mapping[str, str] | StorageConfig | None" = None,
 ) -> IngestJob:
     """Start a query reading JSON records from ``topic`` into the memwal table at ``table_uri``.
 
     Each record's value is a JSON object with the table's columns and an operation field
     (``options.op_field``, default ``op``: ``upsert``/``delete``...). Progress is logged
     per micro-batch and available as ``job.listener.progress``.
+
+    ``storage_options`` reach the table's object store (Lance's key names, over the driver's
+    standard environment variables; see :mod:`memwal.storage`): they are resolved here, once,
+    and travel with the sink to every executor, its writers and the dead-letter table.
     """
     options = options or SinkOptions(source="kafka-json")
     if options.source != "kafka-json":
@@ -161,7 +169,7 @@ def ingest(
         # Micro-batches are bounded: give each write task at least MIN_ROWS_PER_TASK rows.
         slots = max(1, spark.sparkContext.defaultParallelism)
         options = replace(options, max_write_tasks=max(1, min(slots, max_offsets_per_trigger // MIN_ROWS_PER_TASK)))
-    sink = MemwalSink(table_uri, options).bind(spark)
+    sink = MemwalSink(table_uri, options, storage_options).bind(spark)
     name = query_name or f"memwal-ingest-{topic}"
     listener = MemwalProgressListener(sink, name)
     spark.streams.addListener(listener)

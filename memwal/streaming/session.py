@@ -1,38 +1,131 @@
-"""A local SparkSession tuned for memwal on a small machine (tests, the demo, ``memwal ingest``)."""
+"""The SparkSession memwal's entry points run on (``memwal ingest``, the demo, tests, benchmarks).
+
+Whoever launches the driver decides where it runs: a master or any setting given to
+``spark-submit`` (``--master``, ``--conf``), through ``PYSPARK_SUBMIT_ARGS``, or in
+``spark-defaults.conf`` wins over memwal's defaults; an explicit ``master=`` (``memwal ingest
+--master URL``) wins over both; ``local[cores]`` is used only when nothing names a master.
+memwal's defaults (no UI, few shuffle partitions, no adaptive execution, a fast-starting
+driver JVM) fill only what the launcher left unset.
+
+On a local master (``local``, ``local[N]``, ``local-cluster[...]``) the driver binds and
+advertises 127.0.0.1, so it works on a machine whose hostname resolves elsewhere and
+listens on no external interface, and the Python workers run this interpreter (they need
+memwal, pyarrow and Lance). On a cluster both are the deployment's business (docs/deploy.md).
+"""
 
 from __future__ import annotations
 
 import os
 import sys
 import warnings
+from collections.abc import Mapping
+from typing import Final
+
+from memwal.runtime import executor_env
+
+#: Where a local driver binds and what it advertises to its executors.
+LOOPBACK: Final = "127.0.0.1"
+
+#: Settings that shape the driver JVM: they only take effect when it is launched, so they are
+#: handed to the launcher (before ``PYSPARK_SUBMIT_ARGS``, which therefore overrides them).
+#: C1-only JIT and the serial GC roughly halve the driver JVM's start time.
+LAUNCH_DEFAULTS: Final[Mapping[str, str]] = {
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+}
+
+#: memwal's defaults for a session, applied to keys the launcher did not set.
+SESSION_DEFAULTS: Final[Mapping[str, str]] = {
+    "spark.sql.shuffle.partitions": "4",
+    "spark.default.parallelism": "4",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+    # Adaptive execution re-plans every micro-batch, ~70 ms each here, and has nothing to
+    # optimize in a sink's fixed one-task-per-shard shuffle.
+    "spark.sql.adaptive.enabled": "false",
+}
 
 
-def local_session(app: str = "memwal", cores: int | str = 2, memory: str = "1g"):
-    """``local[cores]`` with Python workers running this interpreter (they need memwal,
-    pyarrow and Lance), no UI, few shuffle partitions, and a fast-starting driver JVM."""
+def is_local_master(master: str) -> bool:
+    """True for masters whose executors run on this machine: ``local``, ``local[N]``,
+    ``local[N,F]``, ``local[*]`` and ``local-cluster[W,C,M]``."""
+    return master == "local" or master.startswith(("local[", "local-cluster["))
+
+
+def resolve_master(explicit: str | None, configured: str | None, cores: int | str) -> str:
+    """The master to run on: ``explicit`` (``--master``), else what the launcher configured
+    (``spark-submit``, ``PYSPARK_SUBMIT_ARGS``, ``spark-defaults.conf``), else ``local[cores]``."""
+    if explicit:
+        return explicit
+    if configured:
+        return configured
+    return f"local[{cores}]"
+
+
+def session_settings(
+    master: str,
+    configured: Mapping[str, str],
+    *,
+    memory: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The settings memwal adds to a session on ``master`` given what the launcher
+    ``configured``: memwal's defaults and ``spark.executorEnv.*`` for ``env`` (default:
+    :func:`memwal.runtime.executor_env`) where the launcher set nothing, the loopback driver
+    address on a local master. ``memory`` (driver memory) only matters when this call
+    launches the driver JVM."""
+    wanted: dict[str, str] = dict(SESSION_DEFAULTS)
+    if memory is not None:
+        wanted["spark.driver.memory"] = memory
+    for key, value in (executor_env() if env is None else env).items():
+        wanted[f"spark.executorEnv.{key}"] = value
+    if is_local_master(master):
+        wanted["spark.driver.host"] = LOOPBACK
+        wanted["spark.driver.bindAddress"] = LOOPBACK
+    return {k: v for k, v in wanted.items() if k not in configured}
+
+
+def launcher_conf(launch: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The Spark properties the driver was launched with (``spark-submit`` arguments,
+    ``PYSPARK_SUBMIT_ARGS``, ``spark-defaults.conf``).
+
+    Starts the driver JVM if this process has none yet, with ``launch`` settings that the
+    launcher's own arguments override; under ``spark-submit`` the JVM exists already and
+    ``launch`` is ignored. Reading the properties needs the JVM because only the launcher
+    (``spark-submit``) knows the merged result of its flags and files.
+    """
+    from pyspark import SparkConf, SparkContext
+
+    conf = SparkConf(loadDefaults=False)
+    for key, value in (launch or {}).items():
+        conf.set(key, value)
+    # PySpark's own entry point for "launch or join the gateway"; SparkContext() calls it too.
+    SparkContext._ensure_initialized(conf=conf)
+    return dict(SparkConf(loadDefaults=True).getAll())
+
+
+def local_session(app: str = "memwal", cores: int | str = 2, memory: str = "1g", master: str | None = None):
+    """A SparkSession for memwal: on ``master`` if given, else on the launcher's master, else
+    on ``local[cores]`` (see the module docstring for what wins)."""
     from pyspark.sql import SparkSession
 
     # Lance warns on any fork after it is imported; PySpark forks only to exec the JVM.
     warnings.filterwarnings("ignore", message="lance is not fork-safe")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
-    spark = (
-        SparkSession.builder.master(f"local[{cores}]")
-        .appName(app)
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.default.parallelism", "4")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        # Adaptive execution re-plans every micro-batch, ~70 ms each here, and has nothing
-        # to optimize in a sink's fixed one-task-per-shard shuffle.
-        .config("spark.sql.adaptive.enabled", "false")
-        .config("spark.driver.memory", memory)
-        # C1-only JIT and the serial GC roughly halve the driver JVM's start time.
-        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-        .config("spark.executorEnv.LANCE_LOG", os.environ["LANCE_LOG"])
-        .getOrCreate()
-    )
+    env = executor_env()  # also this process's own setup (Lance's log filter)
+    if master is not None and is_local_master(master):
+        # The address local-cluster workers and executors bind and advertise (read when the
+        # JVM starts, so only a master known before the launch can set it).
+        os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+    configured = launcher_conf({**LAUNCH_DEFAULTS, "spark.driver.memory": memory})
+    chosen = resolve_master(master, configured.get("spark.master"), cores)
+    if is_local_master(chosen):
+        # Local executors run this interpreter (read when the SparkContext is created). On a
+        # cluster its path means nothing on other machines: the deployment names the Python.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = SparkSession.builder.master(chosen).appName(configured.get("spark.app.name", app))
+    for key, value in session_settings(chosen, configured, env=env).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark

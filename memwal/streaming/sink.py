@@ -19,6 +19,11 @@ Per micro-batch, entirely on the executors:
 
 Only per-shard counters come back to the driver, which logs one line per micro-batch.
 
+**Storage.** The table's :class:`~memwal.storage.StorageConfig` (credentials, endpoint) is
+resolved once, on the driver, and travels inside both stages (pickled with ``Write``, in the
+JSON config of ``Prepare``) to every executor, its worker cache and the dead-letter table:
+an executor's environment need not know the object store.
+
 **Exactly once.** Spark replays an uncommitted micro-batch after a crash with the same
 offsets. Writes are idempotent per micro-batch: every key ends at the batch's newest row
 for it whether the batch ran once, twice, or half and then once; dead letters are keyed
@@ -44,7 +49,8 @@ from memwal.failpoints import failpoint
 from memwal.lsm import newest_per_key
 from memwal.routing import shard_codes, trusted_batch
 from memwal.sharding import ShardingSpec, ShardValues
-from memwal.state import TableState
+from memwal.state import TableState, resolve_storage
+from memwal.storage import StorageConfig
 from memwal.streaming.dead_letters import record_json
 from memwal.streaming.decode import JsonDecoder, check_rows, operations
 from memwal.streaming.worker import WORKER, WorkerTable
@@ -259,23 +265,30 @@ class Prepare:
     #: The Arrow schema of what it yields (the batch-mapper contract).
     schema = EXCHANGE_SCHEMA
 
-    def __init__(self, uri: str, options: SinkOptions) -> None:
+    def __init__(self, uri: str, options: SinkOptions, storage: StorageConfig | None = None) -> None:
         self.uri = uri
         self.options = options
+        #: None: the executor's own environment (a config written before storage travelled).
+        self.storage = storage
 
     def to_json(self) -> str:
-        return json.dumps({"uri": self.uri, "options": asdict(self.options)})
+        # Spark redacts a source option whose value matches spark.redaction.regex ("secret",
+        # "token", ...), so the credentials in here do not reach the UI or the logs.
+        storage = None if self.storage is None else [list(kv) for kv in self.storage.items]
+        return json.dumps({"uri": self.uri, "options": asdict(self.options), "storage": storage})
 
     @classmethod
     def from_json(cls, text: str) -> "Prepare":
         d = json.loads(text)
-        return cls(d["uri"], SinkOptions(**d["options"]))
+        items = d.get("storage")
+        storage = None if items is None else StorageConfig(tuple((str(k), str(v)) for k, v in items))
+        return cls(d["uri"], SinkOptions(**d["options"]), storage)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Exchange rows (see :data:`EXCHANGE_SCHEMA`) for ``batches``."""
         from pyspark import TaskContext
 
-        state = WORKER.table(self.uri).state
+        state = WORKER.table(self.uri, self.storage).state
         ctx = TaskContext.get()
         task_partition = ctx.partitionId() if ctx is not None else 0
         n = shard_partitions(state.spec, self.options)
@@ -409,11 +422,13 @@ def spark_schema(schema: pa.Schema):
 class Write:
     """The write stage, pickled to executors (``mapInArrow`` after ``repartition``)."""
 
-    def __init__(self, uri: str, options: SinkOptions, batch_id: int, dead_letter_uri: str) -> None:
+    def __init__(self, uri: str, options: SinkOptions, batch_id: int, dead_letter_uri: str, storage: StorageConfig | None = None) -> None:
         self.uri = uri
         self.options = options
         self.batch_id = batch_id
         self.dead_letter_uri = dead_letter_uri
+        #: None: the executor's own environment.
+        self.storage = storage
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         routed: list[pa.Table] = []
@@ -469,7 +484,7 @@ class Write:
                 "target": pa.array([self.uri] * n, pa.string()),
             }
         ).cast(SCHEMA.remove_metadata())
-        write_dead_letters(self.dead_letter_uri, rows)
+        write_dead_letters(self.dead_letter_uri, rows, self.storage)
         return _summary("", rows=0, dead_letters=n, seconds=time.perf_counter() - t0)
 
     def _write_shard(self, shard_id: str, values: ShardValues, rows: pa.Table) -> pa.RecordBatch:
@@ -477,7 +492,7 @@ class Write:
         batches trusted after a cheap check. Runs in the one thread writing this shard, so
         the shard's writer counters before and after are this write's alone."""
         t0 = time.perf_counter()
-        worker = WORKER.table(self.uri)
+        worker = WORKER.table(self.uri, self.storage)
         state = worker.state
         pk = list(state.primary_key)
         seq = self.options.sequence_field
@@ -581,9 +596,18 @@ class MemwalSink:
 
     Prefer ``sink.prepare(df)`` on the streaming DataFrame (it adds observed metrics to the
     query's progress); a DataFrame passed unprepared is prepared inside each batch.
+
+    ``storage_options`` (Lance's key names, or a resolved
+    :class:`~memwal.storage.StorageConfig`) override the standard environment variables of
+    the driver; the result travels to the executors with each stage.
     """
 
-    def __init__(self, table_uri: str, options: SinkOptions | None = None) -> None:
+    def __init__(
+        self,
+        table_uri: str,
+        options: SinkOptions | None = None,
+        storage_options: "dict[str, str] | StorageConfig | None" = None,
+    ) -> None:
         from memwal import paths
         from memwal.streaming.dead_letters import dead_letter_uri
 
@@ -591,7 +615,8 @@ class MemwalSink:
         self.options = options or SinkOptions()
         if self.options.source not in ("columns", "kafka-json"):
             raise ValueError(f"source must be 'columns' or 'kafka-json', got {self.options.source!r}")
-        table = TableState.load(self.uri)  # fail early, on the driver, if the table is missing
+        self.storage = resolve_storage(storage_options)
+        table = TableState.load(self.uri, self.storage)  # fail early, on the driver, if the table is missing
         seq = self.options.sequence_field
         if seq is not None and seq not in table.schema.names:
             raise ValueError(f"sequence field {seq!r} is not a column of {self.uri}; the stored version must be kept")
@@ -608,12 +633,12 @@ class MemwalSink:
         write stages must agree on it for the life of the query)."""
         if self.options.max_write_tasks is None:
             self.options = replace(self.options, max_write_tasks=max(1, spark.sparkContext.defaultParallelism))
-            self.partitions = shard_partitions(TableState.load(self.uri).spec, self.options)
+            self.partitions = shard_partitions(TableState.load(self.uri, self.storage).spec, self.options)
         return self
 
     def prepare_spec(self) -> Prepare:
         """The prepare stage, for running it elsewhere."""
-        return Prepare(self.uri, self.options)
+        return Prepare(self.uri, self.options, self.storage)
 
     def batch_mapper_options(self) -> dict[str, str]:
         """Options that make the Kafka source run the prepare stage in its read tasks."""
@@ -644,7 +669,7 @@ class MemwalSink:
         t0 = time.perf_counter()
         self.bind(df.sparkSession)
         prepared = df if PART in df.columns else self.prepare(df)
-        write = Write(self.uri, self.options, batch_id, self.dead_letter_uri)
+        write = Write(self.uri, self.options, batch_id, self.dead_letter_uri, self.storage)
         # One task per write partition: Spark hash-partitions the magic key of partition p
         # into partition p.
         keys = partition_keys(self.partitions)

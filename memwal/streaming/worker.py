@@ -3,7 +3,9 @@
 Spark reuses a Python worker process for many tasks and micro-batches. Opening a shard
 writer claims the shard and replays its WAL, and loading a table's state reads its
 metadata, so both are done once per worker and kept in a :class:`WorkerTable`, owned by
-the process's :class:`WorkerCache` (:data:`WORKER`). Their lifetime is the worker's:
+the process's :class:`WorkerCache` (:data:`WORKER`), keyed by the table's URI and the
+:class:`~memwal.storage.StorageConfig` the sink shipped with the task (an executor's own
+environment need not know the table's object store). Their lifetime is the worker's:
 :meth:`WorkerCache.clear` (tests, shutdown) flushes the writers and forgets the tables.
 """
 
@@ -16,6 +18,7 @@ from typing import Any, Sequence
 import pyarrow as pa
 
 from memwal.state import TableState
+from memwal.storage import StorageConfig
 from memwal.writer import ShardWriterPool
 
 
@@ -62,8 +65,8 @@ class WorkerTable:
     _guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
-    def load(cls, uri: str) -> "WorkerTable":
-        state = TableState.load(uri)
+    def load(cls, uri: str, storage: StorageConfig) -> "WorkerTable":
+        state = TableState.load(uri, storage)
         return cls(state, ShardWriterPool(state))
 
     def sequences(self, shard_id: str) -> StoredSequences:
@@ -93,17 +96,23 @@ class WorkerTable:
 
 
 class WorkerCache:
-    """The worker process's tables by URI, loaded on first use."""
+    """The worker process's tables by (URI, storage), loaded on first use.
+
+    The storage is part of the key because it is how the files are reached: two sinks naming
+    the same URI with different credentials or endpoints must not share a handle.
+    """
 
     def __init__(self) -> None:
-        self._tables: dict[str, WorkerTable] = {}
+        self._tables: dict[tuple[str, StorageConfig], WorkerTable] = {}
         self._lock = threading.Lock()
 
-    def table(self, uri: str) -> WorkerTable:
+    def table(self, uri: str, storage: StorageConfig | None = None) -> WorkerTable:
+        """``storage``: as the sink resolved it on the driver (None: this process's environment)."""
+        storage = storage if storage is not None else StorageConfig.resolve()
         with self._lock:
-            t = self._tables.get(uri)
+            t = self._tables.get((uri, storage))
             if t is None:
-                t = self._tables[uri] = WorkerTable.load(uri)
+                t = self._tables[(uri, storage)] = WorkerTable.load(uri, storage)
             return t
 
     def clear(self) -> None:
