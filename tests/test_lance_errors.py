@@ -84,12 +84,15 @@ def test_claim_race(table_uri):
             th.start()
         for th in threads:
             th.join()
-        if errors:
+        if any(lance_errors.is_claim_race(x) for x in errors):
             break
-    assert errors, "six simultaneous claims never raced"
+    assert any(lance_errors.is_claim_race(x) for x in errors), "six simultaneous claims never raced"
     for exc in errors:
-        # its message nests Lance's "Retryable commit conflict" of the shard manifest: still a claim race only
-        assert_only(exc, "claim_race")
+        # A racing open either loses the manifest commit (a claim race, whose message nests Lance's
+        # "Retryable commit conflict": still a claim race only) or wins it and is then fenced by a
+        # later claim while it replays: both are one writer losing the shard to another.
+        kind = "claim_race" if lance_errors.is_claim_race(exc) else "fenced"
+        assert_only(exc, kind)
         assert isinstance(lance_errors.classify(exc), FencedError)
 
 
