@@ -6,6 +6,10 @@ itself fenced has lost the shard to a newer one; its acknowledged writes are saf
 are in the WAL, and the new writer replays them), so the pool reopens the shard once and
 retries the write. A second fence means another process keeps claiming the shard, which
 memwal reports as :class:`FencedError` rather than fighting over it.
+
+Before it claims a shard the pool checks that the shard's unflushed WAL has no gap: Lance's
+replay stops at the first missing entry and the writer would then flush (and so drop) only
+what came before it. A shard with a gap raises :class:`WalGapError` and is never opened.
 """
 
 from __future__ import annotations
@@ -20,14 +24,14 @@ import lance
 import lance.mem_wal
 import pyarrow as pa
 
-from memwal.errors import FencedError
+from memwal.errors import FencedError, WalGapError
 from memwal.lance_errors import is_claim_race, is_fenced
 from memwal.manifest import ShardManifest
 from memwal.metadata import WriterConfig
 from memwal.routing import RoutedBatch
 from memwal.sharding import ShardValues, field_entries
 from memwal.state import TableState
-from memwal.wal import WalTailReader
+from memwal.wal import WalTailReader, check_contiguous
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +133,18 @@ class ShardWriterPool:
         with self._guard:
             self.stats.add(**deltas)
 
+    def _check_wal(self, shard_id: str) -> None:
+        """Raise :class:`WalGapError` if the shard's WAL after its last flushed position has a gap."""
+        manifests = self.state.manifests
+        version = manifests.latest_version(shard_id)
+        m = manifests.read_shard(shard_id, version) if version is not None else None
+        if m is not None:
+            check_contiguous(self.state.io, self.state.uri, shard_id, m.replay_after_wal_entry_position)
+
     def _open(self, shard_id: str) -> lance.mem_wal.ShardWriter:
         t0 = time.perf_counter()
+        # One manifest read and one listing: opens are rare (first write, after a fence).
+        self._check_wal(shard_id)
         for attempt in range(_CLAIM_ATTEMPTS):
             try:
                 w = self.state.dataset().mem_wal_writer(shard_id, **self.config.lance_kwargs())
@@ -243,21 +257,32 @@ class ShardWriterPool:
         visible to strong readers, but eventual readers see them only once flushed.
         Claiming the shard replays them and closing flushes them; a live but idle writer
         elsewhere is fenced and reopens on its next write.
+
+        A shard whose WAL has a gap is never flushed (that would drop the entries after the
+        gap): the other shards are flushed, then the first such :class:`WalGapError` is raised.
         """
         state = self.state
         tails = WalTailReader(state.uri, state.io, state.manifests, state.primary_key)
         now = time.time()
         flushed = []
+        damaged: list[WalGapError] = []
         for shard_id in state.manifests.list_shards():
             if shard_id in self.open_shards:
                 continue
             m = state.manifests.read_shard(shard_id)
-            newest = tails.newest_entry_mtime(m) if m is not None else None
-            if newest is None or now - newest < idle_seconds:
+            try:
+                newest = tails.newest_entry_mtime(m) if m is not None else None
+                if newest is None or now - newest < idle_seconds:
+                    continue
+                log.info("flushing stranded WAL entries of shard %s", shard_id)
+                self.claim_and_flush(shard_id)
+            except WalGapError as e:
+                log.error("%s", e)
+                damaged.append(e)
                 continue
-            log.info("flushing stranded WAL entries of shard %s", shard_id)
-            self.claim_and_flush(shard_id)
             flushed.append(shard_id)
+        if damaged:
+            raise damaged[0]
         return flushed
 
     def close(self) -> None:
