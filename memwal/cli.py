@@ -29,6 +29,7 @@ import pyarrow as pa  # noqa: E402
 from memwal import formats  # noqa: E402
 from memwal.errors import (  # noqa: E402
     ConcurrencyError,
+    InputFileError,
     InvalidArgumentError,
     InvalidValueError,
     MemwalError,
@@ -61,6 +62,7 @@ EXIT_CONFLICT = 4
 #: URI with no table is one (the user named it), as a missing input file is; "not found"
 #: (1) is reserved for a query that ran and found nothing, like grep's 1.
 _INPUT_ERRORS: tuple[type[BaseException], ...] = (
+    InputFileError,
     InvalidArgumentError,
     InvalidValueError,
     PrimaryKeyError,
