@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from memwal import paths
 from memwal.cache import ByteLRU
-from memwal.errors import WalGapError
+from memwal.errors import TableDamagedError, WalGapError
 from memwal.io import FileIO
 from memwal.lsm import newest_per_key
 from memwal.manifest import ManifestStore, ShardManifest
@@ -121,11 +121,19 @@ class WalTailReader:
         key = (shard_id, position)
         e = self._cache.get(key)
         if e is None:
+            path = paths.wal_entry_path(self.uri, shard_id, position)
             try:
-                data = self.io.read(paths.wal_entry_path(self.uri, shard_id, position))
+                data = self.io.read(path)
             except FileNotFoundError:
                 return None
-            e = self._cache.put(key, WalEntry.parse(position, data), len(data))
+            try:
+                parsed = WalEntry.parse(position, data)
+            except (pa.ArrowInvalid, ValueError) as exc:
+                raise TableDamagedError(
+                    f"shard {shard_id}: WAL entry {position} ({path}, {len(data)} bytes) cannot be read ({exc}); "
+                    "restore the file from a backup"
+                ) from None
+            e = self._cache.put(key, parsed, len(data))
         return e
 
     def entries(self, manifest: ShardManifest) -> list[WalEntry]:
