@@ -59,6 +59,7 @@ class Maintenance:
         self.gc = GarbageCollector(self.state, self.config.gc_config)
         #: Claims shards whose writers died with unflushed writes, to flush them.
         self.writers = ShardWriterPool(self.state)
+        self.writers.owner = f"maintenance {self.writers.owner}"  # how a fenced writer's error names it
         #: Called after every cycle that committed a compaction (views refresh from here).
         self.after_compaction: list[Callable[[CycleReport], None]] = []
         self.totals = MaintenanceTotals()
@@ -78,7 +79,10 @@ class Maintenance:
         damage: WalGapError | None = None
         if self.config.flush_stranded_after_seconds is not None:
             try:
-                done["stranded_shards_flushed"] = len(self.writers.flush_stranded(self.config.flush_stranded_after_seconds))
+                # A live writer that is merely idle keeps its shard (its lease says so): fencing it
+                # would only make it reopen, and fight this service over the shard.
+                flushed = self.writers.flush_stranded(self.config.flush_stranded_after_seconds, skip_live_writers=True)
+                done["stranded_shards_flushed"] = len(flushed)
             except WalGapError as e:
                 damage = e
         if self.config.compact:
