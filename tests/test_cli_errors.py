@@ -143,3 +143,27 @@ def test_python_api_raises_memwal_errors(tmp_path):
     assert not os.path.exists(tmp_path / "never")
     with pytest.raises(InvalidArgumentError):
         Table.create(str(tmp_path / "never"), pa.schema([("id", pa.int64())]), ["id"], writer=WriterConfig(max_memtable_rows=0))
+
+
+def test_put_says_how_many_rows_were_applied_when_writing_fails(tmp_path, monkeypatch, capsys):
+    from memwal import cli
+
+    uri = str(tmp_path / "t")
+    Table.create(uri, pa.schema([("id", pa.int64()), ("name", pa.string())]), ["id"], "unsharded").close()
+    src = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"id": pa.array(range(70_000), pa.int64()), "name": ["x"] * 70_000}), src)
+    real_write, calls = Table.write, []
+
+    def failing_write(self, data):
+        calls.append(data.num_rows)
+        if len(calls) == 2:
+            raise OSError("the disk is full")
+        return real_write(self, data)
+
+    monkeypatch.setattr(Table, "write", failing_write)
+    assert cli.main(["put", uri, str(src)]) == 3
+    err = capsys.readouterr().err
+    assert f"65536 of 70000 rows of {src} were applied" in err and "the disk is full" in err
+    assert "Traceback" not in err
+    monkeypatch.setattr(Table, "write", real_write)
+    assert readers.open(uri).count() == 65_536
