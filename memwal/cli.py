@@ -18,6 +18,7 @@ configure_process()  # before anything imports Lance
 import argparse  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
+import os  # noqa: E402
 import re  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -26,9 +27,10 @@ from typing import Any, Sequence  # noqa: E402
 
 import pyarrow as pa  # noqa: E402
 
-from memwal import formats  # noqa: E402
+from memwal import formats, paths  # noqa: E402
 from memwal.errors import (  # noqa: E402
     ConcurrencyError,
+    InputFileError,
     InvalidArgumentError,
     InvalidValueError,
     MemwalError,
@@ -44,6 +46,8 @@ from memwal.lance_errors import classify, lance_message  # noqa: E402
 from memwal.maintenance import MaintenanceConfig  # noqa: E402
 from memwal.metadata import IndexConfig, WriterConfig  # noqa: E402
 from memwal.render import render_plan, render_rows, render_status  # noqa: E402
+from memwal.routing import route  # noqa: E402
+from memwal.schema import as_table, conform, key_schema  # noqa: E402
 from memwal.state import TableState  # noqa: E402
 from memwal.storage import StorageConfig  # noqa: E402
 from memwal.status import table_status  # noqa: E402
@@ -61,6 +65,7 @@ EXIT_CONFLICT = 4
 #: URI with no table is one (the user named it), as a missing input file is; "not found"
 #: (1) is reserved for a query that ran and found nothing, like grep's 1.
 _INPUT_ERRORS: tuple[type[BaseException], ...] = (
+    InputFileError,
     InvalidArgumentError,
     InvalidValueError,
     PrimaryKeyError,
@@ -87,16 +92,19 @@ def _setup_logging(verbosity: int) -> None:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
+    # Everything is checked before anything is created: a table half-created by a refused
+    # argument would make every later init of the same URI fail with "table exists".
+    writer = WriterConfig(max_memtable_rows=args.max_memtable_rows, max_wal_flush_interval_ms=args.wal_flush_interval_ms)
+    local = paths.normalize_uri(args.uri)
+    if "://" not in local and os.path.exists(local) and not os.path.isdir(local):
+        raise InvalidArgumentError(f"{local} is a file, not a directory; a table is a directory: pick another URI")
     schema = formats.read_schema(args.schema_from)
     table = Table.create(
         args.uri,
         schema,
         primary_key=args.primary_key,
         shard_by=args.shard_by,
-        writer=WriterConfig(
-            max_memtable_rows=args.max_memtable_rows,
-            max_wal_flush_interval_ms=args.wal_flush_interval_ms,
-        ),
+        writer=writer,
         indexes=IndexConfig(vector_column=args.vector_column, fts_column=args.fts_column),
         storage_options=_storage(args),
     )
@@ -113,22 +121,53 @@ def _state(args: argparse.Namespace, uri: str | None = None) -> TableState:
     return TableState.load(uri or args.uri, _storage(args))
 
 
+def _check_batch(table: Table, rows: pa.Table, deletes: bool) -> None:
+    """Raise what ``table.write`` (``table.delete``) would raise for ``rows`` as input,
+    without writing: the schema (types, nulls in the key) and the sharding transforms."""
+    if deletes:
+        rows = rows.select([c for c in rows.schema.names if c in table.primary_key])
+        rows = conform(rows, key_schema(table.write_schema, table.primary_key), what="keys to delete")
+    else:
+        rows = conform(as_table(rows, table.schema), table.write_schema)
+    route(rows, table.spec.shard_value_arrays(rows), table.resolver, deletes=deletes)
+
+
 def _apply_file(uri: str, path: str, deletes: bool, storage: StorageConfig) -> tuple[int, int]:
     """Upsert (or delete) every row of a file, streaming it in batches; returns (rows, shards).
 
+    The file is read twice: first every batch is checked against the table (so a bad row
+    anywhere refuses the whole file before anything is written), then written. A failure
+    while writing (I/O, a fenced writer) says how many rows were applied: each applied
+    row is durable, and re-running the command is safe (upserts and deletes are idempotent).
     Returns once the table is closed, which flushes MemTables to SSTables: every reader
     sees the rows when the command ends.
     """
-    rows = 0
-    last = time.monotonic()
+    what = "delete" if deletes else "put"
     with Table.open(uri, storage) as table:
-        op = table.delete if deletes else table.write
+        total = 0
+        last = time.monotonic()
         for batch in formats.iter_batches(path, table.schema):
-            op(pa.Table.from_batches([batch]))
-            rows += batch.num_rows
+            _check_batch(table, pa.Table.from_batches([batch]), deletes)
+            total += batch.num_rows
             if time.monotonic() - last > PROGRESS_SECONDS:
-                log.warning("%s: %d rows so far", "delete" if deletes else "put", rows)
+                log.warning("%s: %d rows checked so far", what, total)
                 last = time.monotonic()
+        rows = 0
+        op = table.delete if deletes else table.write
+        try:
+            for batch in formats.iter_batches(path, table.schema):
+                op(pa.Table.from_batches([batch]))
+                rows += batch.num_rows
+                if time.monotonic() - last > PROGRESS_SECONDS:
+                    log.warning("%s: %d of %d rows so far", what, rows, total)
+                    last = time.monotonic()
+        except Exception:
+            print(
+                f"memwal: {what}: {rows} of {total} rows of {path} were applied before the error "
+                "(they are durable; re-running the command is safe)",
+                file=sys.stderr,
+            )
+            raise
         shards = len(table.writers.open_shards)
     return rows, shards
 

@@ -90,3 +90,17 @@ class MetricsFormatError(MemwalError):
 class TableDamagedError(MemwalError):
     """The table's on-disk state is inconsistent (e.g. an interrupted create); it needs repair
     or re-creation, not a retry."""
+
+
+class WalGapError(TableDamagedError):
+    """A shard's WAL misses an entry that later entries follow.
+
+    Entries replay in position order and every reader (and Lance's own replay) stops at the
+    first missing position, so the acknowledged writes after a gap would be silently
+    dropped by the next flush. memwal refuses to read, flush or claim such a shard instead.
+    """
+
+
+class InputFileError(MemwalError):
+    """A file given as input (to ``put``, ``delete`` or ``init``) cannot be read: a directory,
+    an unknown extension, a damaged body. Nothing was written from it."""

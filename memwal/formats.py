@@ -2,6 +2,13 @@
 
 CSV and JSON carry no reliable types, so when a table schema is known the file is parsed
 with it: a column that does not parse as its table type is an error naming the column.
+
+CSV values are kept as written: only an empty unquoted field is null (Arrow's default
+would also turn the strings "NA", "N/A", "null", "#N/A" and the floats "nan" into nulls),
+a quoted empty field is the empty string, and "nan"/"NaN" in a float column is NaN.
+
+A file that cannot be read at all (a directory, an unknown extension, a damaged body) is
+an :class:`~memwal.errors.InputFileError` naming it.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import pyarrow.ipc as ipc
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from memwal.errors import MemwalError, SchemaMismatchError
+from memwal.errors import InputFileError, MemwalError, SchemaMismatchError
 
 PARQUET = (".parquet", ".pq")
 ARROW = (".arrow", ".feather", ".ipc", ".arrows")
@@ -34,9 +41,22 @@ def _kind(path: str) -> str:
     for kind, exts in (("parquet", PARQUET), ("arrow", ARROW), ("csv", CSV), ("json", JSONL)):
         if ext in exts:
             return kind
-    raise MemwalError(
+    raise InputFileError(
         f"cannot tell the format of {path!r} from its extension; use .parquet, .arrow/.feather, .csv or .jsonl"
     )
+
+
+def _csv_convert_options(types: dict[str, pa.DataType] | None) -> pacsv.ConvertOptions:
+    """Values as written: only an empty unquoted field is null (see the module docstring)."""
+    return pacsv.ConvertOptions(
+        column_types=types, null_values=[""], strings_can_be_null=True, quoted_strings_can_be_null=False
+    )
+
+
+def _unreadable(path: str, e: Exception) -> InputFileError:
+    if os.path.isdir(path):
+        return InputFileError(f"{path}: is a directory; give a data file")
+    return InputFileError(f"{path}: cannot be read as a {_kind(path)} file ({' '.join(str(e).split())}); is it damaged?")
 
 
 def _open_ipc(path: str) -> pa.RecordBatchReader:
@@ -51,13 +71,18 @@ def _open_ipc(path: str) -> pa.RecordBatchReader:
 def read_schema(path: str) -> pa.Schema:
     """The schema of a data file; no rows are kept (JSON lines: inferred from the file)."""
     kind = _kind(path)
-    if kind == "parquet":
-        return pq.read_schema(path)
-    if kind == "arrow":
-        return _open_ipc(path).schema
-    if kind == "csv":
-        return pacsv.open_csv(path).schema
-    return pajson.read_json(path).schema
+    try:
+        if kind == "parquet":
+            return pq.read_schema(path)
+        if kind == "arrow":
+            return _open_ipc(path).schema
+        if kind == "csv":
+            return pacsv.open_csv(path, convert_options=_csv_convert_options(None)).schema
+        return pajson.read_json(path).schema
+    except FileNotFoundError:
+        raise
+    except (OSError, pa.ArrowException) as e:
+        raise _unreadable(path, e) from None
 
 
 def _csv_header(path: str) -> list[str]:
@@ -95,7 +120,7 @@ def iter_batches(path: str, schema: pa.Schema | None = None, batch_rows: int = 6
             types = {f.name: f.type for f in schema} if schema is not None else None
             reader = pacsv.open_csv(
                 path,
-                convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=True),
+                convert_options=_csv_convert_options(types),
                 read_options=pacsv.ReadOptions(block_size=1 << 22),
             )
             yield from reader
@@ -106,8 +131,17 @@ def iter_batches(path: str, schema: pa.Schema | None = None, batch_rows: int = 6
                 explicit = pa.schema([f for f in schema if f.name in header])
                 opts = pajson.ParseOptions(explicit_schema=explicit, unexpected_field_behavior="infer")
             yield from pajson.read_json(path, parse_options=opts).to_batches(max_chunksize=batch_rows)
+    except FileNotFoundError:
+        raise
+    except IsADirectoryError as e:
+        raise _unreadable(path, e) from None
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+        if kind in ("parquet", "arrow"):
+            # typed formats: a parse error is a damaged file, not a value of the wrong type
+            raise _unreadable(path, e) from None
         raise _parse_error(path, e, schema, kind) from None
+    except (OSError, pa.ArrowException) as e:  # thrift, snappy, page-header errors of a damaged body
+        raise _unreadable(path, e) from None
 
 
 def _json_columns(path: str, sample_lines: int = 1000) -> list[str]:

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from memwal import paths
 from memwal.compactor import Compactor
+from memwal.errors import WalGapError
 from memwal.gc import GarbageCollector, GcConfig
 from memwal.indexes import IndexMaintainer, index_lag
 from memwal.lance_errors import lance_message
@@ -58,6 +59,7 @@ class Maintenance:
         self.gc = GarbageCollector(self.state, self.config.gc_config)
         #: Claims shards whose writers died with unflushed writes, to flush them.
         self.writers = ShardWriterPool(self.state)
+        self.writers.owner = f"maintenance {self.writers.owner}"  # how a fenced writer's error names it
         #: Called after every cycle that committed a compaction (views refresh from here).
         self.after_compaction: list[Callable[[CycleReport], None]] = []
         self.totals = MaintenanceTotals()
@@ -65,13 +67,24 @@ class Maintenance:
         self._thread: threading.Thread | None = None
 
     def run_cycle(self) -> CycleReport:
-        """One pass: compact every shard, create/catch up indexes, collect garbage."""
+        """One pass: compact every shard, create/catch up indexes, collect garbage.
+
+        A shard whose WAL has a gap is not flushed (:class:`WalGapError`); the rest of the
+        cycle still runs (it touches flushed data only), then the cycle raises that error.
+        """
         started_at = time.time()
         t0 = time.perf_counter()
         self.state.manifests.clear_cache()
         done: dict[str, Any] = {}  # CycleReport fields, in the order the cycle learns them
+        damage: WalGapError | None = None
         if self.config.flush_stranded_after_seconds is not None:
-            done["stranded_shards_flushed"] = len(self.writers.flush_stranded(self.config.flush_stranded_after_seconds))
+            try:
+                # A live writer that is merely idle keeps its shard (its lease says so): fencing it
+                # would only make it reopen, and fight this service over the shard.
+                flushed = self.writers.flush_stranded(self.config.flush_stranded_after_seconds, skip_live_writers=True)
+                done["stranded_shards_flushed"] = len(flushed)
+            except WalGapError as e:
+                damage = e
         if self.config.compact:
             results = self.compactor.run_once()
             rows = sum(r.rows_upserted + r.keys_deleted for r in results)
@@ -116,6 +129,8 @@ class Maintenance:
             report.rows_per_second, report.sstables_removed, report.bytes_reclaimed,
             sum(report.pending_sstables.values()), report.index_lag or "none", report.seconds,
         )
+        if damage is not None:
+            raise damage
         return report
 
     def _refresh_views(self) -> int:

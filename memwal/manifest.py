@@ -23,7 +23,9 @@ from typing import Mapping
 
 from memwal import paths
 from memwal.cache import ByteLRU
-from memwal.errors import ManifestError
+from google.protobuf.message import DecodeError
+
+from memwal.errors import ManifestError, TableDamagedError
 from memwal.io import FileIO
 from memwal.proto import pb
 
@@ -257,14 +259,23 @@ class ManifestStore:
         cached = self._shards.get(key)
         if cached is not None:
             return cached
+        path = paths.shard_manifest_path(self.table_uri, shard_id, version)
         try:
-            data = self.io.read(paths.shard_manifest_path(self.table_uri, shard_id, version))
+            data = self.io.read(path)
         except FileNotFoundError:
             return None
-        m = ShardManifest.from_bytes(data)
+        try:
+            m = ShardManifest.from_bytes(data)
+        except (DecodeError, ValueError) as e:
+            # ValueError: a shard id that is not 16 bytes, e.g. an empty (0-byte) file
+            raise TableDamagedError(
+                f"shard {shard_id}: manifest version {version} ({path}, {len(data)} bytes) cannot be decoded ({e}); "
+                "the table needs repair"
+            ) from None
         if m.version != version or m.shard_id != shard_id:
-            raise ManifestError(
-                f"shard manifest file for {shard_id} v{version} holds {m.shard_id} v{m.version}"
+            raise TableDamagedError(
+                f"shard {shard_id}: manifest file {path} holds shard {m.shard_id} version {m.version}, "
+                f"not version {version}; the table needs repair"
             )
         return self._shards.put(key, m, len(data))
 

@@ -9,11 +9,14 @@ Keeping it in the Lance manifest makes it versioned and atomic with the table it
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
-from memwal.errors import MemwalError
+from memwal.errors import InvalidArgumentError, MemwalError
+
+log = logging.getLogger(__name__)
 
 CONFIG_KEY = "memwal.table"
 FORMAT_VERSION = 1
@@ -32,8 +35,35 @@ class WriterConfig:
     max_wal_flush_interval_ms: int = 10
     durable_write: bool = True
 
+    def __post_init__(self) -> None:
+        # Checked here, before a table is created with them: Lance takes unsigned 64-bit
+        # values (a negative one fails half-way through creating the table), and a MemTable
+        # of 0 rows accepts no write, ever.
+        for name, least in (("max_memtable_rows", 1), ("max_wal_flush_interval_ms", 1)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not least <= v < 1 << 63:
+                raise InvalidArgumentError(f"{name} must be an integer of at least {least}, got {v!r}")
+
     def lance_kwargs(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def stored(cls, d: Mapping[str, Any]) -> "WriterConfig":
+        """The config recorded in a table's metadata. A value this memwal refuses (a table
+        created before it checked) is replaced by its default with a warning, so the table
+        stays readable and becomes writable."""
+        try:
+            return cls(**d)
+        except InvalidArgumentError as e:
+            fixed = {}
+            for k, v in d.items():
+                try:
+                    cls(**{k: v})
+                    fixed[k] = v
+                except InvalidArgumentError:
+                    pass
+            log.warning("table metadata: %s; using the default instead", e)
+            return cls(**fixed)
 
 
 @dataclass(frozen=True)
@@ -81,7 +111,7 @@ class TableMetadata:
             sharding=d["sharding"],
             sharding_spec_id=d.get("sharding_spec_id", 1),
             sharding_field_ids=tuple(d.get("sharding_field_ids", ())),
-            writer=WriterConfig(**d.get("writer", {})),
+            writer=WriterConfig.stored(d.get("writer", {})),
             indexes=IndexConfig(**d.get("indexes", {})),
             format_version=d.get("format_version", FORMAT_VERSION),
         )

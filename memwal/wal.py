@@ -9,22 +9,80 @@ ones are cached until a flush covers them.
 
 The same reading tells maintenance which shards hold acknowledged writes that no writer
 is going to flush (their writer crashed or went idle), see ``Table.flush_stranded``.
+
+A missing entry with later entries after it is corruption, never a state Lance leaves:
+positions are taken in order with put-if-not-exists, and GC removes only entries at or
+below the flushed position. Everything that replays (these readers, and Lance's writer
+when it claims a shard) stops at the first missing position, so the acknowledged writes
+beyond a gap would be dropped without a word by the next flush. :func:`check_contiguous`
+finds such a gap with one listing of the shard's ``wal/`` directory and raises
+:class:`~memwal.errors.WalGapError` naming the missing file.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import pyarrow as pa
 
 from memwal import paths
 from memwal.cache import ByteLRU
+from memwal.errors import TableDamagedError, WalGapError
 from memwal.io import FileIO
 from memwal.lsm import newest_per_key
 from memwal.manifest import ManifestStore, ShardManifest
 
 #: Default bound of a WAL reader's cache of parsed entries (by their file sizes).
 WAL_CACHE_BYTES = 128 << 20
+
+#: Before a gap is called corruption, the listing is repeated after these pauses: an entry
+#: still being written when a later one landed (parallel WAL flushes) fills its hole quickly.
+GAP_RECHECK_SECONDS = (0.05, 0.2, 0.5)
+
+
+def wal_positions(io: FileIO, table_uri: str, shard_id: str, after: int = 0) -> list[int]:
+    """The positions of the shard's WAL entries on disk above ``after``, ascending (one listing)."""
+    out = []
+    for name in io.list_dir(paths.wal_dir(table_uri, shard_id)):
+        try:
+            pos = paths.parse_bitrev64(name)
+        except ValueError:
+            continue
+        if pos > after:
+            out.append(pos)
+    return sorted(out)
+
+
+def first_missing(after: int, positions: list[int]) -> int | None:
+    """The first position above ``after`` that is missing while a later one exists, or None."""
+    for i, pos in enumerate(positions):
+        if pos != after + 1 + i:
+            return after + 1 + i
+    return None
+
+
+def check_contiguous(io: FileIO, table_uri: str, shard_id: str, after: int) -> list[int]:
+    """The shard's WAL positions above ``after`` (its last flushed position), which must be
+    ``after + 1, after + 2, ...`` with no hole; raises :class:`WalGapError` if one is missing
+    while later entries exist. A hole at the end is no gap: that is the next write's place."""
+    positions = wal_positions(io, table_uri, shard_id, after)
+    for pause in GAP_RECHECK_SECONDS:
+        if first_missing(after, positions) is None:
+            return positions
+        time.sleep(pause)
+        positions = wal_positions(io, table_uri, shard_id, after)
+    missing = first_missing(after, positions)
+    if missing is None:
+        return positions
+    later = [p for p in positions if p > missing]
+    shown = ", ".join(map(str, later[:5])) + (", ..." if len(later) > 5 else "")
+    raise WalGapError(
+        f"shard {shard_id}: WAL entry {missing} is missing ({paths.wal_entry_path(table_uri, shard_id, missing)}) "
+        f"while {len(later)} later entr{'y' if len(later) == 1 else 'ies'} exist (positions {shown}); the acknowledged "
+        "writes after the gap cannot be replayed, so memwal will not read, flush or write this shard. "
+        "Restore the missing file from a backup"
+    )
 
 
 @dataclass(frozen=True)
@@ -63,24 +121,40 @@ class WalTailReader:
         key = (shard_id, position)
         e = self._cache.get(key)
         if e is None:
+            path = paths.wal_entry_path(self.uri, shard_id, position)
             try:
-                data = self.io.read(paths.wal_entry_path(self.uri, shard_id, position))
+                data = self.io.read(path)
             except FileNotFoundError:
                 return None
-            e = self._cache.put(key, WalEntry.parse(position, data), len(data))
+            try:
+                parsed = WalEntry.parse(position, data)
+            except (pa.ArrowInvalid, ValueError) as exc:
+                raise TableDamagedError(
+                    f"shard {shard_id}: WAL entry {position} ({path}, {len(data)} bytes) cannot be read ({exc}); "
+                    "restore the file from a backup"
+                ) from None
+            e = self._cache.put(key, parsed, len(data))
         return e
 
     def entries(self, manifest: ShardManifest) -> list[WalEntry]:
-        """Valid entries after the manifest's last flushed position, in position order."""
+        """Valid entries after the manifest's last flushed position, in position order.
+
+        Raises :class:`WalGapError` if an entry is missing before later ones: returning the
+        entries before the gap would hide acknowledged writes (one listing per call).
+        """
         shard_id = manifest.shard_id
         start = manifest.replay_after_wal_entry_position
         # covered by a flush: never needed again
         self._cache.discard_where(lambda k: k[0] == shard_id and k[1] <= start)
+        listed = check_contiguous(self.io, self.uri, shard_id, start)
         out = []
         pos = start + 1
+        # Entries written after the listing are read too, until the first missing position.
         while (e := self._entry(shard_id, pos)) is not None:
             out.append(e)
             pos += 1
+        if listed and pos <= listed[-1]:
+            check_contiguous(self.io, self.uri, shard_id, start)  # a listed entry vanished: say which
         # An entry can only carry an epoch above the manifest's if a writer claimed the shard
         # after we read the manifest: it is valid if the shard's latest manifest has that epoch.
         max_epoch = manifest.writer_epoch

@@ -6,13 +6,30 @@ itself fenced has lost the shard to a newer one; its acknowledged writes are saf
 are in the WAL, and the new writer replays them), so the pool reopens the shard once and
 retries the write. A second fence means another process keeps claiming the shard, which
 memwal reports as :class:`FencedError` rather than fighting over it.
+
+Each open writer holds a *lease* on its shard, ``{table}/_memwal/writers/{shard}.json``
+(owner, expiry), written when it claims the shard and renewed by its writes at most every
+``renew_seconds``; flushing or closing the writer ends it. Maintenance's stranded-write
+flush skips a shard whose lease is live: the writer is alive, merely idle, and fencing it
+would only make it reopen (and, with short settings, fight maintenance over the shard).
+A writer whose process died stops renewing, so its lease expires after ``lease_seconds``
+and its writes are flushed. The lease is advisory (Lance's epochs still decide who owns a
+shard); it also tells a fenced writer who claimed the shard last.
+
+Before it claims a shard the pool checks that the shard's unflushed WAL has no gap: Lance's
+replay stops at the first missing entry and the writer would then flush (and so drop) only
+what came before it. A shard with a gap raises :class:`WalGapError` and is never opened.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import socket
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -20,27 +37,60 @@ import lance
 import lance.mem_wal
 import pyarrow as pa
 
-from memwal.errors import FencedError
+from memwal import paths
+from memwal.errors import FencedError, WalGapError
 from memwal.lance_errors import is_claim_race, is_fenced
 from memwal.manifest import ShardManifest
 from memwal.metadata import WriterConfig
 from memwal.routing import RoutedBatch
 from memwal.sharding import ShardValues, field_entries
 from memwal.state import TableState
-from memwal.wal import WalTailReader
+from memwal.wal import WalTailReader, check_contiguous
 
 log = logging.getLogger(__name__)
 
 _CLAIM_ATTEMPTS = 10
 
 
-def _keeps_claiming(shard_id: str, what: str) -> FencedError:
+def _keeps_claiming(shard_id: str, what: str, claimer: str | None = None) -> FencedError:
     """The one error for a writer fenced again right after it reopened: another process keeps
     claiming the shard. Its acknowledged writes are in the WAL, which the shard's current owner replays."""
+    who = f" (last claimed by {claimer})" if claimer else ""
     return FencedError(
-        f"shard {shard_id}: {what} was fenced twice; another writer keeps claiming this shard "
+        f"shard {shard_id}: {what} was fenced twice; another writer keeps claiming this shard{who} "
         "(acknowledged writes are safe in its WAL). Make sure one pipeline writes each shard"
     )
+
+
+def lease_path(table_uri: str, shard_id: str) -> str:
+    """Where the writer lease of a shard lives (memwal's own directory, beside Lance's)."""
+    return paths.join(table_uri, paths.MEMWAL_META_DIR, "writers", f"{shard_id}.json")
+
+
+def _owner_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True)
+class WriterLease:
+    """Who writes a shard, until when (seconds since the epoch). Live while ``expires_at`` is ahead."""
+
+    owner: str
+    expires_at: float
+
+    def live(self, now: float | None = None) -> bool:
+        return self.expires_at > (time.time() if now is None else now)
+
+    def to_json(self) -> bytes:
+        return json.dumps({"owner": self.owner, "expires_at": self.expires_at}).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "WriterLease | None":
+        try:
+            d = json.loads(data)
+            return cls(str(d["owner"]), float(d["expires_at"]))
+        except (ValueError, KeyError, TypeError):
+            return None  # advisory: an unreadable lease is no lease
 
 
 def split_rows(data: pa.Table, max_rows: int) -> list[pa.Table]:
@@ -84,6 +134,13 @@ class ShardWriterPool:
 
     state: TableState
     stats: WriterStats = field(default_factory=WriterStats)
+    #: A writer's lease lasts this long after its last renewal ...
+    lease_seconds: float = 60.0
+    #: ... and its writes renew it at most this often.
+    renew_seconds: float = 5.0
+    #: This pool's name in leases (host:pid:random).
+    owner: str = field(default_factory=_owner_id)
+    _renewed: dict[str, float] = field(default_factory=dict, repr=False)
     _shard_stats: dict[str, WriterStats] = field(default_factory=dict, repr=False)
     _writers: dict[str, lance.mem_wal.ShardWriter] = field(default_factory=dict, repr=False)
     _locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
@@ -129,8 +186,51 @@ class ShardWriterPool:
         with self._guard:
             self.stats.add(**deltas)
 
+    # -- leases ---------------------------------------------------------------------------------
+
+    def lease(self, shard_id: str) -> WriterLease | None:
+        """The shard's writer lease as last written (live or not), or None."""
+        try:
+            return WriterLease.from_json(self.state.io.read(lease_path(self.state.uri, shard_id)))
+        except (FileNotFoundError, OSError):
+            return None
+
+    def _write_lease(self, shard_id: str, expires_at: float) -> None:
+        try:
+            self.state.io.write(lease_path(self.state.uri, shard_id), WriterLease(self.owner, expires_at).to_json())
+        except OSError as e:  # advisory: never fail a write over it
+            log.warning("could not write the writer lease of shard %s: %s", shard_id, e)
+
+    def _renew(self, shard_id: str, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._renewed.get(shard_id, float("-inf")) >= self.renew_seconds:
+            self._renewed[shard_id] = now
+            self._write_lease(shard_id, time.time() + self.lease_seconds)
+
+    def _release(self, shard_id: str) -> None:
+        """End this pool's lease on the shard (expired now; the record keeps naming the owner)."""
+        self._renewed.pop(shard_id, None)
+        held = self.lease(shard_id)
+        if held is not None and held.owner == self.owner and held.live():
+            self._write_lease(shard_id, time.time())
+
+    def _claimer(self, shard_id: str) -> str | None:
+        """Who claimed the shard last, if another pool's lease says so."""
+        held = self.lease(shard_id)
+        return held.owner if held is not None and held.owner != self.owner else None
+
+    def _check_wal(self, shard_id: str) -> None:
+        """Raise :class:`WalGapError` if the shard's WAL after its last flushed position has a gap."""
+        manifests = self.state.manifests
+        version = manifests.latest_version(shard_id)
+        m = manifests.read_shard(shard_id, version) if version is not None else None
+        if m is not None:
+            check_contiguous(self.state.io, self.state.uri, shard_id, m.replay_after_wal_entry_position)
+
     def _open(self, shard_id: str) -> lance.mem_wal.ShardWriter:
         t0 = time.perf_counter()
+        # One manifest read and one listing: opens are rare (first write, after a fence).
+        self._check_wal(shard_id)
         for attempt in range(_CLAIM_ATTEMPTS):
             try:
                 w = self.state.dataset().mem_wal_writer(shard_id, **self.config.lance_kwargs())
@@ -141,11 +241,14 @@ class ShardWriterPool:
                 if not is_claim_race(e):
                     raise
                 if attempt == _CLAIM_ATTEMPTS - 1:
+                    claimer = self._claimer(shard_id)
+                    who = f" (last claimed by {claimer})" if claimer else ""
                     raise FencedError(
                         f"shard {shard_id}: lost the claim to other writers {_CLAIM_ATTEMPTS} times in a row; "
-                        "another writer keeps claiming this shard. Make sure one pipeline writes each shard"
+                        f"another writer keeps claiming this shard{who}. Make sure one pipeline writes each shard"
                     ) from e
                 time.sleep(min(0.01 * 2**attempt, 0.5))
+        self._renew(shard_id, force=True)
         self._count(shard_id, opens=1, open_seconds=time.perf_counter() - t0)
         log.debug("opened writer for shard %s in %.3fs", shard_id, time.perf_counter() - t0)
         return w
@@ -163,6 +266,7 @@ class ShardWriterPool:
                 w.close()
             except Exception:  # noqa: BLE001 - a fenced writer cannot flush; its WAL is replayed by the new owner
                 pass
+            self._release(shard_id)
 
     def _run(self, shard_id: str, op: Callable[[lance.mem_wal.ShardWriter], None], what: str) -> None:
         with self._lock(shard_id):
@@ -180,8 +284,9 @@ class ShardWriterPool:
             except OSError as e:
                 if not is_fenced(e):
                     raise
+                claimer = self._claimer(shard_id)
                 self._discard(shard_id)
-                raise _keeps_claiming(shard_id, what) from e
+                raise _keeps_claiming(shard_id, what, claimer) from e
 
     def write(self, batch: RoutedBatch) -> None:
         """Apply a routed batch: upserts, or deletes by key. Durable (in the WAL) on return."""
@@ -193,12 +298,14 @@ class ShardWriterPool:
         for part in split_rows(rows, self.config.max_memtable_rows):
             self._run(shard_id, lambda w, p=part: w.put(p), "put")
             self._count(shard_id, puts=1, rows_put=part.num_rows)
+        self._renew(shard_id)
 
     def delete(self, shard_id: str, keys: pa.Table) -> None:
         """Delete ``keys`` (primary-key columns only) from ``shard_id``."""
         for part in split_rows(keys, self.config.max_memtable_rows):
             self._run(shard_id, lambda w, p=part: w.delete(p), "delete")
             self._count(shard_id, deletes=1, rows_deleted=part.num_rows)
+        self._renew(shard_id)
 
     def flush(self, shard_ids: list[str] | None = None) -> None:
         """Close writers, which flushes their MemTables to SSTables; they reopen on next use.
@@ -212,30 +319,36 @@ class ShardWriterPool:
                 if w is None:
                     continue
                 try:
-                    w.close()
-                    continue
-                except OSError as e:
-                    if not is_fenced(e):
-                        raise
-                self._count(shard_id, fenced_retries=1)
-                log.info("writer of shard %s was fenced before its flush; reopening to flush", shard_id)
-                try:
-                    self._open(shard_id).close()
-                except OSError as e:
-                    if not is_fenced(e):
-                        raise
-                    raise _keeps_claiming(shard_id, "flush") from e
+                    try:
+                        w.close()
+                        continue
+                    except OSError as e:
+                        if not is_fenced(e):
+                            raise
+                    self._count(shard_id, fenced_retries=1)
+                    log.info("writer of shard %s was fenced before its flush; reopening to flush", shard_id)
+                    try:
+                        self._open(shard_id).close()
+                    except OSError as e:
+                        if not is_fenced(e):
+                            raise
+                        raise _keeps_claiming(shard_id, "flush", self._claimer(shard_id)) from e
+                finally:
+                    self._release(shard_id)
 
     def claim_and_flush(self, shard_id: str) -> None:
         """Open a writer on the shard (replaying its unflushed WAL) and close it (flushing)."""
         with self._lock(shard_id):
-            self._open(shard_id).close()
+            try:
+                self._open(shard_id).close()
+            finally:
+                self._release(shard_id)
 
     @property
     def open_shards(self) -> list[str]:
         return list(self._writers)
 
-    def flush_stranded(self, idle_seconds: float = 0.0) -> list[str]:
+    def flush_stranded(self, idle_seconds: float = 0.0, *, skip_live_writers: bool = False) -> list[str]:
         """Flush shards holding acknowledged but unflushed writes that no writer here owns,
         and whose newest such write is at least ``idle_seconds`` old; returns their ids.
 
@@ -243,21 +356,41 @@ class ShardWriterPool:
         visible to strong readers, but eventual readers see them only once flushed.
         Claiming the shard replays them and closing flushes them; a live but idle writer
         elsewhere is fenced and reopens on its next write.
+
+        With ``skip_live_writers`` (what maintenance does) a shard whose writer holds a live
+        lease is skipped: its writer is alive, merely idle, and will flush itself (see the
+        module docstring). Without it every such shard is flushed now, as a stopped ingest
+        query wants for the writers its tasks left behind.
+
+        A shard whose WAL has a gap is never flushed (that would drop the entries after the
+        gap): the other shards are flushed, then the first such :class:`WalGapError` is raised.
         """
         state = self.state
         tails = WalTailReader(state.uri, state.io, state.manifests, state.primary_key)
         now = time.time()
         flushed = []
+        damaged: list[WalGapError] = []
         for shard_id in state.manifests.list_shards():
             if shard_id in self.open_shards:
                 continue
             m = state.manifests.read_shard(shard_id)
-            newest = tails.newest_entry_mtime(m) if m is not None else None
-            if newest is None or now - newest < idle_seconds:
+            try:
+                newest = tails.newest_entry_mtime(m) if m is not None else None
+                if newest is None or now - newest < idle_seconds:
+                    continue
+                held = self.lease(shard_id) if skip_live_writers else None
+                if held is not None and held.owner != self.owner and held.live(now):
+                    log.info("shard %s has unflushed writes of a live writer (%s); leaving them to it", shard_id, held.owner)
+                    continue
+                log.info("flushing stranded WAL entries of shard %s", shard_id)
+                self.claim_and_flush(shard_id)
+            except WalGapError as e:
+                log.error("%s", e)
+                damaged.append(e)
                 continue
-            log.info("flushing stranded WAL entries of shard %s", shard_id)
-            self.claim_and_flush(shard_id)
             flushed.append(shard_id)
+        if damaged:
+            raise damaged[0]
         return flushed
 
     def close(self) -> None:

@@ -25,7 +25,7 @@ from memwal.readers import text
 from memwal.readers.sql import filter_rows
 from memwal.readers.vectors import as_matrix, distances, vector_columns
 from memwal import paths
-from memwal.errors import InvalidArgumentError
+from memwal.errors import InvalidArgumentError, MemwalError, UnknownColumnError
 from memwal.lsm import without_keys
 from memwal.schema import TOMBSTONE
 from memwal.snapshot import Snapshot
@@ -79,6 +79,7 @@ class Reader:
         self.text_stats = text.BaseTextStats()
         #: which plan the last vector search used (for explain and the benchmark)
         self.last_vector_plan = ""
+        self._valid_filters: set[str] = set()
 
     # -- snapshots ------------------------------------------------------------------------------
 
@@ -150,8 +151,13 @@ class Reader:
         return snap.dataset.to_table(columns=out, filter=predicate)
 
     def get(self, key: Any, columns: Sequence[str] | None = None) -> dict[str, Any] | None:
-        """The live row with primary key ``key`` (scalar, tuple or dict), or None."""
-        t = self._lookup(normalize_key(key, self.state.primary_key), columns)
+        """The live row with primary key ``key`` (scalar, tuple or dict), or None.
+
+        A key value that is not of its column's type is a :class:`PrimaryKeyError`, as in
+        :meth:`get_many`: the key is typed through the same :func:`keys_table`.
+        """
+        typed = keys_table([key], self.state.primary_key, self.state.schema).to_pylist()[0]
+        t = self._lookup(normalize_key(typed, self.state.primary_key), columns)
         return t.to_pylist()[0] if t.num_rows else None
 
     def get_many(self, keys: Iterable[Any], columns: Sequence[str] | None = None) -> pa.Table:
@@ -170,10 +176,32 @@ class Reader:
 
     def _output_schema(self, columns: Sequence[str] | None) -> pa.Schema:
         schema = self.state.schema
-        return pa.schema([schema.field(c) for c in columns]) if columns else schema
+        if not columns:
+            return schema
+        unknown = [c for c in columns if c not in schema.names]
+        if unknown:
+            raise UnknownColumnError(f"no column(s) {unknown} in the table; its columns are {schema.names}")
+        return pa.schema([schema.field(c) for c in columns])
+
+    def check_filter(self, where: str | None) -> None:
+        """Raise :class:`InvalidArgumentError` if ``where`` is not one SQL predicate over the
+        table's columns. Checked once per filter by evaluating it on one row of nulls with the
+        engine that filters the WAL tail and SSTable rows, so a filter means the same on every
+        LSM level and a bad one is refused whatever the table holds right now."""
+        if not where or where in self._valid_filters:
+            return
+        probe = pa.Table.from_pylist([{}], schema=pa.schema([f.with_nullable(True) for f in self.state.schema]))
+        try:
+            filter_rows(probe, where)
+        except MemwalError as e:
+            raise InvalidArgumentError(f"{e}; a filter is one SQL predicate over the table's columns {self.state.schema.names}") from None
+        if len(self._valid_filters) >= 1024:  # get_many's key predicates differ on every call
+            self._valid_filters.clear()
+        self._valid_filters.add(where)
 
     def pruning(self, where: str | None) -> Pruning:
         """The shards a read filtered by ``where`` must look at (shard pruning)."""
+        self.check_filter(where)
         return prune(where, self.state.spec, self.state.resolver, self.state.schema)
 
     def plan(self, where: str | None = None) -> ReadPlan:
@@ -213,6 +241,8 @@ class Reader:
         limit: int | None = None,
     ) -> pa.Table:
         """Live rows (newest version per key, deleted keys absent) matching ``where`` (SQL)."""
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise InvalidArgumentError(f"limit must be a non-negative integer, got {limit!r}")
         out = self._output_schema(columns).names
         p = self.pruning(where)
         snap, tail = self._view(sorted(p.shard_ids) if p.shard_ids is not None else None)

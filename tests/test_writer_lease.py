@@ -1,0 +1,67 @@
+"""Writer leases: maintenance leaves a live (merely idle) writer's shard alone, flushes the
+writes of a writer whose lease expired, and a fenced writer can name who claimed its shard."""
+
+from __future__ import annotations
+
+import time
+
+from helpers import PEOPLE, people
+
+from memwal import Table, readers
+from memwal.maintenance import Maintenance, MaintenanceConfig
+from memwal.writer import WriterLease, _keeps_claiming
+
+ONLY_STRANDED = MaintenanceConfig(flush_stranded_after_seconds=0, compact=False, indexes=False, gc=False, views=False)
+
+
+def test_an_idle_live_writer_is_not_fenced(table_uri):
+    Table.create(table_uri, PEOPLE, ["id"], "unsharded").close()
+    writer = Table.open(table_uri)
+    writer.write(people([1]))  # acknowledged, unflushed; then the writer idles
+    (shard,) = writer.manifests.list_shards()
+    maintenance = Maintenance(Table.open(table_uri).state, ONLY_STRANDED)
+    assert maintenance.run_cycle().stranded_shards_flushed == 0  # the lease is live: not stranded
+    writer.write(people([2]))
+    writer.close()
+    assert writer.writers.stats.fenced_retries == 0
+    assert writer.writers.stats.opens == 1
+    assert sorted(r["id"] for r in readers.open(table_uri).scan().to_pylist()) == [1, 2]
+    # closing ended the lease; the record still names its last owner
+    held = maintenance.writers.lease(shard)
+    assert held is not None and not held.live() and held.owner == writer.writers.owner
+
+
+def test_an_expired_lease_is_a_stranded_writer(table_uri):
+    Table.create(table_uri, PEOPLE, ["id"], "unsharded").close()
+    writer = Table.open(table_uri)
+    writer.writers.lease_seconds = 0.2  # as if its process died and stopped renewing
+    writer.write(people([1]))
+    (shard,) = writer.manifests.list_shards()
+    time.sleep(0.3)
+    maintenance = Maintenance(Table.open(table_uri).state, ONLY_STRANDED)
+    assert maintenance.run_cycle().stranded_shards_flushed == 1
+    assert [r["id"] for r in readers.open(table_uri).scan().to_pylist()] == [1]
+    # the writer it fenced reopens on its next write; the lease record names who claimed last
+    assert writer.writers._claimer(shard) == maintenance.writers.owner
+    writer.write(people([2]))
+    writer.close()
+    assert writer.writers.stats.fenced_retries == 1
+    assert sorted(r["id"] for r in readers.open(table_uri).scan().to_pylist()) == [1, 2]
+
+
+def test_flush_stranded_without_skipping_flushes_live_writers_too(table_uri):
+    Table.create(table_uri, PEOPLE, ["id"], "unsharded").close()
+    writer = Table.open(table_uri)
+    writer.write(people([1]))
+    (shard,) = writer.manifests.list_shards()
+    assert Table.open(table_uri).flush_stranded(0) == [shard]  # a stopped ingest query flushes everything
+    assert [r["id"] for r in readers.open(table_uri).scan().to_pylist()] == [1]
+    writer.close()
+
+
+def test_a_fenced_error_names_the_claimer():
+    message = str(_keeps_claiming("s1", "flush", "host:42:abcd"))
+    assert "host:42:abcd" in message and "s1" in message
+    assert WriterLease.from_json(b"garbage") is None
+    lease = WriterLease("o", time.time() + 10)
+    assert WriterLease.from_json(lease.to_json()) == lease and lease.live()
