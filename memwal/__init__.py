@@ -17,6 +17,7 @@ from memwal.errors import (
     CommitConflictError,
     ConcurrencyError,
     FencedError,
+    InputFileError,
     InvalidArgumentError,
     InvalidValueError,
     ManifestError,
@@ -32,6 +33,7 @@ from memwal.errors import (
     TableNotFoundError,
     TransformTypeError,
     UnknownColumnError,
+    WalGapError,
 )
 
 __version__ = "0.1.0"
@@ -59,6 +61,7 @@ __all__ = [
     "CommitConflictError",
     "ConcurrencyError",
     "FencedError",
+    "InputFileError",
     "InvalidArgumentError",
     "IndexConfig",
     "InvalidValueError",
@@ -76,6 +79,7 @@ __all__ = [
     "TableNotFoundError",
     "TransformTypeError",
     "UnknownColumnError",
+    "WalGapError",
     "WriteResult",
     "WriterConfig",
     "__version__",

@@ -46,8 +46,6 @@ from memwal.lance_errors import classify, lance_message  # noqa: E402
 from memwal.maintenance import MaintenanceConfig  # noqa: E402
 from memwal.metadata import IndexConfig, WriterConfig  # noqa: E402
 from memwal.render import render_plan, render_rows, render_status  # noqa: E402
-from memwal.routing import route  # noqa: E402
-from memwal.schema import as_table, conform, key_schema  # noqa: E402
 from memwal.state import TableState  # noqa: E402
 from memwal.storage import StorageConfig  # noqa: E402
 from memwal.status import table_status  # noqa: E402
@@ -121,17 +119,6 @@ def _state(args: argparse.Namespace, uri: str | None = None) -> TableState:
     return TableState.load(uri or args.uri, _storage(args))
 
 
-def _check_batch(table: Table, rows: pa.Table, deletes: bool) -> None:
-    """Raise what ``table.write`` (``table.delete``) would raise for ``rows`` as input,
-    without writing: the schema (types, nulls in the key) and the sharding transforms."""
-    if deletes:
-        rows = rows.select([c for c in rows.schema.names if c in table.primary_key])
-        rows = conform(rows, key_schema(table.write_schema, table.primary_key), what="keys to delete")
-    else:
-        rows = conform(as_table(rows, table.schema), table.write_schema)
-    route(rows, table.spec.shard_value_arrays(rows), table.resolver, deletes=deletes)
-
-
 def _apply_file(uri: str, path: str, deletes: bool, storage: StorageConfig) -> tuple[int, int]:
     """Upsert (or delete) every row of a file, streaming it in batches; returns (rows, shards).
 
@@ -147,7 +134,7 @@ def _apply_file(uri: str, path: str, deletes: bool, storage: StorageConfig) -> t
         total = 0
         last = time.monotonic()
         for batch in formats.iter_batches(path, table.schema):
-            _check_batch(table, pa.Table.from_batches([batch]), deletes)
+            table.validate(pa.Table.from_batches([batch]), deletes=deletes)
             total += batch.num_rows
             if time.monotonic() - last > PROGRESS_SECONDS:
                 log.warning("%s: %d rows checked so far", what, total)

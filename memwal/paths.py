@@ -123,6 +123,11 @@ def base_manifest_path_v1(table: str, version: int) -> str:
     return join(table, BASE_VERSIONS_DIR, f"{version}.manifest")
 
 
+def writer_lease(table: str, shard_id: str) -> str:
+    """The lease a live writer of a shard renews (memwal's own directory, beside Lance's)."""
+    return join(table, MEMWAL_META_DIR, "writers", f"{shard_id}.json")
+
+
 def maintenance_metrics(table: str) -> str:
     """The maintenance service's last published metrics (JSON)."""
     return join(table, MEMWAL_META_DIR, "maintenance.json")

@@ -232,19 +232,31 @@ class Table:
         for f in [self._executor.submit(op, b) for b in batches]:
             f.result()
 
+    def _route(self, data: Any, deletes: bool) -> tuple[pa.Table, list[RoutedBatch]]:
+        """Conform ``data`` (rows, or keys to delete) and route it: every error a write can
+        raise for its input (schema, null keys, sharding transforms) is raised here."""
+        if deletes:
+            t = as_table(data)
+            t = t.select([c for c in t.schema.names if c in self.primary_key])
+            t = conform(t, key_schema(self.write_schema, self.primary_key), what="keys to delete")
+        else:
+            t = conform(as_table(data, self.schema), self.write_schema)
+        return t, route(t, self.spec.shard_value_arrays(t), self.resolver, deletes=deletes)
+
+    def validate(self, data: Any, *, deletes: bool = False) -> int:
+        """Raise what :meth:`write` (or :meth:`delete`) would raise for ``data``, writing
+        nothing; returns the number of rows. Lets a caller refuse a whole input up front."""
+        return self._route(data, deletes)[0].num_rows
+
     def write(self, data: Any) -> WriteResult:
         """Upsert rows: the last row per primary key wins. Durable (in the WAL) on return."""
-        t = conform(as_table(data, self.schema), self.write_schema)
-        batches = route(t, self.spec.shard_value_arrays(t), self.resolver)
+        t, batches = self._route(data, deletes=False)
         self._each(batches, self.writers.write)
         return WriteResult(t.num_rows, len(batches))
 
     def delete(self, keys: Any) -> WriteResult:
         """Delete rows by primary key. ``keys`` holds the key columns (others are ignored)."""
-        t = as_table(keys)
-        t = t.select([c for c in t.schema.names if c in self.primary_key])
-        t = conform(t, key_schema(self.write_schema, self.primary_key), what="keys to delete")
-        batches = route(t, self.spec.shard_value_arrays(t), self.resolver, deletes=True)
+        t, batches = self._route(keys, deletes=True)
         self._each(batches, self.writers.write)
         return WriteResult(t.num_rows, len(batches))
 

@@ -62,11 +62,6 @@ def _keeps_claiming(shard_id: str, what: str, claimer: str | None = None) -> Fen
     )
 
 
-def lease_path(table_uri: str, shard_id: str) -> str:
-    """Where the writer lease of a shard lives (memwal's own directory, beside Lance's)."""
-    return paths.join(table_uri, paths.MEMWAL_META_DIR, "writers", f"{shard_id}.json")
-
-
 def _owner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -191,13 +186,13 @@ class ShardWriterPool:
     def lease(self, shard_id: str) -> WriterLease | None:
         """The shard's writer lease as last written (live or not), or None."""
         try:
-            return WriterLease.from_json(self.state.io.read(lease_path(self.state.uri, shard_id)))
+            return WriterLease.from_json(self.state.io.read(paths.writer_lease(self.state.uri, shard_id)))
         except (FileNotFoundError, OSError):
             return None
 
     def _write_lease(self, shard_id: str, expires_at: float) -> None:
         try:
-            self.state.io.write(lease_path(self.state.uri, shard_id), WriterLease(self.owner, expires_at).to_json())
+            self.state.io.write(paths.writer_lease(self.state.uri, shard_id), WriterLease(self.owner, expires_at).to_json())
         except OSError as e:  # advisory: never fail a write over it
             log.warning("could not write the writer lease of shard %s: %s", shard_id, e)
 

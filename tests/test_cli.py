@@ -160,19 +160,23 @@ def test_cli_internal_errors_are_one_line_with_a_debug_hint(tmp_path):
     src.write_text("".join(json.dumps({"id": i, "v": i}) + "\n" for i in range(3)))
     uri = str(tmp_path / "t")
     memwal("init", uri, "--schema-from", str(src), "--primary-key", "id")
-    odd = tmp_path / "rows.txt"
-    odd.write_text("id\n1\n")
+    memwal("put", uri, str(src))
+    # A damaged table (a shard manifest of random bytes) is not the user's input: exit 3, one
+    # line naming the file, and a hint to re-run with --debug.
+    (shard,) = os.listdir(os.path.join(uri, "_mem_wal"))
+    manifest_dir = os.path.join(uri, "_mem_wal", shard, "manifest")
+    newest = max((n for n in os.listdir(manifest_dir) if n.endswith(".binpb")), key=lambda n: int(n[:-6][::-1], 2))
+    with open(os.path.join(manifest_dir, newest), "wb") as f:
+        f.write(os.urandom(64))
 
-    bad = memwal("put", uri, str(odd), check=False)
+    bad = memwal("scan", uri, check=False)
     assert bad.returncode == 3
-    assert bad.stderr.splitlines() == [
-        f"memwal: error: cannot tell the format of {str(odd)!r} from its extension; "
-        "use .parquet, .arrow/.feather, .csv or .jsonl",
-        "memwal: re-run with --debug to see the traceback",
-    ]
-    debug = memwal("--debug", "put", uri, str(odd), check=False)
+    lines = bad.stderr.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("memwal: error:") and newest in lines[0], lines
+    assert lines[1] == "memwal: re-run with --debug to see the traceback"
+    debug = memwal("--debug", "scan", uri, check=False)
     assert debug.returncode == 3 and "Traceback (most recent call last)" in debug.stderr
-    assert debug.stderr.splitlines()[-1].startswith("memwal: error: cannot tell the format")
+    assert debug.stderr.splitlines()[-1].startswith("memwal: error:")
 
     usage = memwal("get", uri, "{not json", check=False)  # the user's input: exit 2, no hint
     assert usage.returncode == 2 and len(usage.stderr.splitlines()) == 1
