@@ -105,6 +105,8 @@ def test_cli_round_trip_on_s3(s3_env, s3_uri, tmp_path):
     data.write_text("\n".join(json.dumps({"id": i, "name": f"n{i}", "score": i / 2}) for i in range(6)) + "\n")
     schema = tmp_path / "schema.jsonl"
     schema.write_text(data.read_text())
+    more = tmp_path / "more.jsonl"
+    more.write_text(json.dumps({"id": 9, "name": "n9", "score": 4.5}) + "\n")
     keys = tmp_path / "keys.jsonl"
     keys.write_text(json.dumps({"id": 2}) + "\n")
 
@@ -121,6 +123,12 @@ def test_cli_round_trip_on_s3(s3_env, s3_uri, tmp_path):
             ("scan", uri, "--json"),
             ("maintain", uri, "--once"),
             ("scan", uri, "--json"),
+            ("view", "create", uri, "half", "--select", "id", "--select", "score * 2 AS double", "--where", "score >= 1"),
+            ("view", "list", uri),
+            ("put", uri, str(more)),
+            ("maintain", uri, "--once"),
+            ("view", "refresh", uri, "half"),
+            ("scan", uri, "--json"),
         ]
         out = []
         for step in steps:
@@ -130,5 +138,7 @@ def test_cli_round_trip_on_s3(s3_env, s3_uri, tmp_path):
             out.append(sorted(p.stdout.replace(uri, "URI").splitlines()))
         status = json.loads(run("status", uri, "--json").stdout)
         out.append((status["base_rows"], status["num_shards"], [s["pending_sstables"] for s in status["shards"]]))
+        view = View.open(TableState.load(uri), "half").to_table().sort_by("id").to_pylist()
+        out.append(view)
         outputs.append(out)
     assert outputs[0] == outputs[1]

@@ -82,11 +82,16 @@ def test_ingest_into_an_s3_table_equals_the_model(spark, noida, s3_server, tmp_p
 @pytest.mark.s3
 @pytest.mark.spark
 @pytest.mark.kafka
-def test_memwal_ingest_with_storage_option_flags(noida, s3_server, tmp_path):
-    """`memwal ingest --available-now --storage-option ...` with no AWS_* variable anywhere."""
+@pytest.mark.parametrize("configured_by", ["flags", "environment"])
+def test_memwal_ingest_into_s3(noida, s3_server, tmp_path, configured_by):
+    """`memwal ingest --available-now` configured only by `--storage-option` flags (no AWS_*
+    variable anywhere), or only by the standard AWS_* variables (no flag)."""
     env = {k: v for k, v in os.environ.items() if k not in {var for var, _key in ENVIRONMENT_VARIABLES}}
     opts = s3_server.storage_options()
-    flags = [arg for k, v in opts.items() for arg in ("--storage-option", f"{k}={v}")]
+    if configured_by == "flags":
+        flags = [arg for k, v in opts.items() for arg in ("--storage-option", f"{k}={v}")]
+    else:
+        flags, env = [], {**env, **s3_server.env()}
     topic = f"s3-cli-{time.monotonic_ns()}"
     noida.create_topic(topic, 2)
     records, model = workload(2000, 300, seed=12, partitions=2)
