@@ -11,6 +11,7 @@ from typing import Any
 from memwal.storage import StorageConfig
 
 from memwal.streaming.kafka_source import SHORT_NAME, register
+from memwal.streaming.session import default_parallelism
 from memwal.streaming.sink import MemwalSink, SinkOptions
 
 log = logging.getLogger("memwal.streaming")
@@ -22,9 +23,31 @@ def _listener_base():
     return StreamingQueryListener
 
 
+def observed_metrics(progress: Any, name: str = "memwal") -> dict[str, Any]:
+    """The observed metrics ``name`` of one ``StreamingQueryProgress`` (a listener event's, or
+    an element of ``query.recentProgress``/``query.lastProgress``) as a dict; empty if absent.
+
+    Spark hands them as Rows of the metrics, except over Spark Connect where progress read
+    back from the query is parsed from its JSON and each entry is a Row of ``values`` and
+    ``schema``: both forms give the same dict.
+    """
+    metrics = progress.observedMetrics if hasattr(progress, "observedMetrics") else progress.get("observedMetrics")
+    row = (metrics or {}).get(name)
+    if row is None:
+        return {}
+    d = row.asDict() if hasattr(row, "asDict") else dict(row)
+    if set(d) == {"values", "schema"} and isinstance(d["schema"], dict):
+        return {f["name"]: v for f, v in zip(d["schema"]["fields"], d["values"])}
+    return d
+
+
 class MemwalProgressListener(_listener_base()):  # type: ignore[misc]
     """Joins every ``StreamingQueryProgress`` of a memwal query with the sink's write-side
-    counters (fenced retries, shards, write latency): ``listener.progress[batch_id]``."""
+    counters (fenced retries, shards, write latency): ``listener.progress[batch_id]``.
+
+    Over Spark Connect the listener runs in the client and the sink in the server, so only
+    the query's observed metrics arrive (``"observed"``); ``"sink"`` is None there and the
+    write side's line is in the server's log."""
 
     def __init__(self, sink: MemwalSink, query_name: str) -> None:
         super().__init__()
@@ -39,12 +62,11 @@ class MemwalProgressListener(_listener_base()):  # type: ignore[misc]
         p = event.progress
         if p.name != self.query_name:
             return
-        observed = p.observedMetrics.get("memwal") if p.observedMetrics else None
         report = self.sink.report(p.batchId)
         self.progress[p.batchId] = {
             "batch_id": p.batchId,
             "input_rows": p.numInputRows,
-            "observed": observed.asDict() if observed is not None else {},
+            "observed": observed_metrics(p),
             "sink": asdict(report) if report is not None else None,
             "duration_ms": dict(p.durationMs or {}),
         }
@@ -167,7 +189,7 @@ def ingest(
         raise ValueError("ingest reads Kafka: options.source must be 'kafka-json'")
     if options.max_write_tasks is None and max_offsets_per_trigger:
         # Micro-batches are bounded: give each write task at least MIN_ROWS_PER_TASK rows.
-        slots = max(1, spark.sparkContext.defaultParallelism)
+        slots = default_parallelism(spark)
         options = replace(options, max_write_tasks=max(1, min(slots, max_offsets_per_trigger // MIN_ROWS_PER_TASK)))
     sink = MemwalSink(table_uri, options, storage_options).bind(spark)
     name = query_name or f"memwal-ingest-{topic}"

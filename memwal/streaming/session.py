@@ -11,6 +11,10 @@ On a local master (``local``, ``local[N]``, ``local-cluster[...]``) the driver b
 advertises 127.0.0.1, so it works on a machine whose hostname resolves elsewhere and
 listens on no external interface, and the Python workers run this interpreter (they need
 memwal, pyarrow and Lance). On a cluster both are the deployment's business (docs/deploy.md).
+
+A Spark Connect session (``SparkSession.builder.remote("sc://host:port")``) has no
+``sparkContext``: :func:`is_connect` tells the two apart and :func:`default_parallelism` reads
+the parallelism either way.
 """
 
 from __future__ import annotations
@@ -83,6 +87,30 @@ def session_settings(
         wanted["spark.driver.host"] = LOOPBACK
         wanted["spark.driver.bindAddress"] = LOOPBACK
     return {k: v for k, v in wanted.items() if k not in configured}
+
+
+def is_connect(spark) -> bool:
+    """True when ``spark`` is a Spark Connect client session: it has no ``sparkContext`` and
+    whatever runs on the server (``foreachBatch`` functions, ``mapInArrow`` stages) reaches it
+    pickled. Decided by the class, so the Connect client packages need not be installed to ask."""
+    return type(spark).__module__.startswith("pyspark.sql.connect.")
+
+
+def default_parallelism(spark) -> int:
+    """``spark``'s default parallelism (its task slots, unless configured otherwise), at least 1.
+
+    A classic session asks its SparkContext. A Connect session has none: it reads
+    ``spark.default.parallelism`` from the server's configuration, else
+    ``spark.sql.shuffle.partitions`` (the parallelism the server gives its own shuffles),
+    since the slot count itself is not visible to a Connect client.
+    """
+    if not is_connect(spark):
+        return max(1, int(spark.sparkContext.defaultParallelism))
+    for key in ("spark.default.parallelism", "spark.sql.shuffle.partitions"):
+        value = spark.conf.get(key, None)
+        if value:
+            return max(1, int(value))
+    return 1
 
 
 def launcher_conf(launch: Mapping[str, str] | None = None) -> dict[str, str]:

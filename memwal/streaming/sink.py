@@ -628,11 +628,28 @@ class MemwalSink:
         self.reports: list[BatchReport] = []
         self._report_lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What travels when the sink is pickled: over Spark Connect ``foreachBatch(sink)`` runs
+        in a Python process of the server. The lock cannot be pickled, and the reports are this
+        process's own: the copy starts with none (its reports reach the client as the query's
+        observed metrics, see :meth:`observe`, and the server's log)."""
+        state = dict(self.__dict__)
+        del state["_report_lock"]
+        state["reports"] = []
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._report_lock = threading.Lock()
+
     def bind(self, spark) -> "MemwalSink":
         """Fix the number of write tasks from ``spark``'s parallelism (once; the prepare and
-        write stages must agree on it for the life of the query)."""
+        write stages must agree on it for the life of the query). Works on classic and Spark
+        Connect sessions (:func:`~memwal.streaming.session.default_parallelism`)."""
         if self.options.max_write_tasks is None:
-            self.options = replace(self.options, max_write_tasks=max(1, spark.sparkContext.defaultParallelism))
+            from memwal.streaming.session import default_parallelism
+
+            self.options = replace(self.options, max_write_tasks=default_parallelism(spark))
             self.partitions = shard_partitions(TableState.load(self.uri, self.storage).spec, self.options)
         return self
 
