@@ -50,7 +50,9 @@ def test_wheel_installs_into_a_fresh_venv(tmp_path):
         [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True, check=True
     ).stdout.strip()
     Path(purelib, "deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True)
+    # --ignore-installed: the deps.pth makes a memwal installed beside the dependencies visible
+    # too (a plain install of this checkout); this venv must get its own copy from the wheel.
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed", str(wheel)], check=True)
     out = subprocess.run(
         [str(py), "-c", CHECK, str(env_dir)], capture_output=True, text=True, cwd=tmp_path
     )
