@@ -28,6 +28,7 @@ from typing import Any, Sequence  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from memwal import formats, paths  # noqa: E402
+from memwal.jsonvalues import row_to_json  # noqa: E402
 from memwal.errors import (  # noqa: E402
     ConcurrencyError,
     InputFileError,
@@ -218,7 +219,7 @@ def cmd_get(args: argparse.Namespace) -> int:
         print(f"key {args.key} not found", file=sys.stderr)
         return EXIT_NOT_FOUND
     if args.json:
-        print(formats.row_to_json(row))
+        print(row_to_json(row))
     else:
         print(render_rows(pa.Table.from_pylist([row])))
     return 0
@@ -235,7 +236,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
     if args.json:
         out = sys.stdout
         for row in t.to_pylist():
-            out.write(formats.row_to_json(row) + "\n")
+            out.write(row_to_json(row) + "\n")
     else:
         print(render_rows(t))
     return 0

@@ -13,14 +13,11 @@ an :class:`~memwal.errors.InputFileError` naming it.
 
 from __future__ import annotations
 
-import base64
 import csv
-import datetime as dt
-import decimal
 import json
 import os
 import re
-from typing import Any, Iterator
+from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -166,27 +163,3 @@ def read_table(path: str, schema: pa.Schema | None = None) -> pa.Table:
     if not batches:
         return (schema or read_schema(path)).empty_table()
     return pa.Table.from_batches(batches)
-
-
-def jsonable(v: Any) -> Any:
-    """``v`` with the values JSON cannot hold made representable (see :func:`row_to_json`)."""
-    if isinstance(v, bytes):
-        return base64.b64encode(v).decode("ascii")
-    if isinstance(v, (dt.datetime, dt.date, dt.time)):
-        return v.isoformat()
-    if isinstance(v, dt.timedelta):
-        return v.total_seconds()
-    if isinstance(v, decimal.Decimal):
-        return str(v)
-    if isinstance(v, dict):
-        return {k: jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [jsonable(x) for x in v]
-    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
-        return str(v)
-    return v
-
-
-def row_to_json(row: dict[str, Any]) -> str:
-    """One row as a JSON object (bytes as base64, times as ISO 8601)."""
-    return json.dumps(jsonable(row), ensure_ascii=False)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from memwal.formats import jsonable
+from memwal.jsonvalues import jsonable
 from memwal.metrics import MaintenanceMetrics
 from memwal.readers.reader import ReadPlan
 from memwal.status import MaintenanceStatus, TableStatus

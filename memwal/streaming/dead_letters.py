@@ -9,11 +9,6 @@ travel to the executors with the sink; see :mod:`memwal.storage`).
 
 from __future__ import annotations
 
-import base64
-import datetime as dt
-import decimal
-import json
-import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -22,6 +17,7 @@ import lance
 import pyarrow as pa
 
 from memwal import paths
+from memwal.jsonvalues import row_to_json
 from memwal.schema import with_primary_key
 from memwal.state import resolve_storage
 from memwal.storage import StorageConfig
@@ -50,30 +46,8 @@ SCHEMA = with_primary_key(
 
 def record_json(row: dict[str, Any]) -> bytes:
     """A record that arrived as columns (not as Kafka bytes), as the dead letter's ``value``:
-    a JSON object, bytes as base64, times as ISO 8601, decimals and non-finite floats as
-    strings, so any row can be recorded and read back by a person."""
-
-    def plain(v: Any) -> Any:
-        if isinstance(v, float) and not math.isfinite(v):
-            return str(v)
-        if isinstance(v, dict):
-            return {k: plain(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return [plain(x) for x in v]
-        return v
-
-    def other(v: Any) -> Any:
-        if isinstance(v, bytes):
-            return base64.b64encode(v).decode("ascii")
-        if isinstance(v, (dt.datetime, dt.date, dt.time)):
-            return v.isoformat()
-        if isinstance(v, dt.timedelta):
-            return v.total_seconds()
-        if isinstance(v, decimal.Decimal):
-            return str(v)
-        raise TypeError(f"cannot record a {type(v).__name__} value as JSON")
-
-    return json.dumps(plain(row), default=other, ensure_ascii=False).encode()
+    the JSON a person can read back (:mod:`memwal.jsonvalues`)."""
+    return row_to_json(row).encode()
 
 
 def dead_letter_uri(table_uri: str) -> str:
