@@ -18,7 +18,6 @@ configure_process()  # before anything imports Lance
 import argparse  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
-import os  # noqa: E402
 import re  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -28,6 +27,7 @@ from typing import Any, Sequence  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from memwal import formats, paths  # noqa: E402
+from memwal.io import file_io_for  # noqa: E402
 from memwal.jsonvalues import row_to_json  # noqa: E402
 from memwal.errors import (  # noqa: E402
     ConcurrencyError,
@@ -94,9 +94,8 @@ def cmd_init(args: argparse.Namespace) -> int:
     # Everything is checked before anything is created: a table half-created by a refused
     # argument would make every later init of the same URI fail with "table exists".
     writer = WriterConfig(max_memtable_rows=args.max_memtable_rows, max_wal_flush_interval_ms=args.wal_flush_interval_ms)
-    local = paths.normalize_uri(args.uri)
-    if "://" not in local and os.path.exists(local) and not os.path.isdir(local):
-        raise InvalidArgumentError(f"{local} is a file, not a directory; a table is a directory: pick another URI")
+    if file_io_for(args.uri, _storage(args)).is_file(paths.normalize_uri(args.uri)):  # before reading any input
+        raise InvalidArgumentError(f"{args.uri} is a file, not a directory; a table is a directory: pick another URI")
     schema = formats.read_schema(args.schema_from)
     table = Table.create(
         args.uri,

@@ -50,6 +50,10 @@ class FileIO(Protocol):
 
     def exists(self, path: str) -> bool: ...
 
+    def is_file(self, path: str) -> bool:
+        """True if a file (an object) is at ``path`` itself, not only under it."""
+        ...
+
     def list_dir(self, path: str) -> list[str]:
         """Names (not paths) directly under ``path``; empty if it does not exist."""
         ...
@@ -104,6 +108,9 @@ class LocalFileIO:
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
+
+    def is_file(self, path: str) -> bool:
+        return os.path.isfile(path)
 
     def list_dir(self, path: str) -> list[str]:
         try:
@@ -262,6 +269,9 @@ class ObjectStoreFileIO:
             return True
         except _not_found_errors():
             return False
+
+    def is_file(self, path: str) -> bool:
+        return self.exists(path)
 
     def list_dir(self, path: str) -> list[str]:
         store, key = self._locate(path)

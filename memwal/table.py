@@ -18,7 +18,7 @@ import lance
 import pyarrow as pa
 
 from memwal import paths
-from memwal.errors import PrimaryKeyError, ShardingSpecError, TableExistsError
+from memwal.errors import InvalidArgumentError, PrimaryKeyError, ShardingSpecError, TableExistsError
 from memwal.indexes import FTS_PARAMS, fts_index_name
 from memwal.io import FileIO, file_io_for
 from memwal.manifest import ManifestStore, ShardManifest
@@ -129,6 +129,8 @@ class Table:
         io = file_io_for(uri, storage)
         if isinstance(primary_key, str):
             primary_key = [primary_key]
+        if io.is_file(uri):
+            raise InvalidArgumentError(f"{uri} is a file, not a directory; a table is a directory: pick another URI")
         if table_exists(uri, io):
             raise TableExistsError(f"a table already exists at {uri}; open it with Table.open or pick another URI")
         bad = [f.name for f in schema if f.name.startswith("_")]

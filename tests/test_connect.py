@@ -115,11 +115,21 @@ def connect_server(tmp_path_factory):
 def remote(connect_server):
     from pyspark.sql import SparkSession
 
+    # A Connect client switches this whole process to Connect mode (PySpark sets
+    # SPARK_CONNECT_MODE_ENABLED / SPARK_REMOTE and keeps spark.remote on the shared builder):
+    # undo that afterwards, or every later classic local session would try to connect too.
+    saved = {k: os.environ.get(k) for k in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")}
     session = SparkSession.builder.remote(connect_server).getOrCreate()
     try:
         yield session
     finally:
         session.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        SparkSession.builder._options.pop("spark.remote", None)  # noqa: SLF001 - the builder is a shared singleton
 
 
 @pytest.mark.slow
