@@ -6,6 +6,7 @@ metadata call is an HTTP request here."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -98,8 +99,18 @@ def test_explicit_storage_options_without_environment(s3_server, monkeypatch):
     assert {r["id"] for r in readers.Reader(state).scan().to_pylist()} == {1, 2}
 
 
-def test_cli_round_trip_on_s3(s3_env, s3_uri, tmp_path):
-    """`memwal` with only AWS_* set gives the same outputs as on a local path."""
+@pytest.mark.parametrize("configured_by", ["environment", "flags"])
+def test_cli_round_trip_on_s3(s3_server, tmp_path, configured_by):
+    """`memwal` configured only by the AWS_* variables, or only by --storage-option flags,
+    gives the same outputs on s3:// as on a local path."""
+    s3_uri = s3_server.fresh_uri(f"cli-{configured_by}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "GOOGLE_", "AZURE_"))}
+    opts = s3_server.storage_options()
+    flags: list[str] = []
+    if configured_by == "environment":
+        env.update(s3_server.env())
+    else:
+        flags = [arg for k, v in opts.items() for arg in ("--storage-option", f"{k}={v}")]
     local = str(tmp_path / "local")
     data = tmp_path / "rows.jsonl"
     data.write_text("\n".join(json.dumps({"id": i, "name": f"n{i}", "score": i / 2}) for i in range(6)) + "\n")
@@ -111,7 +122,8 @@ def test_cli_round_trip_on_s3(s3_env, s3_uri, tmp_path):
     keys.write_text(json.dumps({"id": 2}) + "\n")
 
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "memwal", *args], capture_output=True, text=True)
+        extra = flags if any(a.startswith("s3://") for a in args) else []
+        return subprocess.run([sys.executable, "-m", "memwal", *args, *extra], capture_output=True, text=True, env=env)
 
     outputs = []
     for uri in (s3_uri, local):
@@ -138,7 +150,7 @@ def test_cli_round_trip_on_s3(s3_env, s3_uri, tmp_path):
             out.append(sorted(p.stdout.replace(uri, "URI").splitlines()))
         status = json.loads(run("status", uri, "--json").stdout)
         out.append((status["base_rows"], status["num_shards"], [s["pending_sstables"] for s in status["shards"]]))
-        view = View.open(TableState.load(uri), "half").to_table().sort_by("id").to_pylist()
+        view = View.open(TableState.load(uri, opts if uri.startswith("s3://") else None), "half").to_table().sort_by("id").to_pylist()
         out.append(view)
         outputs.append(out)
     assert outputs[0] == outputs[1]
