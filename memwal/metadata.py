@@ -61,7 +61,7 @@ class WriterConfig:
                     cls(**{k: v})
                     fixed[k] = v
                 except InvalidArgumentError:
-                    pass
+                    pass  # refused: left out, so the dataclass default takes its place
             log.warning("table metadata: %s; using the default instead", e)
             return cls(**fixed)
 

@@ -108,7 +108,7 @@ def connect_server(tmp_path_factory):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         except ProcessLookupError:
-            pass
+            pass  # the server's process group is already gone
 
 
 @pytest.fixture(scope="module")
