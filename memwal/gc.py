@@ -2,9 +2,9 @@
 
 Per shard, GC removes
 
-1. **SSTables** that are compacted and covered by every base index (``index_catchup``),
-   judged at a base version at least ``reader_grace_seconds`` old, so a reader that pinned
-   a snapshot shortly before keeps finding the SSTables it was told to read;
+1. **SSTables** that are compacted, covered by every base index (``index_catchup``) and
+   consumed by every view fed by compaction (its hold, :mod:`memwal.holds`), judged at a
+   base version at least ``reader_grace_seconds`` old, so a reader that pinned a snapshot shortly before keeps finding the SSTables it was told to read;
 2. the **WAL entries** those SSTables cover: position at or below the manifest's
    ``replay_after_wal_entry_position`` and tagged with a collected generation. Fence
    sentinels are always kept: a stalled writer of an old epoch discovers it is fenced when
@@ -44,6 +44,7 @@ import pyarrow as pa
 
 from memwal import paths
 from memwal.errors import CommitConflictError
+from memwal.holds import held_through, view_holds
 from memwal.indexes import base_indexes
 from memwal.manifest import MemWalIndex, ShardManifest
 from memwal.state import TableState
@@ -125,9 +126,10 @@ class GarbageCollector:
         version = self.safe_base_version()
         index = self.state.manifests.mem_wal_index(version) if version is not None else None
         indexes = base_indexes(self.state.dataset())
+        holds = view_holds(self.state.io, self.state.uri)  # read after the index: holds only move up
         results = []
         for shard_id in self.state.manifests.list_shards():
-            r = self.collect_shard(shard_id, _collectable_through(index, indexes, shard_id))
+            r = self.collect_shard(shard_id, held_through(holds, shard_id, _collectable_through(index, indexes, shard_id)))
             if r.sstables_removed or r.wal_entries_removed or r.manifests_removed or r.orphans_removed:
                 results.append(r)
         self.base_bytes_reclaimed = self._clean_base()

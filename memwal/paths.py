@@ -13,6 +13,7 @@ memwal's own files live next to Lance's, never inside Lance's directories::
 
     {table}/_memwal/maintenance.json                  the maintenance service's last metrics
     {table}/_memwal/views/{name}/                     materialized view metadata
+    {table}/_memwal/views/{name}/_memwal_hold.json    generations the view still has to read (GC keeps them)
     {table}_dead_letters/                             dead-letter Lance table (sibling)
 
 Keeping all of this in one module means a layout change touches one file.
@@ -139,6 +140,12 @@ def views_dir(table: str) -> str:
 
 def view_meta_dir(table: str, name: str) -> str:
     return join(views_dir(table), name)
+
+
+def view_hold(table: str, name: str) -> str:
+    """A view's change-log hold (see :mod:`memwal.holds`); inside the view's directory, so
+    dropping the view releases it."""
+    return join(view_meta_dir(table, name), "_memwal_hold.json")
 
 
 def dead_letter_table(table: str) -> str:

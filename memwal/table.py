@@ -168,8 +168,11 @@ class Table:
             if keys.group_by(list(primary_key)).aggregate([]).num_rows != base.num_rows:
                 raise PrimaryKeyError("initial data repeats a primary key; load one row per key")
         opts = storage.lance_options()
-        # Stable row ids keep row identity across compaction, which views' change feeds need.
-        ds = lance.write_dataset(base, uri, enable_stable_row_ids=True, storage_options=opts)
+        # No stable row ids: with them (pylance 14.0.2) every point lookup scans the row-id
+        # sequence of every fragment merge_insert rewrote, so lookups slow down with update
+        # history (docs/benchmarks.md, lookups and update history). Views do not need them:
+        # they are keyed on the primary key and fed by the compacted SSTables (memwal.views.changes).
+        ds = lance.write_dataset(base, uri, storage_options=opts)
         ds.update_config({CONFIG_KEY: meta.to_json()})
         ds = lance.dataset(uri, storage_options=opts)
         if indexes.primary_key_btree and len(primary_key) == 1:

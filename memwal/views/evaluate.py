@@ -11,10 +11,10 @@ import datafusion
 import numpy as np
 import pyarrow as pa
 
-from memwal.transforms import murmur3_int64
+from memwal.transforms import murmur3, murmur3_int64
 from memwal.views.definition import ViewDefinition
 from memwal.views.errors import ViewError
-from memwal.views.layout import ROW_ID
+from memwal.views.layout import ROW_ID, SOURCE_KEY
 
 
 def run_sql(rows: pa.Table, query: str) -> pa.Table:
@@ -29,9 +29,13 @@ def run_sql(rows: pa.Table, query: str) -> pa.Table:
 
 
 def project_rows(defn: ViewDefinition, rows: pa.Table) -> pa.Table:
-    """Row view: ``select`` and ``where`` over base rows carrying ``_rowid``, keyed by
-    :data:`ROW_ID` and sorted by it (so UDF chunks, and their checkpoints, are the same
-    rows every time the same change is computed)."""
+    """Row view: ``select`` and ``where`` over base rows carrying :data:`SOURCE_KEY` (or,
+    for a view keyed by stable row id, ``_rowid``), keyed and sorted by it (so UDF chunks,
+    and their checkpoints, are the same rows every time the same change is computed)."""
+    if SOURCE_KEY in rows.schema.names:
+        select = ", ".join([SOURCE_KEY, *defn.select]) if defn.select else "*"
+        out = run_sql(rows, f"SELECT {select} FROM src{defn.where_clause()}")
+        return out.sort_by([(SOURCE_KEY, "ascending")])
     select = ", ".join([f"_rowid AS {ROW_ID}", *defn.select]) if defn.select else f"_rowid AS {ROW_ID}, *"
     out = run_sql(rows, f"SELECT {select} FROM src{defn.where_clause()}")
     if not defn.select and "_rowid" in out.schema.names:
@@ -40,8 +44,11 @@ def project_rows(defn: ViewDefinition, rows: pa.Table) -> pa.Table:
 
 
 def shuffled(rows: pa.Table, seed: int) -> pa.Table:
-    """Row view rows in a deterministic pseudo-random order (a hash of the source row id),
-    so a scan of the view is a shuffle that does not change from run to run."""
+    """Row view rows in a deterministic pseudo-random order (a hash of the source key or
+    row id), so a scan of the view is a shuffle that does not change from run to run."""
+    if rows.num_rows and SOURCE_KEY in rows.schema.names:
+        order = np.argsort(murmur3(rows.column(SOURCE_KEY).combine_chunks(), seed=seed), kind="stable")
+        return rows.take(pa.array(order))
     if rows.num_rows == 0 or ROW_ID not in rows.schema.names:
         return rows
     order = np.argsort(murmur3_int64(rows.column(ROW_ID).to_numpy().astype(np.int64), seed=seed), kind="stable")

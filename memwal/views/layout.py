@@ -4,7 +4,7 @@ A view of table ``T`` named ``N`` is a plain Lance table at ``T/_memwal/views/N`
 definition is in the Lance config under :data:`CONFIG_KEY`; each refresh's record is in
 its commit's transaction properties under :data:`RECORD_KEY`. Beside Lance's own files it
 holds two memwal directories: UDF checkpoints and the refresh lease. Columns whose names
-start with ``__`` are memwal's (source row id, group key, aggregate states) and are hidden
+start with ``__`` are memwal's (source key or row id, group key, aggregate states) and are hidden
 from readers of the view.
 """
 
@@ -13,8 +13,12 @@ from __future__ import annotations
 from memwal import paths
 from memwal.io import FileIO
 
-#: Row views: the stable row id of the base row a view row was computed from.
+#: Row views made before views were keyed on the primary key: the stable row id of the base
+#: row a view row was computed from (such views keep Lance's ``delta()`` change feed).
 ROW_ID = "__source_row_id"
+#: Row views: the primary key of the base row a view row was computed from, as text
+#: (see :func:`memwal.views.changes.source_keys`).
+SOURCE_KEY = "__source_key"
 #: Aggregate views: the group's key (JSON of its GROUP BY values).
 GROUP_KEY = "__memwal_group"
 #: Aggregate views: rows in the group; a group with none left is removed.

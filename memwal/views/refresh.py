@@ -1,15 +1,19 @@
-"""One refresh of a view: the change to apply, computed from the base table's change feed,
-and the single commit that applies it.
+"""One refresh of a view: the change to apply, computed from what compaction folded into
+the base table, and the single commit that applies it.
 
-**Change.** Lance's change feed between the base version the view reflects and the target
-(``delta()``: inserted, updated and deleted rows by stable row id, which survive
-compaction) is all a refresh reads, so its cost follows the change, not the table:
+**Change.** The SSTables compaction folded between the base version the view reflects and
+the target (:mod:`memwal.views.changes`: changed primary keys, and their rows at the
+target) are all a refresh reads, so its cost follows the change, not the table:
 
-* row views are keyed by the source row's stable id (:data:`ROW_ID`): changed and deleted
-  rows' view rows are removed, changed and inserted rows are computed anew;
-* aggregate views adjust each affected group by the new rows minus the old ones (read from
-  the previous base version by row id, see :mod:`memwal.views.aggregates`); groups whose
-  state cannot be adjusted are recomputed from the base table.
+* row views are keyed by the source row's primary key (:data:`SOURCE_KEY`): the changed
+  keys' view rows are removed, and computed anew from the keys' rows at the target;
+* aggregate views adjust each affected group by the new rows minus the old ones (the
+  changed keys' rows read by key from the previous base version, see
+  :mod:`memwal.views.aggregates`); groups whose state cannot be adjusted are recomputed
+  from the base table.
+
+Views made before that (their rows keyed by stable row id, :data:`ROW_ID`) keep reading
+Lance's change feed (``delta()``), which needs the base's stable row ids.
 
 A full refresh (first one, a UDF whose identity changed, or a reflected base version that
 no longer exists) computes the view from the whole base table instead.
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import lance
 import numpy as np
@@ -34,12 +38,12 @@ import pyarrow as pa
 from memwal import lance_errors
 from memwal.sqltext import sql_literal
 from memwal.state import TableState
-from memwal.views import aggregates
+from memwal.views import aggregates, changes
 from memwal.views.definition import ViewDefinition
 from memwal.views.errors import ViewBusyError
 from memwal.views.evaluate import project_rows, run_sql
 from memwal.views.history import RefreshRecord
-from memwal.views.layout import GROUP_KEY, ROW_ID
+from memwal.views.layout import GROUP_KEY, ROW_ID, SOURCE_KEY
 from memwal.views.lease import Lease
 from memwal.views.udf import UdfRunner, UdfStats
 
@@ -103,10 +107,40 @@ class Delta:
         return cls(pa.concat_tables([inserted, updated]), _row_ids(updated, deleted), deleted.num_rows)
 
 
-def full_change(compute: Computer, base: lance.LanceDataset) -> Change:
-    rows = base.to_table(columns=compute.defn.columns_used(base.schema.names), with_row_id=True)
+def full_change(compute: Computer, base: lance.LanceDataset, primary_key: Sequence[str] | None = None) -> Change:
+    """The whole view; keyed by ``primary_key`` (None: by stable row id)."""
+    columns = compute.defn.columns_used(base.schema.names)
+    if primary_key is None:
+        rows = base.to_table(columns=columns, with_row_id=True)
+    else:
+        rows = changes.with_source_key(base.to_table(columns=list(dict.fromkeys([*primary_key, *columns]))), primary_key)
     add = compute.rows(rows)
     return Change(None, add, add.num_rows)
+
+
+def key_row_change(compute: Computer, state: TableState, base: lance.LanceDataset, from_version: int) -> Change | None:
+    """Row view keyed by primary key: the changed keys' rows replaced; None if the change log is gone."""
+    pk = list(state.primary_key)
+    d = changes.read_changes(state, state.dataset(from_version), base, compute.defn.columns_used(base.schema.names))
+    if d is None:
+        return None
+    add = compute.rows(changes.with_source_key(d.rows, pk)) if d.rows.num_rows else None
+    return Change((SOURCE_KEY, changes.source_keys(d.keys, pk)), add, d.keys.num_rows)
+
+
+def key_group_change(
+    defn: ViewDefinition, state: TableState, base: lance.LanceDataset, from_version: int, view: lance.LanceDataset
+) -> Change | None:
+    """Aggregate view: groups adjusted by the changed keys' rows now minus their rows at
+    ``from_version`` (read by key); None if the change log is gone."""
+    pk = list(state.primary_key)
+    prev = state.dataset(from_version)
+    columns = defn.columns_used(base.schema.names)
+    d = changes.read_changes(state, prev, base, columns)
+    if d is None:
+        return None
+    old = changes.rows_by_key(prev, d.keys, columns, pk) if d.keys.num_rows else None
+    return _group_delta(defn, base, view, d.rows, old, d.keys.num_rows)
 
 
 def row_change(compute: Computer, base: lance.LanceDataset, from_version: int) -> Change:
@@ -124,7 +158,16 @@ def group_change(
         prev._take_rows(d.gone_ids.to_pylist(), columns=defn.columns_used(prev.schema.names), with_row_id=True)
         if len(d.gone_ids) else None
     )
-    added = aggregates.partial_states(defn, d.changed) if d.changed.num_rows else None
+    return _group_delta(defn, base, view, d.changed, old, d.changed.num_rows + (len(old) if old is not None else 0))
+
+
+def _group_delta(
+    defn: ViewDefinition, base: lance.LanceDataset, view: lance.LanceDataset, new: pa.Table, old: pa.Table | None,
+    rows_changed: int,
+) -> Change:
+    """The touched groups of an aggregate view, adjusted by rows that appeared (``new``) and
+    rows that disappeared (``old``)."""
+    added = aggregates.partial_states(defn, new) if new.num_rows else None
     removed = aggregates.partial_states(defn, old) if old is not None and old.num_rows else None
     touched: set[str] = set()
     for p in (added, removed):
@@ -147,7 +190,7 @@ def group_change(
             aggregates.state_rows(defn, alive), schema=pa.schema([f for f in schema if f.name != GROUP_KEY])
         )
         add = aggregates.finish(defn, states).cast(schema)
-    return Change((GROUP_KEY, pa.array(sorted(touched), pa.string())), add, d.changed.num_rows + (len(old) if old is not None else 0))
+    return Change((GROUP_KEY, pa.array(sorted(touched), pa.string())), add, rows_changed)
 
 
 def _recompute_groups(defn: ViewDefinition, base: lance.LanceDataset, keys: set[str]) -> dict[str, aggregates.GroupState]:

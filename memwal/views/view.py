@@ -19,15 +19,17 @@ import pyarrow as pa
 
 from memwal import paths
 from memwal.failpoints import failpoint
+from memwal.holds import write_hold
 from memwal.io import file_io_for
 from memwal.state import TableState
 from memwal.views import refresh as refreshing
+from memwal.views.changes import with_source_key
 from memwal.views.checkpoints import Checkpoints
 from memwal.views.definition import UdfColumn, ViewDefinition
 from memwal.views.errors import ViewError
 from memwal.views.evaluate import shuffled
 from memwal.views.history import Freshness, RefreshRecord, refresh_records
-from memwal.views.layout import CONFIG_KEY, GROUP_KEY, LEASE_DIR, ROW_ID, view_exists, view_names, view_uri
+from memwal.views.layout import CONFIG_KEY, GROUP_KEY, LEASE_DIR, ROW_ID, SOURCE_KEY, view_exists, view_names, view_uri
 from memwal.views.lease import Lease
 from memwal.views.udf import UdfRunner, UdfStats
 
@@ -88,13 +90,11 @@ class View:
         state = _state(table)
         defn = ViewDefinition(name, state.uri, tuple(select), where, tuple(group_by), tuple(udfs), shuffle_seed)
         base = state.dataset()
-        if not base.has_stable_row_ids:
-            raise ViewError("views need stable row ids on the base table (memwal tables have them)")
         defn.check()
         view = cls(state, defn)
         if view_exists(state.io, view.uri):
             raise ViewError(f"view {name!r} already exists on {state.uri}; drop it first")
-        sample = view._computer(None).rows(base.to_table(with_row_id=True, limit=0))
+        sample = view._computer(None).rows(with_source_key(base.to_table(limit=0), state.primary_key))
         ds = lance.write_dataset(
             sample.schema.empty_table(), view.uri, max_rows_per_file=max_rows_per_fragment,
             storage_options=state.storage_options,
@@ -205,12 +205,27 @@ class View:
             full = last is None or not udfs_current or not _has_version(state, last.base_version)
             refresh_key = f"{last.base_version if last else 'none'}->{base.version}|{'full' if full else 'inc'}"
             compute = self._computer(refresh_key, (spark, spark_threshold_rows) if spark is not None else None)
+            # Views keyed by stable row id (made by earlier versions) keep Lance's delta() feed.
+            by_row_id = ROW_ID in view_ds.schema.names
+            change = None
             if full:
-                change = refreshing.full_change(compute, base)
+                pass
+            elif by_row_id:
+                change = (
+                    refreshing.group_change(defn, state, base, last.base_version, view_ds) if defn.aggregate
+                    else refreshing.row_change(compute, base, last.base_version)
+                )
             elif defn.aggregate:
-                change = refreshing.group_change(defn, state, base, last.base_version, view_ds)
+                change = refreshing.key_group_change(defn, state, base, last.base_version, view_ds)
             else:
-                change = refreshing.row_change(compute, base, last.base_version)
+                change = refreshing.key_row_change(compute, state, base, last.base_version)
+            if change is None:
+                if not full:
+                    log.warning("view %s: SSTables of its change are gone; refreshing in full", defn.name)
+                    full = True
+                    refresh_key = f"{last.base_version if last else 'none'}->{base.version}|full"
+                    compute = self._computer(refresh_key, (spark, spark_threshold_rows) if spark is not None else None)
+                change = refreshing.full_change(compute, base, None if by_row_id else list(state.primary_key))
             if defn.shuffle_seed is not None and change.add is not None:
                 change = refreshing.Change(change.remove, shuffled(change.add, defn.shuffle_seed), change.rows_changed)
             failpoint("view.before_commit")
@@ -231,8 +246,12 @@ class View:
                 max_rows_per_fragment=max_rows_per_fragment, overwrite=full, lease=lease, name=defn.name,
                 storage_options=state.storage_options,
             )
+            if not by_row_id:
+                # after the commit: the hold never runs ahead of what the view has consumed
+                write_hold(state.io, paths.view_hold(state.uri, defn.name), record.compacted)
             Checkpoints(state.io, self.uri).clear()
-            refreshing.index_key(self.dataset(), GROUP_KEY if defn.aggregate else ROW_ID, self.INDEX_SLACK_ROWS)
+            key = GROUP_KEY if defn.aggregate else (ROW_ID if by_row_id else SOURCE_KEY)
+            refreshing.index_key(self.dataset(), key, self.INDEX_SLACK_ROWS)
         log.info(
             "refreshed view %s to base v%d (%s, %d rows changed, %d UDF calls) in %.2fs",
             defn.name, base.version, record.mode, change.rows_changed, self.udf_stats.calls, time.perf_counter() - t0,
