@@ -94,15 +94,22 @@ def _folded(state: TableState, version: int) -> dict[str, int]:
     return dict(index.compacted) if index else {}
 
 
+def folded_through(state: TableState, version: int) -> dict[str, int]:
+    """Per shard, the highest generation folded into base version ``version``."""
+    return _folded(state, version)
+
+
 def read_changes(
-    state: TableState, before: lance.LanceDataset, after: lance.LanceDataset, columns: Sequence[str]
+    state: TableState, start: dict[str, int], after: lance.LanceDataset, columns: Sequence[str]
 ) -> KeyChange | None:
-    """The change from base version ``before`` to ``after``, with ``columns`` of the rows at
-    ``after``; None if an SSTable it needs is gone."""
+    """The change from the base version that had folded ``start`` (per shard, the highest
+    generation; a view's refresh record keeps it, so that version itself need not exist any
+    more) to ``after``, with ``columns`` of the rows at ``after``; None if an SSTable it
+    needs is gone."""
     pk = list(state.primary_key)
     cols = list(dict.fromkeys([*pk, *(c for c in columns if c in after.schema.names)]))
     state.manifests.clear_cache()  # an SSTable flushed since a cached read may be the next generation
-    start, end = _folded(state, before.version), _folded(state, after.version)
+    end = _folded(state, after.version)
     folded: list[pa.Table] = []
     unsure: list[pa.Table] = []
     read = 0

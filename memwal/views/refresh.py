@@ -118,10 +118,11 @@ def full_change(compute: Computer, base: lance.LanceDataset, primary_key: Sequen
     return Change(None, add, add.num_rows)
 
 
-def key_row_change(compute: Computer, state: TableState, base: lance.LanceDataset, from_version: int) -> Change | None:
-    """Row view keyed by primary key: the changed keys' rows replaced; None if the change log is gone."""
+def key_row_change(compute: Computer, state: TableState, base: lance.LanceDataset, consumed: dict[str, int]) -> Change | None:
+    """Row view keyed by primary key: the keys changed since the view consumed ``consumed``
+    (per shard, the generation), their rows replaced; None if the change log is gone."""
     pk = list(state.primary_key)
-    d = changes.read_changes(state, state.dataset(from_version), base, compute.defn.columns_used(base.schema.names))
+    d = changes.read_changes(state, consumed, base, compute.defn.columns_used(base.schema.names))
     if d is None:
         return None
     add = compute.rows(changes.with_source_key(d.rows, pk)) if d.rows.num_rows else None
@@ -136,7 +137,7 @@ def key_group_change(
     pk = list(state.primary_key)
     prev = state.dataset(from_version)
     columns = defn.columns_used(base.schema.names)
-    d = changes.read_changes(state, prev, base, columns)
+    d = changes.read_changes(state, changes.folded_through(state, from_version), base, columns)
     if d is None:
         return None
     old = changes.rows_by_key(prev, d.keys, columns, pk) if d.keys.num_rows else None

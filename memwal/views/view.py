@@ -202,11 +202,14 @@ class View:
                 )
             self.udf_stats = UdfStats()
             view_ds = self.dataset()
-            full = last is None or not udfs_current or not _has_version(state, last.base_version)
-            refresh_key = f"{last.base_version if last else 'none'}->{base.version}|{'full' if full else 'inc'}"
-            compute = self._computer(refresh_key, (spark, spark_threshold_rows) if spark is not None else None)
             # Views keyed by stable row id (made by earlier versions) keep Lance's delta() feed.
             by_row_id = ROW_ID in view_ds.schema.names
+            # A row view keyed on the primary key reads only SSTables (its record says which);
+            # the others read the base version they reflect, which may have been cleaned up.
+            needs_prev = by_row_id or defn.aggregate
+            full = last is None or not udfs_current or (needs_prev and not _has_version(state, last.base_version))
+            refresh_key = f"{last.base_version if last else 'none'}->{base.version}|{'full' if full else 'inc'}"
+            compute = self._computer(refresh_key, (spark, spark_threshold_rows) if spark is not None else None)
             change = None
             if full:
                 pass
@@ -218,7 +221,7 @@ class View:
             elif defn.aggregate:
                 change = refreshing.key_group_change(defn, state, base, last.base_version, view_ds)
             else:
-                change = refreshing.key_row_change(compute, state, base, last.base_version)
+                change = refreshing.key_row_change(compute, state, base, dict(last.compacted))
             if change is None:
                 if not full:
                     log.warning("view %s: SSTables of its change are gone; refreshing in full", defn.name)
