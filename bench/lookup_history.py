@@ -1,0 +1,160 @@
+"""Lookups and update history: base tables with stable row ids against without, in one run.
+
+Two memwal tables, identical but for the base table's stable row ids (on: the layout of
+tables made before views were fed by compaction; off: tables made now). Each gets a
+``--base-rows`` base (BTREE on ``id``), then ``--commits`` rounds of ``--commit-rows`` rows
+(half updates of random existing ids, half new ids) written, flushed and compacted: one
+``merge_insert`` commit each, as in production. Measured on both:
+
+1. point lookups on the base table (``id = k`` through the BTREE, brought up to date after
+   the commits as maintenance does) p50/p99, before and after the commits (with stable row ids a lookup scans the row-id sequence of every fragment
+   ``merge_insert`` rewrote, so it slows down with update history);
+2. the base manifest's size and the mean compaction commit time;
+3. reading the change of the last ``--change-commits`` commits, what a view refresh reads:
+   Lance's ``delta()`` on the stable-row-id table (the previous views' feed) against the
+   compacted SSTables (:func:`memwal.views.changes.read_changes`, today's feed) on the other.
+
+Run: ``python bench/lookup_history.py`` (defaults: 1M rows, 100 commits of 10k rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
+
+import lance  # noqa: E402
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import git_rev, machine, pct, report, today, work_dir  # noqa: E402
+
+from memwal import Table  # noqa: E402
+from memwal.compactor import Compactor  # noqa: E402
+from memwal.indexes import IndexMaintainer  # noqa: E402
+from memwal.views import changes  # noqa: E402
+from memwal.views.refresh import Delta  # noqa: E402
+
+SCHEMA = pa.schema([("id", pa.int64()), ("val", pa.float64()), ("name", pa.string())])
+
+
+def rows(ids: np.ndarray, tag: str, rng: np.random.Generator) -> pa.Table:
+    return pa.table(
+        {"id": pa.array(ids, pa.int64()), "val": pa.array(rng.random(len(ids))), "name": pa.array([f"{tag}-{i}" for i in ids])},
+        schema=SCHEMA,
+    )
+
+
+def make(uri: str, base: int, stable_row_ids: bool) -> Table:
+    """A memwal table; with ``stable_row_ids`` as the previous version made them."""
+    write = lance.write_dataset
+    if stable_row_ids:
+        lance.write_dataset = lambda *a, **k: write(*a, **{**k, "enable_stable_row_ids": True})  # type: ignore[assignment]
+    try:
+        return Table.create(uri, SCHEMA, ["id"], "bucket(id, 1)", initial_data=rows(np.arange(base), "base", np.random.default_rng(0)))
+    finally:
+        lance.write_dataset = write  # type: ignore[assignment]
+
+
+def lookups(uri: str, keys: np.ndarray) -> list[float]:
+    ds = lance.dataset(uri)
+    out = []
+    for k in keys:
+        t0 = time.perf_counter()
+        got = ds.to_table(filter=f"id = {int(k)}")
+        out.append(time.perf_counter() - t0)
+        assert got.num_rows == 1
+    return out
+
+
+def manifest_bytes(uri: str) -> int:
+    d = os.path.join(uri, "_versions")
+    newest = max((os.path.join(d, n) for n in os.listdir(d) if n.endswith(".manifest")), key=os.path.getmtime)
+    return os.path.getsize(newest)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base-rows", type=int, default=1_000_000)
+    ap.add_argument("--commits", type=int, default=100)
+    ap.add_argument("--commit-rows", type=int, default=10_000)
+    ap.add_argument("--change-commits", type=int, default=10, help="commits in the change a view refresh reads")
+    ap.add_argument("--lookups", type=int, default=300)
+    ap.add_argument("--dir", default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    rng = np.random.default_rng(1)
+    results: dict = {"date": today(), "machine": machine(), "commit": git_rev(), "args": vars(args)}
+    with work_dir(args.dir, "memwal-lookup-history-") as work:
+        tables = {name: make(os.path.join(work, name), args.base_rows, on) for name, on in (("stable", True), ("plain", False))}
+        probe = rng.choice(args.base_rows, args.lookups, replace=False)
+        for name, t in tables.items():
+            lookups(t.uri, probe[:20])  # warm up
+            results[f"{name}_lookup_0"] = lookups(t.uri, probe)
+        versions: dict[str, list[int]] = {name: [] for name in tables}
+        commit_seconds: dict[str, list[float]] = {name: [] for name in tables}
+        next_id = args.base_rows
+        for c in range(args.commits):
+            half = args.commit_rows // 2
+            ids = np.concatenate([rng.choice(next_id, half, replace=False), next_id + np.arange(half)])
+            next_id += half
+            batch = rows(ids, f"c{c}", rng)
+            for name, t in tables.items():
+                versions[name].append(t.state.dataset().version)
+                t.write(batch)
+                t.flush()
+                t0 = time.perf_counter()
+                Compactor(t.state).run_once()
+                commit_seconds[name].append(time.perf_counter() - t0)
+            if (c + 1) % 10 == 0:
+                print(f"  {c + 1}/{args.commits} commits: " + ", ".join(
+                    f"{n} {np.mean(commit_seconds[n][-10:]):.2f}s/commit" for n in tables), flush=True)
+        for name, t in tables.items():
+            IndexMaintainer(t.state).catch_up()  # as maintenance does: the BTREE covers every fragment
+            lookups(t.uri, probe[:20])
+            results[f"{name}_lookup_n"] = lookups(t.uri, probe)
+            results[f"{name}_manifest_bytes"] = manifest_bytes(t.uri)
+            results[f"{name}_commit_s"] = commit_seconds[name]
+        # the change of the last --change-commits commits, as a refresh reads it
+        stable, plain = tables["stable"], tables["plain"]
+        since = versions["stable"][-args.change_commits]
+        t0 = time.perf_counter()
+        d = Delta.read(stable.state.dataset(), since)
+        results["delta_s"] = time.perf_counter() - t0
+        results["delta_rows"] = d.changed.num_rows + d.deleted
+        since = versions["plain"][-args.change_commits]
+        t0 = time.perf_counter()
+        k = changes.read_changes(plain.state, changes.folded_through(plain.state, since), plain.state.dataset(), SCHEMA.names)
+        results["sstables_s"] = time.perf_counter() - t0
+        results["sstables_rows"] = k.rows.num_rows
+        for t in tables.values():
+            t.close()
+
+    def ms(v: list[float], p: float) -> float:
+        return pct(v, p) * 1000
+
+    print(f"\nbase {args.base_rows:,} rows, {args.commits} compaction commits of {args.commit_rows:,} rows (half updates)")
+    print("| base table | lookup p50 / p99, 0 commits | after | manifest | compaction commit (mean, last 10) |")
+    print("|---|---|---|---|---|")
+    for name, label in (("stable", "stable row ids (previous layout)"), ("plain", "no stable row ids (now)")):
+        a, b = results[f"{name}_lookup_0"], results[f"{name}_lookup_n"]
+        print(
+            f"| {label} | {ms(a, 50):.2f} / {ms(a, 99):.2f} ms | {ms(b, 50):.2f} / {ms(b, 99):.2f} ms | "
+            f"{results[f'{name}_manifest_bytes'] / 1024:.0f} KB | {np.mean(results[f'{name}_commit_s'][-10:]):.2f} s |"
+        )
+    ratio = ms(results["stable_lookup_n"], 50) / ms(results["plain_lookup_n"], 50)
+    print(f"lookup p50 after the commits: stable row ids / none = {ratio:.1f}x")
+    print(
+        f"change of the last {args.change_commits} commits: delta() {results['delta_s']:.3f} s "
+        f"({results['delta_rows']:,} rows) vs SSTables {results['sstables_s']:.3f} s ({results['sstables_rows']:,} rows): "
+        f"{results['delta_s'] / results['sstables_s']:.1f}x"
+    )
+    report(results, args.json)
+
+
+if __name__ == "__main__":
+    main()
