@@ -19,6 +19,12 @@ shard); it also tells a fenced writer who claimed the shard last.
 Before it claims a shard the pool checks that the shard's unflushed WAL has no gap: Lance's
 replay stops at the first missing entry and the writer would then flush (and so drop) only
 what came before it. A shard with a gap raises :class:`WalGapError` and is never opened.
+
+A cached writer unused for ``max_idle_seconds`` is closed and reopened rather than written
+through. While it sat idle another pool may have claimed the shard; a stale writer finds out
+only when its next WAL append collides with the fence sentinel of that claim, and GC collects
+sentinels once they are ``GcConfig.wal_retention_seconds`` old (see ``memwal.gc``). Bounding
+the idle time is what keeps every stale append ahead of that collection.
 """
 
 from __future__ import annotations
@@ -135,6 +141,10 @@ class ShardWriterPool:
     renew_seconds: float = 5.0
     #: This pool's name in leases (host:pid:random).
     owner: str = field(default_factory=_owner_id)
+    #: A cached writer unused this long is reopened before its next use (must stay well below
+    #: ``GcConfig.wal_retention_seconds``; see the module docstring).
+    max_idle_seconds: float = 120.0
+    _last_used: dict[str, float] = field(default_factory=dict, repr=False)
     _renewed: dict[str, float] = field(default_factory=dict, repr=False)
     _shard_stats: dict[str, WriterStats] = field(default_factory=dict, repr=False)
     _writers: dict[str, lance.mem_wal.ShardWriter] = field(default_factory=dict, repr=False)
@@ -249,9 +259,14 @@ class ShardWriterPool:
         return w
 
     def _writer(self, shard_id: str) -> lance.mem_wal.ShardWriter:
+        now = time.monotonic()
+        if shard_id in self._writers and now - self._last_used.get(shard_id, now) > self.max_idle_seconds:
+            log.debug("writer of shard %s idle for %.0fs; reopening it", shard_id, now - self._last_used[shard_id])
+            self._discard(shard_id)
         w = self._writers.get(shard_id)
         if w is None:
             w = self._writers[shard_id] = self._open(shard_id)
+        self._last_used[shard_id] = time.monotonic()
         return w
 
     def _discard(self, shard_id: str) -> None:
