@@ -70,13 +70,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 import pyarrow as pa
 
 from memwal import paths
-from memwal.errors import CommitConflictError
+from memwal.errors import CommitConflictError, ConcurrencyError, MemwalError
 from memwal.indexes import base_indexes
 from memwal.manifest import MemWalIndex, ShardManifest
 from memwal.state import TableState
@@ -171,14 +172,28 @@ class GarbageCollector:
                 safe = v["version"]
         return safe
 
-    def run_once(self) -> list[ShardGcResult]:
-        """Collect every shard, then old base table versions."""
+    def run_once(
+        self,
+        shard_ids: Iterable[str] | None = None,
+        on_shard_error: Callable[[str, Exception], None] | None = None,
+    ) -> list[ShardGcResult]:
+        """Collect every shard (or those given), then old base table versions.
+
+        With ``on_shard_error``, a shard that fails (a damaged manifest, say) is handed to it
+        and the other shards are still collected; without, the error propagates.
+        """
         version = self.safe_base_version()
         index = self.state.manifests.mem_wal_index(version) if version is not None else None
         indexes = base_indexes(self.state.dataset())
         results = []
-        for shard_id in self.state.manifests.list_shards():
-            r = self.collect_shard(shard_id, _collectable_through(index, indexes, shard_id))
+        for shard_id in self.state.manifests.list_shards() if shard_ids is None else shard_ids:
+            try:
+                r = self.collect_shard(shard_id, _collectable_through(index, indexes, shard_id))
+            except (MemwalError, OSError, ValueError) as e:
+                if on_shard_error is None or isinstance(e, ConcurrencyError):
+                    raise
+                on_shard_error(shard_id, e)
+                continue
             if r.sstables_removed or r.wal_entries_removed or r.manifests_removed or r.orphans_removed:
                 results.append(r)
         self.base_bytes_reclaimed = self._clean_base()

@@ -44,7 +44,7 @@ import lance.mem_wal
 import pyarrow as pa
 
 from memwal import paths
-from memwal.errors import FencedError, WalGapError
+from memwal.errors import FencedError, TableDamagedError
 from memwal.lance_errors import is_claim_race, is_fenced
 from memwal.manifest import ShardManifest
 from memwal.metadata import WriterConfig
@@ -358,7 +358,13 @@ class ShardWriterPool:
     def open_shards(self) -> list[str]:
         return list(self._writers)
 
-    def flush_stranded(self, idle_seconds: float = 0.0, *, skip_live_writers: bool = False) -> list[str]:
+    def flush_stranded(
+        self,
+        idle_seconds: float = 0.0,
+        *,
+        skip_live_writers: bool = False,
+        on_damage: Callable[[str, TableDamagedError], None] | None = None,
+    ) -> list[str]:
         """Flush shards holding acknowledged but unflushed writes that no writer here owns,
         and whose newest such write is at least ``idle_seconds`` old; returns their ids.
 
@@ -374,17 +380,19 @@ class ShardWriterPool:
 
         A shard whose WAL has a gap is never flushed (that would drop the entries after the
         gap): the other shards are flushed, then the first such :class:`WalGapError` is raised.
+        A shard with another damaged file (its manifest, a WAL entry) is skipped the same way.
+        With ``on_damage`` each damaged shard is handed to it instead, and nothing is raised.
         """
         state = self.state
         tails = WalTailReader(state.uri, state.io, state.manifests, state.primary_key)
         now = time.time()
         flushed = []
-        damaged: list[WalGapError] = []
+        damaged: list[TableDamagedError] = []
         for shard_id in state.manifests.list_shards():
             if shard_id in self.open_shards:
                 continue
-            m = state.manifests.read_shard(shard_id)
             try:
+                m = state.manifests.read_shard(shard_id)
                 newest = tails.newest_entry_mtime(m) if m is not None else None
                 if newest is None or now - newest < idle_seconds:
                     continue
@@ -394,9 +402,12 @@ class ShardWriterPool:
                     continue
                 log.info("flushing stranded WAL entries of shard %s", shard_id)
                 self.claim_and_flush(shard_id)
-            except WalGapError as e:
+            except TableDamagedError as e:
                 log.error("%s", e)
-                damaged.append(e)
+                if on_damage is not None:
+                    on_damage(shard_id, e)
+                else:
+                    damaged.append(e)
                 continue
             flushed.append(shard_id)
         if damaged:
