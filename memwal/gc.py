@@ -60,8 +60,8 @@ that from happening, and keep the gap check from taking a collected prefix for a
   may stall (480 s with the defaults), the same kind of bound as ``reader_grace_seconds``.
   A Lance writer held outside memwal's pools is not covered; keep its handles short-lived.
 
-So at most the entries flushed during the last ``wal_retention_seconds``, plus those of
-SSTables not yet drained, stay on disk, however many claims a shard has seen; GC reads an
+So only the unflushed tail, the entries flushed during the last ``wal_retention_seconds``
+and those of SSTables not yet drained stay on disk, however many claims a shard has seen; GC reads an
 entry's metadata once per collector and lists a shard's WAL only when its collectable
 position or its SSTables changed, so a drain never rereads the whole history.
 """
