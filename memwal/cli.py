@@ -266,13 +266,20 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     )
     service = Maintenance(_state(args), config)
     if args.once:
-        report = service.run_cycle()
-        print(
-            f"compacted {report.generations_compacted} generation(s) in {report.compaction_commits} commit(s) "
-            f"({report.rows_compacted} rows); reclaimed {report.sstables_removed} SSTable(s), "
-            f"{report.bytes_reclaimed} bytes; {sum(report.pending_sstables.values())} SSTable(s) pending"
-        )
-        return 0
+        from memwal.errors import TableDamagedError
+        from memwal.render import render_cycle, render_damaged_shards
+
+        try:
+            report = service.run_cycle()
+        except TableDamagedError:
+            if service.last_report is None:  # the cycle did not get to its end
+                raise
+            report = service.last_report
+        print(render_cycle(report))
+        # Damaged shards were skipped, the others maintained: exit 3 naming each shard and file.
+        for line in render_damaged_shards(report):
+            print(line, file=sys.stderr)
+        return EXIT_ERROR if report.damaged_shards else EXIT_OK
     try:
         service.run_forever()
     except KeyboardInterrupt:

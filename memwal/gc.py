@@ -4,12 +4,12 @@ Per shard, GC removes
 
 1. **SSTables** that are compacted, covered by every base index (``index_catchup``) and
    consumed by every view fed by compaction (its hold, :mod:`memwal.holds`), judged at a
-   base version at least ``reader_grace_seconds`` old, so a reader that pinned a snapshot shortly before keeps finding the SSTables it was told to read;
-2. the **WAL entries** those SSTables cover: position at or below the manifest's
-   ``replay_after_wal_entry_position`` and tagged with a collected generation. Fence
-   sentinels are always kept: a stalled writer of an old epoch discovers it is fenced when
-   its next WAL append collides with the sentinel its successor wrote. Deleting sentinels
-   would let it append into the hole, acknowledging writes no one ever replays;
+   base version at least ``reader_grace_seconds`` old, so a reader that pinned a snapshot
+   shortly before keeps finding the SSTables it was told to read;
+2. **WAL entries** at or below the flushed position (``replay_after_wal_entry_position``)
+   of the newest shard manifest version that is at least ``wal_retention_seconds`` old:
+   fence sentinels, and data entries whose generation is no longer listed in the manifest
+   (see *Why collecting the WAL is safe* below);
 3. **shard manifest versions** older than both the newest ``manifest_versions_kept`` and
    ``manifest_retention_seconds``;
 4. **orphan** ``*_gen_*`` directories listed in no manifest: from failed flush attempts,
@@ -31,19 +31,54 @@ again. The fenced writer's acknowledged writes are in WAL entries after
 pool reopens the shard on the next write (claiming it back and replaying those entries),
 and a writer being closed reopens and flushes. A lost race on the manifest version just
 reloads and recomputes.
+
+Why collecting the WAL is safe. A WAL entry at or below a shard's flushed position is read
+by no one: Lance's replay and memwal's strong readers, flush-stranded and WAL-gap check all
+start after the flushed position of the manifest they hold, and the rows are in an SSTable.
+What such an entry can still do is *occupy a position*. A writer learns it was fenced only
+when it commits a manifest or when its next WAL append (put-if-not-exists at the position
+after its own last entry) collides with an existing file; every claim writes a data-less
+fence sentinel at exactly that position, so a stale writer's first write after the claim
+collides and fails. Delete that sentinel while the stale writer still holds its handle, and
+its next put lands in the hole and is acknowledged, below the flushed position, where no
+replay will ever read it (``tests/test_gc.py`` reproduces this with Lance). Two rules keep
+that from happening, and keep the gap check from taking a collected prefix for a gap:
+
+* **A manifest at least ``wal_retention_seconds`` old is the bound.** Only positions at or
+  below the flushed position of the newest manifest version written at least that long ago
+  are collected. Whatever planned from a manifest that was the latest less than
+  ``wal_retention_seconds`` ago (a reader's strong read, a writer's gap check before a
+  claim) starts at or above that position, so it never sees a collected entry missing: a
+  collected prefix lies below every flushed position anyone still uses, and a gap (a
+  missing entry *above* the flushed position with later entries after it) is never made by
+  GC. A sentinel, in turn, is written before the flush that covers it, so it lives at least
+  ``wal_retention_seconds``.
+* **memwal's writers never sit on a stale handle that long.** ``ShardWriterPool`` reopens,
+  instead of writing through, a cached writer unused for ``max_idle_seconds`` (120 s). A
+  fenced writer's next append therefore starts within ``max_idle_seconds`` of its previous
+  one, which came before the sentinel it would collide with: it collides as long as
+  ``wal_retention_seconds`` exceeds ``max_idle_seconds`` plus the longest a single append
+  may stall (480 s with the defaults), the same kind of bound as ``reader_grace_seconds``.
+  A Lance writer held outside memwal's pools is not covered; keep its handles short-lived.
+
+So only the unflushed tail, the entries flushed during the last ``wal_retention_seconds``
+and those of SSTables not yet drained stay on disk, however many claims a shard has seen; GC reads an
+entry's metadata once per collector and lists a shard's WAL only when its collectable
+position or its SSTables changed, so a drain never rereads the whole history.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 import pyarrow as pa
 
 from memwal import paths
-from memwal.errors import CommitConflictError
+from memwal.errors import CommitConflictError, ConcurrencyError, MemwalError
 from memwal.holds import held_through, view_holds
 from memwal.indexes import base_indexes
 from memwal.manifest import MemWalIndex, ShardManifest
@@ -69,6 +104,10 @@ class GcConfig:
     min_sstables_to_drain: int = 64
     #: Base table versions younger than this stay (time travel); never less than the reader grace.
     base_version_retention_seconds: float = 3600.0
+    #: WAL entries (fence sentinels included) are collected at or below the flushed position of
+    #: the newest shard manifest at least this old. Must exceed the writers' ``max_idle_seconds``
+    #: (``ShardWriterPool``, 120 s) plus the longest a WAL append may stall; see the module doc.
+    wal_retention_seconds: float = 600.0
 
 
 @dataclass
@@ -93,12 +132,23 @@ def _collectable_through(index: MemWalIndex | None, indexes: list[str], shard_id
     return limit
 
 
-def _is_fence_sentinel_or_newer(meta: dict[bytes, bytes] | None, generation: int) -> bool:
-    meta = meta or {}
-    if meta.get(b"fence_sentinel") == b"true":
-        return True
-    gen = meta.get(b"generation")
-    return gen is None or int(gen) > generation
+@dataclass(frozen=True)
+class _WalMeta:
+    """What GC needs to know of one WAL entry (immutable, so read once per collector)."""
+
+    sentinel: bool
+    #: the MemTable generation a data entry went into; None if unknown (unreadable entry)
+    generation: int | None
+
+    @classmethod
+    def parse(cls, data: bytes) -> "_WalMeta":
+        try:
+            with pa.ipc.open_stream(data) as reader:
+                meta = reader.schema.metadata or {}
+        except pa.ArrowInvalid:
+            return cls(False, None)  # unreadable: never collected here (memwal check reports it)
+        gen = meta.get(b"generation")
+        return cls(meta.get(b"fence_sentinel") == b"true", int(gen) if gen is not None else None)
 
 
 class GarbageCollector:
@@ -110,6 +160,9 @@ class GarbageCollector:
         self.bytes_reclaimed = 0
         self.base_bytes_reclaimed = 0
         self._last_drain: dict[str, float] = {}  # shard id -> monotonic time of its last drain
+        self._wal_meta: dict[tuple[str, int], _WalMeta] = {}  # (shard, position) -> its metadata
+        #: shard id -> (collectable position, listed generations) when its WAL was last collected
+        self._wal_collected: dict[str, tuple[int, frozenset[int]]] = {}
 
     def safe_base_version(self) -> int | None:
         """The newest base version committed at least ``reader_grace_seconds`` ago, if any."""
@@ -121,15 +174,29 @@ class GarbageCollector:
                 safe = v["version"]
         return safe
 
-    def run_once(self) -> list[ShardGcResult]:
-        """Collect every shard, then old base table versions."""
+    def run_once(
+        self,
+        shard_ids: Iterable[str] | None = None,
+        on_shard_error: Callable[[str, Exception], None] | None = None,
+    ) -> list[ShardGcResult]:
+        """Collect every shard (or those given), then old base table versions.
+
+        With ``on_shard_error``, a shard that fails (a damaged manifest, say) is handed to it
+        and the other shards are still collected; without, the error propagates.
+        """
         version = self.safe_base_version()
         index = self.state.manifests.mem_wal_index(version) if version is not None else None
         indexes = base_indexes(self.state.dataset())
         holds = view_holds(self.state.io, self.state.uri)  # read after the index: holds only move up
         results = []
-        for shard_id in self.state.manifests.list_shards():
-            r = self.collect_shard(shard_id, held_through(holds, shard_id, _collectable_through(index, indexes, shard_id)))
+        for shard_id in self.state.manifests.list_shards() if shard_ids is None else shard_ids:
+            try:
+                r = self.collect_shard(shard_id, held_through(holds, shard_id, _collectable_through(index, indexes, shard_id)))
+            except (MemwalError, OSError, ValueError) as e:
+                if on_shard_error is None or isinstance(e, ConcurrencyError):
+                    raise
+                on_shard_error(shard_id, e)
+                continue
             if r.sstables_removed or r.wal_entries_removed or r.manifests_removed or r.orphans_removed:
                 results.append(r)
         self.base_bytes_reclaimed = self._clean_base()
@@ -154,8 +221,8 @@ class GarbageCollector:
             return r
         # Drained SSTables are now listed nowhere: the orphan sweep removes their directories.
         self._sweep_orphans(manifest, r)
-        if r.sstables_removed:
-            self._remove_wal(manifest, max(r.sstables_removed), r)
+        # Before old manifests go: the newest one old enough bounds what WAL may go.
+        self._remove_wal(manifest, r)
         self._remove_old_manifests(manifest, r)
         self.bytes_reclaimed += r.bytes_reclaimed
         if r.sstables_removed or r.orphans_removed or r.wal_entries_removed:
@@ -216,29 +283,55 @@ class GarbageCollector:
             if gen not in r.sstables_removed:
                 r.orphans_removed.append(name)
 
-    def _remove_wal(self, manifest: ShardManifest, generation: int, r: ShardGcResult) -> None:
-        io, uri = self.state.io, self.state.uri
-        wal = paths.wal_dir(uri, manifest.shard_id)
-        for name in io.list_dir(wal):
+    def wal_collectable_through(self, shard_id: str) -> int:
+        """The flushed position of the shard's newest manifest version at least
+        ``wal_retention_seconds`` old (0 if none): WAL entries at or below it may go."""
+        io, store = self.state.io, self.state.manifests
+        cutoff = time.time() - self.config.wal_retention_seconds
+        old_enough = []
+        for info in io.list_prefix(paths.shard_manifest_dir(self.state.uri, shard_id)):
+            if info.path.endswith(paths.MANIFEST_SUFFIX) and "/" not in info.path and info.mtime <= cutoff:
+                try:
+                    old_enough.append(paths.parse_bitrev64(info.path))
+                except ValueError:
+                    continue
+        if not old_enough:
+            return 0
+        m = store.read_shard(shard_id, max(old_enough))
+        return m.replay_after_wal_entry_position if m is not None else 0
+
+    def _remove_wal(self, manifest: ShardManifest, r: ShardGcResult) -> None:
+        """Remove the shard's WAL entries that nothing reads and no stale writer can collide with
+        (see the module docstring): at or below :meth:`wal_collectable_through`, fence sentinels
+        and data entries of generations no longer listed in ``manifest``."""
+        io, uri, shard_id = self.state.io, self.state.uri, manifest.shard_id
+        through = self.wal_collectable_through(shard_id)
+        listed = frozenset(s.generation for s in manifest.sstables)
+        if through == 0 or self._wal_collected.get(shard_id) == (through, listed):
+            return  # nothing new can be collectable: spare the listing and the reads
+        wal = paths.wal_dir(uri, shard_id)
+        for info in io.list_prefix(wal):
             try:
-                pos = paths.parse_bitrev64(name)
+                pos = paths.parse_bitrev64(info.path)
             except ValueError:
                 continue
-            if pos > manifest.replay_after_wal_entry_position:
-                continue  # not flushed yet: replay and strong readers need it
-            path = paths.join(wal, name)
-            try:
-                data = io.read(path)
-                with pa.ipc.open_stream(data) as reader:
-                    meta = reader.schema.metadata
-            except (FileNotFoundError, pa.ArrowInvalid):
-                continue
-            if _is_fence_sentinel_or_newer(meta, generation):
-                continue
-            size = len(data)
+            if pos > through:
+                continue  # needed by replay and strong reads, or flushed too recently
+            key = (shard_id, pos)
+            meta = self._wal_meta.get(key)
+            path = paths.join(wal, info.path)
+            if meta is None:
+                try:
+                    meta = self._wal_meta[key] = _WalMeta.parse(io.read(path))
+                except FileNotFoundError:
+                    continue
+            if not meta.sentinel and (meta.generation is None or meta.generation in listed):
+                continue  # rows of an SSTable still listed (or unknown): kept until it is drained
             io.remove(path)
+            self._wal_meta.pop(key, None)
             r.wal_entries_removed += 1
-            r.bytes_reclaimed += size
+            r.bytes_reclaimed += info.size
+        self._wal_collected[shard_id] = (through, listed)
 
     def _remove_old_manifests(self, manifest: ShardManifest, r: ShardGcResult) -> None:
         io, store = self.state.io, self.state.manifests

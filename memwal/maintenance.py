@@ -4,6 +4,16 @@ Run it as ``memwal maintain URI`` or as a thread inside an ingest process
 (:meth:`Maintenance.start`). Every cycle writes its metrics (a versioned
 :class:`~memwal.metrics.MaintenanceMetrics`) to ``{table}/_memwal/maintenance.json``,
 which ``memwal status`` shows.
+
+A damaged file in one shard does not stop the others. Each per-shard stage (flushing
+stranded writes, compaction, GC) runs shard by shard; a shard whose manifest cannot be
+decoded, whose listed SSTable cannot be read, or whose WAL has a gap is skipped and listed in
+the cycle's report (:class:`~memwal.metrics.ShardDamage`, naming the file), and the cycle goes
+on with the rest. A WAL gap only stops the flush (flushing would drop the writes after the
+gap); compaction and GC of the shard's flushed data go on, since they never read the WAL above
+the flushed position. Any other damage takes the shard out of the remaining stages. The
+cycle publishes its report, then raises the first shard's :class:`TableDamagedError`, so a
+caller (``memwal maintain --once``: exit 3) learns of it only after the rest is done.
 """
 
 from __future__ import annotations
@@ -16,11 +26,11 @@ from typing import Any, Callable
 
 from memwal import paths
 from memwal.compactor import Compactor
-from memwal.errors import WalGapError
+from memwal.errors import ConcurrencyError, TableDamagedError, WalGapError
 from memwal.gc import GarbageCollector, GcConfig
 from memwal.indexes import IndexMaintainer, index_lag
 from memwal.lance_errors import lance_message
-from memwal.metrics import CycleReport, MaintenanceMetrics, MaintenanceTotals
+from memwal.metrics import CycleReport, MaintenanceMetrics, MaintenanceTotals, ShardDamage
 from memwal.state import TableState
 from memwal.views import View, ViewBusyError, list_views
 from memwal.writer import ShardWriterPool
@@ -63,30 +73,56 @@ class Maintenance:
         #: Called after every cycle that committed a compaction (views refresh from here).
         self.after_compaction: list[Callable[[CycleReport], None]] = []
         self.totals = MaintenanceTotals()
+        #: The report of the last cycle that ran to its end (damaged shards skipped), if any.
+        self.last_report: CycleReport | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def run_cycle(self) -> CycleReport:
-        """One pass: compact every shard, create/catch up indexes, collect garbage.
+        """One pass: flush stranded writes, compact every shard, create/catch up indexes,
+        collect garbage.
 
-        A shard whose WAL has a gap is not flushed (:class:`WalGapError`); the rest of the
-        cycle still runs (it touches flushed data only), then the cycle raises that error.
+        Damaged shards are skipped and reported (see the module docstring); after the cycle's
+        report is published (and kept in :attr:`last_report`), the first one's
+        :class:`TableDamagedError` is raised.
         """
         started_at = time.time()
         t0 = time.perf_counter()
+        self.last_report = None
         self.state.manifests.clear_cache()
         done: dict[str, Any] = {}  # CycleReport fields, in the order the cycle learns them
-        damage: WalGapError | None = None
+        damage: dict[str, tuple[ShardDamage, TableDamagedError]] = {}  # shard id -> first damage found
+
+        def damaged(stage: str) -> Callable[[str, Exception], None]:
+            def record(shard_id: str, e: Exception) -> None:
+                error = e if isinstance(e, TableDamagedError) else self._diagnose(shard_id, e)
+                log.error("maintenance skips shard %s (%s): %s", shard_id, stage, error)
+                damage.setdefault(shard_id, (ShardDamage(shard_id, stage, " ".join(str(error).split())), error))
+
+            return record
+
+        def healthy(shard_ids: list[str]) -> list[str]:
+            """Shards no stage has found damaged, but for a WAL gap (which stops only the flush)."""
+            return [s for s in shard_ids if s not in damage or isinstance(damage[s][1], WalGapError)]
+
         if self.config.flush_stranded_after_seconds is not None:
-            try:
-                # A live writer that is merely idle keeps its shard (its lease says so): fencing it
-                # would only make it reopen, and fight this service over the shard.
-                flushed = self.writers.flush_stranded(self.config.flush_stranded_after_seconds, skip_live_writers=True)
-                done["stranded_shards_flushed"] = len(flushed)
-            except WalGapError as e:
-                damage = e
+            # A live writer that is merely idle keeps its shard (its lease says so): fencing it
+            # would only make it reopen, and fight this service over the shard.
+            flushed = self.writers.flush_stranded(
+                self.config.flush_stranded_after_seconds, skip_live_writers=True, on_damage=damaged("flush")
+            )
+            done["stranded_shards_flushed"] = len(flushed)
+        shards = self.state.manifests.list_shards()
         if self.config.compact:
-            results = self.compactor.run_once()
+            results = []
+            on_damage = damaged("compaction")
+            for shard_id in healthy(shards):
+                try:
+                    results += self.compactor.compact_shard(shard_id)
+                except ConcurrencyError:
+                    raise
+                except (TableDamagedError, OSError, ValueError, RuntimeError) as e:  # ArrowInvalid is a ValueError
+                    on_damage(shard_id, e)
             rows = sum(r.rows_upserted + r.keys_deleted for r in results)
             busy = sum(r.seconds for r in results)
             done.update(
@@ -101,7 +137,7 @@ class Maintenance:
         if self.config.compact and done.get("compaction_commits"):
             done["base_fragments_compacted"] = self._compact_base_files()
         if self.config.gc:
-            collected = self.gc.run_once()
+            collected = self.gc.run_once(healthy(shards), on_shard_error=damaged("gc"))
             done.update(
                 sstables_removed=sum(len(r.sstables_removed) for r in collected),
                 wal_entries_removed=sum(r.wal_entries_removed for r in collected),
@@ -113,25 +149,47 @@ class Maintenance:
                 report = replace(report, views_refreshed=self._refresh_views())
             for hook in self.after_compaction:
                 hook(report)
-        snap = self.state.snapshot()
+        snap = self.state.snapshot(shard_ids=healthy(shards))
         report = replace(
             report,
             pending_sstables={s.shard_id: len(s.live_sstables) for s in snap.shards},
             index_lag={lg.index: lg.total for lg in index_lag(snap.dataset, snap.index)},
+            damaged_shards=tuple(d for d, _ in damage.values()),
             seconds=time.perf_counter() - t0,
         )
         self.totals = self.totals.after_cycle(report)
         self._publish(report)
+        self.last_report = report
         log.info(
             "maintenance of %s: %d commits (%d generations, %d rows, %.0f rows/s), %d sstables and %d bytes "
-            "reclaimed, %d sstables pending, index lag %s, in %.2fs",
+            "reclaimed, %d sstables pending, index lag %s, %d damaged shard(s) skipped, in %.2fs",
             self.state.uri, report.compaction_commits, report.generations_compacted, report.rows_compacted,
             report.rows_per_second, report.sstables_removed, report.bytes_reclaimed,
-            sum(report.pending_sstables.values()), report.index_lag or "none", report.seconds,
+            sum(report.pending_sstables.values()), report.index_lag or "none", len(report.damaged_shards),
+            report.seconds,
         )
-        if damage is not None:
-            raise damage
+        if damage:
+            raise next(iter(damage.values()))[1]
         return report
+
+    def _diagnose(self, shard_id: str, e: Exception) -> TableDamagedError:
+        """The damaged file behind a foreign error on ``shard_id``: the first uncompacted SSTable
+        its manifest lists that cannot be read (Lance's own message often names no file)."""
+        reason = f"{type(e).__name__}: {lance_message(e)}"
+        try:
+            _compacted, todo = self.compactor.pending(shard_id)
+        except TableDamagedError as damaged:
+            return damaged
+        for sst in todo:
+            path = paths.sstable_path(self.state.uri, shard_id, sst.path)
+            try:
+                self.state.lance_dataset(path).to_table()
+            except (OSError, ValueError, RuntimeError) as bad:
+                return TableDamagedError(
+                    f"shard {shard_id}: SSTable generation {sst.generation} ({path}) cannot be read "
+                    f"({type(bad).__name__}: {lance_message(bad)}); the table needs repair"
+                )
+        return TableDamagedError(f"shard {shard_id}: maintenance failed ({reason})")
 
     def _refresh_views(self) -> int:
         """Refresh every view of the table; a view that fails is logged, the others go on."""
@@ -171,6 +229,16 @@ class Maintenance:
         while not self._stop.is_set() and (cycles is None or done < cycles):
             try:
                 self.run_cycle()
+                failures = 0
+            except TableDamagedError as e:
+                if self.last_report is None:  # the cycle did not get to its end
+                    failures += 1
+                    self.totals = self.totals.after_failure()
+                    self._publish(CycleReport(started_at=time.time(), error=f"{type(e).__name__}: {e}"))
+                    self._stop.wait(min(self.config.interval_seconds * 2**failures, self.config.max_backoff_seconds))
+                    continue
+                # The other shards were maintained and the report names the damaged ones: a
+                # person must repair them; until then every cycle skips them.
                 failures = 0
             except Exception as e:  # noqa: BLE001 - a service must survive a failed cycle
                 failures += 1

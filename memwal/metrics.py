@@ -25,6 +25,21 @@ FORMAT_VERSION = 1
 
 
 @dataclass(frozen=True)
+class ShardDamage:
+    """A shard that one maintenance cycle skipped because a file of it cannot be used."""
+
+    shard_id: str
+    #: the stage that found it: "flush" (stranded writes), "compaction" or "gc"
+    stage: str
+    #: one line naming the file and what is wrong with it
+    error: str
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> ShardDamage:
+        return cls(str(doc["shard_id"]), str(doc["stage"]), str(doc["error"]))
+
+
+@dataclass(frozen=True)
 class CycleReport:
     """What one maintenance cycle did, and the table's state after it."""
 
@@ -48,12 +63,15 @@ class CycleReport:
     pending_sstables: dict[str, int] = field(default_factory=dict)
     #: set when the cycle failed: "ExceptionType: message"
     error: str | None = None
+    #: shards skipped (for the stages named) while the others were maintained
+    damaged_shards: tuple[ShardDamage, ...] = ()
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> CycleReport:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in doc.items() if k in known}
         values["indexes_created"] = tuple(values.get("indexes_created", ()))
+        values["damaged_shards"] = tuple(ShardDamage.from_dict(d) for d in values.get("damaged_shards", ()))
         return cls(**values)
 
 
@@ -96,6 +114,7 @@ class MaintenanceMetrics:
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)
         doc["last_cycle"]["indexes_created"] = list(self.last_cycle.indexes_created)
+        doc["last_cycle"]["damaged_shards"] = [asdict(d) for d in self.last_cycle.damaged_shards]
         return doc
 
     def to_json(self) -> str:

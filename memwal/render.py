@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from memwal.jsonvalues import jsonable
-from memwal.metrics import MaintenanceMetrics
+from memwal.metrics import CycleReport, MaintenanceMetrics
 from memwal.readers.reader import ReadPlan
 from memwal.status import MaintenanceStatus, TableStatus
 
@@ -102,11 +102,31 @@ def _maintenance_lines(m: MaintenanceStatus) -> list[str]:
             f"{last.rows_compacted} rows at {last.rows_per_second:,.0f} rows/s, "
             f"{last.bytes_reclaimed:,} bytes reclaimed"
         )
+    lines += [f"  skipped damaged shard {d.shard_id} ({d.stage}): {d.error}" for d in last.damaged_shards]
     lines.append(
         f"  totals: {totals.cycles} cycles ({totals.failures} failed), "
         f"{totals.rows_compacted} rows compacted, {totals.bytes_reclaimed:,} bytes reclaimed"
     )
     return lines
+
+
+def render_cycle(report: CycleReport) -> str:
+    """One line: what a maintenance cycle did (``memwal maintain --once``)."""
+    return (
+        f"compacted {report.generations_compacted} generation(s) in {report.compaction_commits} commit(s) "
+        f"({report.rows_compacted} rows); reclaimed {report.sstables_removed} SSTable(s), "
+        f"{report.wal_entries_removed} WAL entr{'y' if report.wal_entries_removed == 1 else 'ies'}, "
+        f"{report.bytes_reclaimed} bytes; {sum(report.pending_sstables.values())} SSTable(s) pending"
+        + (f"; skipped {len(report.damaged_shards)} damaged shard(s)" if report.damaged_shards else "")
+    )
+
+
+def render_damaged_shards(report: CycleReport) -> list[str]:
+    """One error line per shard a cycle skipped, naming the shard, the stage and the file."""
+    return [
+        f"memwal: error: shard {d.shard_id} skipped ({d.stage}), the other shards were maintained: {d.error}"
+        for d in report.damaged_shards
+    ]
 
 
 def _ranges(gens: list[int]) -> str:

@@ -19,6 +19,12 @@ shard); it also tells a fenced writer who claimed the shard last.
 Before it claims a shard the pool checks that the shard's unflushed WAL has no gap: Lance's
 replay stops at the first missing entry and the writer would then flush (and so drop) only
 what came before it. A shard with a gap raises :class:`WalGapError` and is never opened.
+
+A cached writer unused for ``max_idle_seconds`` is closed and reopened rather than written
+through. While it sat idle another pool may have claimed the shard; a stale writer finds out
+only when its next WAL append collides with the fence sentinel of that claim, and GC collects
+sentinels once they are ``GcConfig.wal_retention_seconds`` old (see ``memwal.gc``). Bounding
+the idle time is what keeps every stale append ahead of that collection.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ import lance.mem_wal
 import pyarrow as pa
 
 from memwal import paths
-from memwal.errors import FencedError, WalGapError
+from memwal.errors import FencedError, TableDamagedError
 from memwal.lance_errors import is_claim_race, is_fenced
 from memwal.manifest import ShardManifest
 from memwal.metadata import WriterConfig
@@ -135,6 +141,10 @@ class ShardWriterPool:
     renew_seconds: float = 5.0
     #: This pool's name in leases (host:pid:random).
     owner: str = field(default_factory=_owner_id)
+    #: A cached writer unused this long is reopened before its next use (must stay well below
+    #: ``GcConfig.wal_retention_seconds``; see the module docstring).
+    max_idle_seconds: float = 120.0
+    _last_used: dict[str, float] = field(default_factory=dict, repr=False)
     _renewed: dict[str, float] = field(default_factory=dict, repr=False)
     _shard_stats: dict[str, WriterStats] = field(default_factory=dict, repr=False)
     _writers: dict[str, lance.mem_wal.ShardWriter] = field(default_factory=dict, repr=False)
@@ -249,9 +259,14 @@ class ShardWriterPool:
         return w
 
     def _writer(self, shard_id: str) -> lance.mem_wal.ShardWriter:
+        now = time.monotonic()
+        if shard_id in self._writers and now - self._last_used.get(shard_id, now) > self.max_idle_seconds:
+            log.debug("writer of shard %s idle for %.0fs; reopening it", shard_id, now - self._last_used[shard_id])
+            self._discard(shard_id)
         w = self._writers.get(shard_id)
         if w is None:
             w = self._writers[shard_id] = self._open(shard_id)
+        self._last_used[shard_id] = time.monotonic()
         return w
 
     def _discard(self, shard_id: str) -> None:
@@ -343,7 +358,13 @@ class ShardWriterPool:
     def open_shards(self) -> list[str]:
         return list(self._writers)
 
-    def flush_stranded(self, idle_seconds: float = 0.0, *, skip_live_writers: bool = False) -> list[str]:
+    def flush_stranded(
+        self,
+        idle_seconds: float = 0.0,
+        *,
+        skip_live_writers: bool = False,
+        on_damage: Callable[[str, TableDamagedError], None] | None = None,
+    ) -> list[str]:
         """Flush shards holding acknowledged but unflushed writes that no writer here owns,
         and whose newest such write is at least ``idle_seconds`` old; returns their ids.
 
@@ -359,17 +380,19 @@ class ShardWriterPool:
 
         A shard whose WAL has a gap is never flushed (that would drop the entries after the
         gap): the other shards are flushed, then the first such :class:`WalGapError` is raised.
+        A shard with another damaged file (its manifest, a WAL entry) is skipped the same way.
+        With ``on_damage`` each damaged shard is handed to it instead, and nothing is raised.
         """
         state = self.state
         tails = WalTailReader(state.uri, state.io, state.manifests, state.primary_key)
         now = time.time()
         flushed = []
-        damaged: list[WalGapError] = []
+        damaged: list[TableDamagedError] = []
         for shard_id in state.manifests.list_shards():
             if shard_id in self.open_shards:
                 continue
-            m = state.manifests.read_shard(shard_id)
             try:
+                m = state.manifests.read_shard(shard_id)
                 newest = tails.newest_entry_mtime(m) if m is not None else None
                 if newest is None or now - newest < idle_seconds:
                     continue
@@ -379,9 +402,12 @@ class ShardWriterPool:
                     continue
                 log.info("flushing stranded WAL entries of shard %s", shard_id)
                 self.claim_and_flush(shard_id)
-            except WalGapError as e:
+            except TableDamagedError as e:
                 log.error("%s", e)
-                damaged.append(e)
+                if on_damage is not None:
+                    on_damage(shard_id, e)
+                else:
+                    damaged.append(e)
                 continue
             flushed.append(shard_id)
         if damaged:
