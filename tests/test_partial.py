@@ -239,6 +239,54 @@ TestPartialModel.settings = settings(
 )
 
 
+# -- the sink's stages, run in this process as Spark runs them in a worker -------------------------
+
+
+def _kafka_batch(values: list[dict | None], first_offset: int) -> pa.Table:
+    n = len(values)
+    return pa.table({
+        "key": pa.array([None] * n, pa.binary()),
+        "value": pa.array([None if v is None else json.dumps(v).encode() for v in values], pa.binary()),
+        "topic": ["t"] * n,
+        "partition": pa.array([0] * n, pa.int32()),
+        "offset": pa.array(range(first_offset, first_offset + n), pa.int64()),
+    })
+
+
+def _run_stages(uri: str, options, batch: pa.Table, batch_id: int) -> list[dict]:
+    from memwal.streaming.dead_letters import dead_letter_uri
+    from memwal.streaming.sink import Prepare, Write
+
+    exchange = list(Prepare(uri, options)(iter(batch.to_batches())))
+    return pa.Table.from_batches(list(Write(uri, options, batch_id, dead_letter_uri(uri))(iter(exchange)))).to_pylist()
+
+
+def test_sink_stages_fold_json_records_and_a_replayed_batch_changes_nothing(table_uri):
+    from memwal.streaming import SinkOptions
+    from memwal.streaming.worker import WORKER
+
+    with Table.create(table_uri, SCHEMA, PK, "bucket(id, 2)") as t:
+        t.write([{"id": i, "name": f"n{i}", "score": float(i), "vec": [1.0, 1.0]} for i in range(3)])
+    options = SinkOptions(source="kafka-json", merge="partial", max_write_tasks=1, flush_interval_seconds=None)
+    first = _kafka_batch([
+        {"id": 0, "score": 5.0}, {"id": 1, "name": None}, {"id": 1, "vec": [3.0, 3.0]},
+        {"id": 2, "op": "delete"}, {"id": 2, "score": 2.5}, {"id": 7, "name": "new"}, {"name": "no key"},
+    ], 0)
+    second = _kafka_batch([{"id": 7, "score": 7.0}, {"id": 0, "op": "delete"}], 7)
+    try:
+        summaries = _run_stages(table_uri, options, first, 0)
+        _run_stages(table_uri, options, first, 0)  # a replay of the same batch after a crash
+        _run_stages(table_uri, options, second, 1)
+    finally:
+        WORKER.clear()
+    assert sum(s["dead_letters"] for s in summaries) == 1
+    assert rows_of(Table.open(table_uri)) == {
+        1: {"id": 1, "name": None, "score": 1.0, "vec": [3.0, 3.0]},
+        2: {"id": 2, "name": None, "score": 2.5, "vec": None},
+        7: {"id": 7, "name": "new", "score": 7.0, "vec": None},
+    }
+
+
 # -- end to end: Kafka -> Spark -> memwal --------------------------------------------------------
 
 
