@@ -250,9 +250,13 @@ class Table:
             t = conform(as_table(data, self.schema), self.write_schema)
         return t, route(t, self.spec.shard_value_arrays(t), self.resolver, deletes=deletes)
 
-    def validate(self, data: Any, *, deletes: bool = False) -> int:
+    def validate(self, data: Any, *, deletes: bool = False, merge: str = "full") -> int:
         """Raise what :meth:`write` (or :meth:`delete`) would raise for ``data``, writing
         nothing; returns the number of rows. Lets a caller refuse a whole input up front."""
+        if not deletes and check_merge(merge) == "partial":
+            t, _ = self._partial_input(data)
+            self.spec.shard_value_arrays(t)  # the sharding transforms' errors, as route() would raise them
+            return t.num_rows
         return self._route(data, deletes)[0].num_rows
 
     def write(self, data: Any, *, merge: str = "full") -> WriteResult:
@@ -279,18 +283,7 @@ class Table:
                 "partial updates read the stored row from the WAL, which a table with durable_write=False "
                 "may not have written yet; use merge='full' or a durable table"
             )
-        ptype = presence_type(self.write_schema, self.primary_key)
-        if isinstance(data, list):
-            check_keys_present(data, self.primary_key)
-            present = presence_of_dicts(data, ptype)
-            t = conform(as_table(data, self.schema), self.write_schema)
-        else:
-            t = as_table(data)
-            missing = [c for c in self.primary_key if c not in t.schema.names]
-            if missing:
-                raise InvalidArgumentError(f"a partial write must carry the primary key; the rows lack column(s) {missing}")
-            present = presence_of_columns(t.num_rows, ptype, t.schema.names)
-            t = conform(t, self.write_schema)
+        t, present = self._partial_input(data)
         routed = route(t.append_column(PRESENT, present), self.spec.shard_value_arrays(t), self.resolver)
 
         def apply(batch: RoutedBatch) -> None:
@@ -303,6 +296,19 @@ class Table:
 
         self._each(routed, apply)
         return WriteResult(t.num_rows, len(routed))
+
+    def _partial_input(self, data: Any) -> tuple[pa.Table, pa.StructArray]:
+        """Rows of a partial write conformed to the write schema (absent cells null) and their
+        presence: a dict's missing keys, or an Arrow table's missing columns, are absent."""
+        ptype = presence_type(self.write_schema, self.primary_key)
+        if isinstance(data, list):
+            check_keys_present(data, self.primary_key)
+            return conform(as_table(data, self.schema), self.write_schema), presence_of_dicts(data, ptype)
+        t = as_table(data)
+        missing = [c for c in self.primary_key if c not in t.schema.names]
+        if missing:
+            raise InvalidArgumentError(f"a partial write must carry the primary key; the rows lack column(s) {missing}")
+        return conform(t, self.write_schema), presence_of_columns(t.num_rows, ptype, t.schema.names)
 
     def _stored_rows(self, shard_id: str, keys: pa.Table) -> pa.Table:
         """The live rows of ``keys`` (all in ``shard_id``), strongly consistent."""

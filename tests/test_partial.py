@@ -239,6 +239,33 @@ TestPartialModel.settings = settings(
 )
 
 
+def test_cli_put_merge_partial_from_json_lines_and_parquet(tmp_path):
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+
+    uri = str(tmp_path / "t")
+    with Table.create(uri, SCHEMA, PK) as t:
+        t.write([{"id": i, "name": f"n{i}", "score": float(i), "vec": [1.0, 1.0]} for i in range(3)])
+    part = tmp_path / "part.jsonl"
+    part.write_text(json.dumps({"id": 0, "score": 9.5}) + "\n" + json.dumps({"id": 1, "name": None}) + "\n")
+    pq.write_table(pa.table({"id": pa.array([2], pa.int64()), "vec": pa.array([[5.0, 5.0]], pa.list_(pa.float32(), 2))}), tmp_path / "cols.parquet")
+
+    def memwal(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "memwal", *args], capture_output=True, text=True)
+
+    assert memwal("put", uri, str(part), "--merge", "partial").returncode == 0
+    assert memwal("put", uri, str(tmp_path / "cols.parquet"), "--merge", "partial").returncode == 0
+    (tmp_path / "nokey.jsonl").write_text(json.dumps({"name": "x"}) + "\n")
+    assert memwal("put", uri, str(tmp_path / "nokey.jsonl"), "--merge", "partial").returncode == 2
+    assert rows_of(Table.open(uri)) == {
+        0: {"id": 0, "name": "n0", "score": 9.5, "vec": [1.0, 1.0]},
+        1: {"id": 1, "name": None, "score": 1.0, "vec": [1.0, 1.0]},
+        2: {"id": 2, "name": "n2", "score": 2.0, "vec": [5.0, 5.0]},
+    }
+
+
 # -- the sink's stages, run in this process as Spark runs them in a worker -------------------------
 
 
