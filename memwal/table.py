@@ -312,7 +312,6 @@ class Table:
 
     def _stored_rows(self, shard_id: str, keys: pa.Table) -> pa.Table:
         """The live rows of ``keys`` (all in ``shard_id``), strongly consistent."""
-        from memwal.readers.keys import keys_predicate
         from memwal.readers.reader import Reader
 
         with self._readers_guard:
@@ -320,7 +319,7 @@ class Table:
             reader = self._partial_readers.get(shard_id)
             if reader is None:
                 reader = self._partial_readers[shard_id] = Reader(self.state, consistency="strong")
-        return reader.scan(where=keys_predicate(keys.select(list(self.primary_key))))
+        return reader.rows_of_keys(keys, shard_id)
 
     def delete(self, keys: Any) -> WriteResult:
         """Delete rows by primary key. ``keys`` holds the key columns (others are ignored)."""

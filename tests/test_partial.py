@@ -151,6 +151,19 @@ def test_table_partial_updates_across_writes_flushes_and_deletes(table_uri):
     assert rows_of(Table.open(table_uri)) == got  # flushed on close: eventual readers agree
 
 
+def test_composite_keys_across_the_base_sstables_and_the_wal(table_uri):
+    schema = pa.schema([("org", pa.string()), ("n", pa.int32()), ("x", pa.int64()), ("y", pa.string())])
+    with Table.create(table_uri, schema, ["org", "n"], "bucket(org, 2)",
+                      initial_data=[{"org": "a", "n": 1, "x": 1, "y": "base"}, {"org": "b", "n": 1, "x": 2, "y": "base"}]) as t:
+        t.write([{"org": "a", "n": 2, "x": 3, "y": "sst"}])
+        t.flush()
+        t.write([{"org": "b", "n": 2, "x": 4, "y": "wal"}])
+        t.write([{"org": o, "n": n, "x": 10 * n} for o in "ab" for n in (1, 2, 3)], merge="partial")
+        got = {(r["org"], r["n"]): (r["x"], r["y"]) for r in t.reader("strong").scan().to_pylist()}
+    assert got == {("a", 1): (10, "base"), ("b", 1): (10, "base"), ("a", 2): (20, "sst"), ("b", 2): (20, "wal"),
+                   ("a", 3): (30, None), ("b", 3): (30, None)}
+
+
 def test_a_partial_record_without_its_key_is_refused_naming_it(table_uri):
     with Table.create(table_uri, SCHEMA, PK) as t:
         with pytest.raises(InvalidArgumentError, match="record 1"):

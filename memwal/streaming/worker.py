@@ -94,12 +94,11 @@ class WorkerTable:
     def stored_rows(self, shard_id: str, keys: pa.Table) -> pa.Table:
         """The live rows of ``keys`` in ``shard_id`` (strongly consistent), for partial updates."""
         from memwal.readers import Reader
-        from memwal.readers.keys import keys_predicate
 
         cache = self.sequences(shard_id)
         if cache.reader is None:
             cache.reader = Reader(self.state, consistency="strong")
-        return cache.reader.scan(where=keys_predicate(keys.select(list(self.state.primary_key))))
+        return cache.reader.rows_of_keys(keys, shard_id)
 
     def close(self) -> None:
         self.writers.close()
