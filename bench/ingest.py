@@ -192,6 +192,43 @@ def freshness(spark, broker, name: str, run, read_probe, rate: int, seconds: flo
     return samples[3:]  # drop the first probes, sent while the query warmed up
 
 
+def merge_modes(work: str, base: int, batches: int, size: int, flush_every: int = 5) -> dict:
+    """Partial updates against full upserts, Python write path (no Spark), same process.
+
+    Two tables from the same base; each gets ``batches`` writes of ``size`` updates of
+    existing ids (the same ids in both): full rows into one, only ``val`` into the other
+    (``merge="partial"``: a strong read of the stored rows, a fold, then a full put), and
+    both flush every ``flush_every`` writes, so partial reads hit the WAL tail, SSTables
+    and the base as a sink's would.
+    """
+    import numpy as np
+
+    data = base_rows(base)
+    rng = np.random.default_rng(7)
+    out = {}
+    for mode in ("full", "partial"):
+        uri = os.path.join(work, f"merge-{mode}")
+        t = Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)", initial_data=data)
+        rng = np.random.default_rng(7)
+        busy = 0.0
+        for b in range(batches):
+            ids = np.sort(rng.choice(base, size, replace=False))
+            rows = data.take(pa.array(ids)).set_column(1, "val", pa.array(rng.random(size)))
+            if mode == "partial":
+                rows = rows.select(["id", "val"])
+            t0 = time.perf_counter()
+            t.write(rows, merge=mode)
+            if (b + 1) % flush_every == 0:
+                t.flush()
+            busy += time.perf_counter() - t0
+        t.close()
+        out[mode] = batches * size / busy
+    out["ratio"] = out["partial"] / out["full"]
+    print(f"\nmerge modes, Python write path ({batches} writes of {size:,} updates of existing ids, base {base:,}):")
+    print(f"  full upserts {out['full']:12,.0f} rows/s\n  partial      {out['partial']:12,.0f} rows/s   ({out['ratio']:.2f}x full)")
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base-rows", type=int, default=1_000_000)
@@ -201,9 +238,15 @@ def main() -> None:
     p.add_argument("--freshness-seconds", type=float, default=30)
     p.add_argument("--workdir")
     p.add_argument("--json", help="write the results here too")
+    p.add_argument("--merge-modes-only", action="store_true", help="only measure partial updates against full upserts (no Spark)")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     results: dict = {"date": today(), "machine": machine(), "commit": git_rev(), "args": vars(args)}
+    if args.merge_modes_only:
+        with work_dir(args.workdir, "memwal-bench-merge-") as work:
+            results["merge_modes"] = merge_modes(work, args.base_rows, args.batches, args.batch_rows)
+        report(results, args.json)
+        return
     with work_dir(args.workdir, "memwal-bench-ingest-") as work:
         spark = local_session(app="memwal-bench")
         spark.sparkContext.setLogLevel("ERROR")
@@ -288,6 +331,7 @@ def main() -> None:
                     )
                     print(f"{name:32} p50 {pct(samples, 50) * 1000:6.0f} ms   p99 {pct(samples, 99) * 1000:6.0f} ms   ({len(samples)} probes)")
                     results["freshness"].append({"reader": name, "p50_ms": pct(samples, 50) * 1000, "p99_ms": pct(samples, 99) * 1000, "probes": len(samples)})
+            results["merge_modes"] = merge_modes(work, args.base_rows, args.batches, args.batch_rows)
         spark.stop()
     report(results, args.json)
 

@@ -22,7 +22,7 @@ import re  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
-from typing import Any, Sequence  # noqa: E402
+from typing import Any, Iterator, Sequence  # noqa: E402
 
 import pyarrow as pa  # noqa: E402
 
@@ -119,7 +119,33 @@ def _state(args: argparse.Namespace, uri: str | None = None) -> TableState:
     return TableState.load(uri or args.uri, _storage(args))
 
 
-def _apply_file(uri: str, path: str, deletes: bool, storage: StorageConfig) -> tuple[int, int]:
+def _partial_batches(path: str, schema: pa.Schema) -> Iterator[Any]:
+    """A file's rows for ``put --merge partial``: JSON lines as lists of dicts, so a key a
+    record lacks is absent in that record alone (Arrow would make it null); other formats as
+    record batches, whose missing columns are absent in every row."""
+    if not path.lower().endswith(formats.JSONL):
+        yield from (pa.Table.from_batches([b]) for b in formats.iter_batches(path, schema))
+        return
+    chunk: list[dict[str, Any]] = []
+    with open(path, "rb") as f:
+        for i, line in enumerate(f):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise SchemaMismatchError(f"{path}: line {i + 1} is not valid JSON: {e}") from None
+            if not isinstance(obj, dict):
+                raise SchemaMismatchError(f"{path}: line {i + 1} is not a JSON object")
+            chunk.append(obj)
+            if len(chunk) >= 65_536:
+                yield chunk
+                chunk = []
+    if chunk:
+        yield chunk
+
+
+def _apply_file(uri: str, path: str, deletes: bool, storage: StorageConfig, merge: str = "full") -> tuple[int, int]:
     """Upsert (or delete) every row of a file, streaming it in batches; returns (rows, shards).
 
     The file is read twice: first every batch is checked against the table (so a bad row
@@ -133,18 +159,18 @@ def _apply_file(uri: str, path: str, deletes: bool, storage: StorageConfig) -> t
     with Table.open(uri, storage) as table:
         total = 0
         last = time.monotonic()
-        for batch in formats.iter_batches(path, table.schema):
-            table.validate(pa.Table.from_batches([batch]), deletes=deletes)
-            total += batch.num_rows
+        batches = (lambda: _partial_batches(path, table.schema)) if merge == "partial" else (
+            lambda: (pa.Table.from_batches([b]) for b in formats.iter_batches(path, table.schema)))
+        for batch in batches():
+            total += table.validate(batch, deletes=deletes, merge=merge)
             if time.monotonic() - last > PROGRESS_SECONDS:
                 log.warning("%s: %d rows checked so far", what, total)
                 last = time.monotonic()
         rows = 0
-        op = table.delete if deletes else table.write
+        op = table.delete if deletes else (lambda b: table.write(b, merge=merge))
         try:
-            for batch in formats.iter_batches(path, table.schema):
-                op(pa.Table.from_batches([batch]))
-                rows += batch.num_rows
+            for batch in batches():
+                rows += op(batch).rows
                 if time.monotonic() - last > PROGRESS_SECONDS:
                     log.warning("%s: %d of %d rows so far", what, rows, total)
                     last = time.monotonic()
@@ -160,7 +186,7 @@ def _apply_file(uri: str, path: str, deletes: bool, storage: StorageConfig) -> t
 
 
 def cmd_put(args: argparse.Namespace) -> int:
-    rows, shards = _apply_file(args.uri, args.file, False, _storage(args))
+    rows, shards = _apply_file(args.uri, args.file, False, _storage(args), args.merge)
     print(f"upserted {rows} rows into {shards} shard(s)")
     return 0
 
@@ -294,6 +320,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         source="kafka-json",
         sequence_field=args.sequence_field,
         drop_stale_across_batches=args.drop_stale,
+        merge=args.merge,
         **_given(flush_interval_seconds=args.flush_interval, max_write_tasks=args.max_write_tasks),
         # '' on the command line: records carry no operation field (all upserts)
         **({} if args.op_field is None else {"op_field": args.op_field or None}),
@@ -439,6 +466,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="upsert rows from a file", description="Upsert rows from a Parquet, CSV or JSON-lines file. Returns when the rows are flushed to SSTables.")
     s.add_argument("uri", metavar="URI")
     s.add_argument("file", metavar="FILE")
+    s.add_argument("--merge", choices=("full", "partial"), default="full",
+        help="full: a row replaces its key's row (default); partial: a row changes only the columns it carries "
+        "(a JSON-lines key it lacks, or a column the file lacks, keeps the stored value; null sets null)")
     s.set_defaults(func=cmd_put)
 
     s = sub.add_parser("delete",
@@ -492,6 +522,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--op-field", help="JSON field holding the operation (upsert/delete); '' for none (default: the sink's)")
     s.add_argument("--sequence-field", help="JSON field ordering versions of a key (highest wins)")
     s.add_argument("--drop-stale", action="store_true", help="with --sequence-field: drop rows older than the stored version")
+    s.add_argument("--merge", choices=("full", "partial"), default="full",
+        help="full: a record replaces its key's row (default); partial: a record changes only the columns it carries "
+        "(a JSON key it lacks keeps the stored value; null sets null)")
     s.add_argument("--flush-interval", type=float, metavar="S",
         help="flush MemTables at most every S seconds (eventual readers' freshness; default: the sink's)")
     s.add_argument("--max-write-tasks", type=int, metavar="N",

@@ -9,12 +9,14 @@
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import lance
+import numpy as np
 import pyarrow as pa
 
 from memwal import paths
@@ -23,6 +25,7 @@ from memwal.indexes import FTS_PARAMS, fts_index_name
 from memwal.io import FileIO, file_io_for
 from memwal.manifest import ManifestStore, ShardManifest
 from memwal.metadata import CONFIG_KEY, IndexConfig, TableMetadata, WriterConfig
+from memwal.partial import PRESENT, check_keys_present, check_merge, fold, presence_of_columns, presence_of_dicts, presence_type, resolve
 from memwal.routing import RoutedBatch, check_shard, route
 from memwal.schema import as_table, conform, key_schema, with_primary_key
 from memwal.sharding import ShardingSpec, ShardResolver, ShardValues, lance_init_kwargs, parse_sharding_spec
@@ -62,6 +65,8 @@ class Table:
         self.state = state
         self.writers = ShardWriterPool(state)
         self._executor: ThreadPoolExecutor | None = None
+        self._partial_readers: dict[str, "Reader"] = {}
+        self._readers_guard = threading.Lock()
 
     # -- what the table is (from its state) ---------------------------------------------------
 
@@ -248,16 +253,76 @@ class Table:
             t = conform(as_table(data, self.schema), self.write_schema)
         return t, route(t, self.spec.shard_value_arrays(t), self.resolver, deletes=deletes)
 
-    def validate(self, data: Any, *, deletes: bool = False) -> int:
+    def validate(self, data: Any, *, deletes: bool = False, merge: str = "full") -> int:
         """Raise what :meth:`write` (or :meth:`delete`) would raise for ``data``, writing
         nothing; returns the number of rows. Lets a caller refuse a whole input up front."""
+        if not deletes and check_merge(merge) == "partial":
+            t, _ = self._partial_input(data)
+            self.spec.shard_value_arrays(t)  # the sharding transforms' errors, as route() would raise them
+            return t.num_rows
         return self._route(data, deletes)[0].num_rows
 
-    def write(self, data: Any) -> WriteResult:
-        """Upsert rows: the last row per primary key wins. Durable (in the WAL) on return."""
+    def write(self, data: Any, *, merge: str = "full") -> WriteResult:
+        """Upsert rows. Durable (in the WAL) on return.
+
+        ``merge="full"``: the last row per primary key wins, whole. ``merge="partial"``: a
+        row changes only the columns it carries (a column missing from an Arrow table, or a
+        key missing from a dict, keeps its stored value; an explicit null sets null), rows of
+        one key fold in order, and a key not stored yet is inserted with the absent columns
+        null; see :mod:`memwal.partial`.
+        """
+        if check_merge(merge) == "partial":
+            return self._write_partial(data)
         t, batches = self._route(data, deletes=False)
         self._each(batches, self.writers.write)
         return WriteResult(t.num_rows, len(batches))
+
+    def _write_partial(self, data: Any) -> WriteResult:
+        """Route rows with their presence, then per shard: fold, read the stored rows the fold
+        needs (strongly: this pool owns the shard's writer, every earlier write is in its WAL),
+        merge and put full rows."""
+        if not self.metadata.writer.durable_write:
+            raise InvalidArgumentError(
+                "partial updates read the stored row from the WAL, which a table with durable_write=False "
+                "may not have written yet; use merge='full' or a durable table"
+            )
+        t, present = self._partial_input(data)
+        routed = route(t.append_column(PRESENT, present), self.spec.shard_value_arrays(t), self.resolver)
+
+        def apply(batch: RoutedBatch) -> None:
+            rows = batch.rows.drop_columns([PRESENT])
+            folded = fold(rows, batch.rows.column(PRESENT), np.zeros(rows.num_rows, bool), self.primary_key)
+            need = folded.needs_stored
+            stored = self._stored_rows(batch.shard_id, folded.rows.filter(pa.array(need))) if need.any() else None
+            _, ups = resolve(folded, stored, self.primary_key)
+            self.writers.write(RoutedBatch(batch.shard_id, batch.values, ups))
+
+        self._each(routed, apply)
+        return WriteResult(t.num_rows, len(routed))
+
+    def _partial_input(self, data: Any) -> tuple[pa.Table, pa.StructArray]:
+        """Rows of a partial write conformed to the write schema (absent cells null) and their
+        presence: a dict's missing keys, or an Arrow table's missing columns, are absent."""
+        ptype = presence_type(self.write_schema, self.primary_key)
+        if isinstance(data, list):
+            check_keys_present(data, self.primary_key)
+            return conform(as_table(data, self.schema), self.write_schema), presence_of_dicts(data, ptype)
+        t = as_table(data)
+        missing = [c for c in self.primary_key if c not in t.schema.names]
+        if missing:
+            raise InvalidArgumentError(f"a partial write must carry the primary key; the rows lack column(s) {missing}")
+        return conform(t, self.write_schema), presence_of_columns(t.num_rows, ptype, t.schema.names)
+
+    def _stored_rows(self, shard_id: str, keys: pa.Table) -> pa.Table:
+        """The live rows of ``keys`` (all in ``shard_id``), strongly consistent."""
+        from memwal.readers.reader import Reader
+
+        with self._readers_guard:
+            # One reader per shard: its caches are not shared between the threads writing shards.
+            reader = self._partial_readers.get(shard_id)
+            if reader is None:
+                reader = self._partial_readers[shard_id] = Reader(self.state, consistency="strong")
+        return reader.rows_of_keys(keys, shard_id)
 
     def delete(self, keys: Any) -> WriteResult:
         """Delete rows by primary key. ``keys`` holds the key columns (others are ignored)."""

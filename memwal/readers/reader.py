@@ -172,6 +172,34 @@ class Reader:
             return pa.concat_tables([p.cast(out_schema) for p in parts]) if parts else out_schema.empty_table()
         return self.scan(columns=columns, where=keys_predicate(kt))
 
+    def rows_of_keys(self, keys: pa.Table, shard_id: str | None = None) -> pa.Table:
+        """The live rows (every column) of ``keys`` (a table of the key columns, typed as the
+        table's), all in ``shard_id`` when given; absent keys are left out.
+
+        A vectorized semi-join on the keys instead of a SQL predicate of literals: partial
+        updates read thousands of keys per write, and parsing (then evaluating) one literal
+        per key cost more than the read itself (docs/benchmarks.md).
+        """
+        pk = list(self.state.primary_key)
+        names = self.state.schema.names
+        snap, tail = self._view([shard_id] if shard_id is not None else None)
+        delta = self.sstables.delta(snap, tail, names, pk)
+        keys = keys.select(pk)
+        live = None
+        if delta is not None:
+            mine = _semi_join(delta, keys, pk)
+            keys = without_keys(keys, mine, pk)  # the delta holds their newest version
+            live = mine.filter(pc.invert(mine.column(TOMBSTONE))).drop_columns([TOMBSTONE])
+        if keys.num_rows == 0:
+            base = self.state.schema.empty_table()
+        elif len(pk) == 1:
+            base = snap.dataset.to_table(columns=names, filter=pc.field(pk[0]).isin(keys.column(0).combine_chunks()))
+        else:
+            base = snap.dataset.to_table(columns=names, filter=keys_predicate(keys))
+        if live is None or live.num_rows == 0:
+            return base
+        return pa.concat_tables([base, live.select(names).cast(base.schema)])
+
     # -- scans ---------------------------------------------------------------------------------
 
     def _output_schema(self, columns: Sequence[str] | None) -> pa.Schema:
@@ -434,6 +462,18 @@ def vector_index_name(ds: lance.LanceDataset, column: str) -> str | None:
         if field_id in d.fields and "VectorIndexDetails" in d.type_url:
             return d.name
     return None
+
+
+def _semi_join(rows: pa.Table, keys: pa.Table, pk: list[str]) -> pa.Table:
+    """``rows`` whose primary key appears in ``keys`` (on the key columns only: Arrow's joins
+    cannot carry every column type)."""
+    if rows.num_rows == 0 or keys.num_rows == 0:
+        return rows.slice(0, 0)
+    if len(pk) == 1:
+        return rows.filter(pc.is_in(rows.column(pk[0]), value_set=keys.column(pk[0]).combine_chunks()))
+    probe = rows.select(pk).append_column("__memwal_row", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+    hit = probe.join(keys.select(pk), keys=pk, join_type="left semi").column("__memwal_row")
+    return rows.take(pc.take(hit, pc.sort_indices(hit)))
 
 
 def _key_mask(rows: pa.Table, key: dict[str, Any]) -> pa.ChunkedArray:

@@ -191,3 +191,29 @@ def operations(rows: pa.Table, op_field: str | None, delete_values=DELETE_VALUES
         else:
             errors[i] = f"unknown operation {op!r} in {op_field!r}; expected one of {sorted(delete_values | upsert_values)}"
     return deletes, errors
+
+
+def json_presence(values: Sequence[bytes | None], parsed: pa.Table, positions: np.ndarray, ptype: pa.StructType) -> pa.StructArray:
+    """Which columns each parsed record carries (partial updates, :mod:`memwal.partial`):
+    ``parsed`` rows are ``values[positions]`` decoded by :class:`JsonDecoder`, ``ptype`` the
+    table's presence type.
+
+    Arrow's JSON reader makes a missing key and ``"col": null`` the same null, so a non-null
+    cell is present and only records with a null cell are parsed again, in Python, to see
+    which of their keys they spell out (the one per-record step, paid in partial mode only).
+    """
+    from memwal.partial import presence_of_masks
+
+    n = parsed.num_rows
+    masks = {}
+    for f in ptype:
+        masks[f.name] = np.asarray(parsed.column(f.name).is_valid(), bool) if f.name in parsed.schema.names else np.zeros(n, bool)
+    unsure = np.zeros(n, bool)
+    for m in masks.values():
+        unsure |= ~m
+    for i in np.flatnonzero(unsure):
+        obj = json.loads(values[int(positions[i])])
+        for name, m in masks.items():
+            if not m[i] and name in obj:
+                m[i] = True
+    return presence_of_masks(masks, n, ptype)

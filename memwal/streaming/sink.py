@@ -47,12 +47,13 @@ import pyarrow.compute as pc
 
 from memwal.failpoints import failpoint
 from memwal.lsm import newest_per_key
+from memwal.partial import PRESENT, check_merge, fold, presence_of_columns, presence_type, resolve
 from memwal.routing import shard_codes, trusted_batch
 from memwal.sharding import ShardingSpec, ShardValues
 from memwal.state import TableState, resolve_storage
 from memwal.storage import StorageConfig
 from memwal.streaming.dead_letters import record_json
-from memwal.streaming.decode import JsonDecoder, check_rows, operations
+from memwal.streaming.decode import JsonDecoder, check_rows, json_presence, operations
 from memwal.streaming.worker import WORKER, WorkerTable
 
 log = logging.getLogger("memwal.streaming")
@@ -119,6 +120,10 @@ class SinkOptions:
     max_write_tasks: int | None = None
     #: Dead-letter table; default ``{table}_dead_letters``.
     dead_letter_uri: str | None = None
+    #: "full": a record replaces its key's row (upsert). "partial": a record changes only the
+    #: columns it carries (a JSON key it lacks keeps the stored value, ``null`` sets null;
+    #: with the "columns" source, a column the DataFrame lacks), see :mod:`memwal.partial`.
+    merge: str = "full"
 
 
 @dataclass
@@ -223,12 +228,14 @@ DEAD_SCHEMA = pa.schema(
 )
 
 
-def routed_schema(write_schema: pa.Schema) -> pa.Schema:
+def routed_schema(write_schema: pa.Schema, presence: pa.StructType | None = None) -> pa.Schema:
     """The schema of routed rows inside a payload: each row's shard id, Kafka order and
     operation, then the table's columns exactly as writers take them (types, nullability,
-    primary-key metadata), which IPC carries unchanged to the write task."""
+    primary-key metadata), which IPC carries unchanged to the write task; with ``presence``
+    (partial updates), last the columns each record carries (:data:`PRESENT`)."""
     internal = [pa.field(SHARD, pa.string(), nullable=False), pa.field(ORDER, pa.int64()), pa.field(DELETE, pa.bool_())]
-    return pa.schema(internal + list(write_schema))
+    tail = [pa.field(PRESENT, presence, nullable=False)] if presence is not None else []
+    return pa.schema(internal + list(write_schema) + tail)
 
 
 def to_payload(rows: pa.Table) -> bytes:
@@ -314,7 +321,8 @@ class Prepare:
             raw = data.column("value")
             kkey = data.column("key")
             decoder = JsonDecoder(state.schema, opts.op_field, opts.sequence_field)
-            parsed, positions, errors = decoder.decode(raw.to_pylist())
+            values = raw.to_pylist()
+            parsed, positions, errors = decoder.decode(values)
         else:
             topic = pa.nulls(count, pa.string())
             kpart = pa.nulls(count, pa.int32())
@@ -338,6 +346,12 @@ class Prepare:
         parsed = parsed.take(pa.array(keep, pa.int64()))
         positions = positions[keep]
         deletes_p = deletes_p[keep]
+        ptype = presence_type(state.write_schema, state.primary_key) if opts.merge == "partial" else None
+        if ptype is not None:
+            if raw is not None:
+                present = json_presence(values, parsed, positions, ptype)
+            else:  # a DataFrame of columns: a column it lacks is absent in every row
+                present = presence_of_columns(parsed.num_rows, ptype, parsed.schema.names)
         rows, good, row_errors = check_rows(parsed, state.write_schema, state.primary_key, opts.max_row_bytes)
         for i, reason in row_errors.items():
             errors[int(positions[i])] = reason
@@ -355,9 +369,10 @@ class Prepare:
             parts = np.asarray([state.spec.partition_of(v, sid, n) for v, sid in zip(values, ids)], dtype=np.int32)
             parts_out = parts[codes]
             shards_out = [ids[c] for c in codes]
+        extra = [present.take(pa.array(good, pa.int64()))] if ptype is not None else []
         good_rows = pa.Table.from_arrays(
-            [pa.array(shards_out, pa.string()), pa.array(order[positions], pa.int64()), pa.array(deletes_p, pa.bool_()), *rows.columns],
-            schema=routed_schema(state.write_schema),
+            [pa.array(shards_out, pa.string()), pa.array(order[positions], pa.int64()), pa.array(deletes_p, pa.bool_()), *rows.columns, *extra],
+            schema=routed_schema(state.write_schema, ptype),
         ).append_column(PART, pa.array(parts_out, pa.int32()))
 
         bad = np.array(sorted(errors), dtype=np.int64)
@@ -499,16 +514,21 @@ class Write:
         # Newest row per key: by sequence (when configured), then Kafka (partition, offset).
         sort_keys = ([(seq, "ascending")] if seq else []) + [(ORDER, "ascending")]
         rows = rows.sort_by(sort_keys)
-        newest = newest_per_key(rows, pk)
         stats = worker.writers.shard_stats(shard_id)
         before = stats.snapshot()
         stale = 0
         drop_stale = bool(seq and self.options.drop_stale_across_batches)
-        if drop_stale:
-            newest, stale = _drop_stale(worker, shard_id, newest, str(seq))
-        deletes_mask = newest.column(DELETE)
-        dels = newest.filter(deletes_mask)
-        ups = newest.filter(pc.invert(deletes_mask))
+        if self.options.merge == "partial":
+            if drop_stale:  # per record, before folding: a stale record must not set any column
+                rows, stale = _drop_stale(worker, shard_id, rows, str(seq))
+            dels, ups = _fold_partial(worker, shard_id, rows)
+        else:
+            newest = newest_per_key(rows, pk)
+            if drop_stale:
+                newest, stale = _drop_stale(worker, shard_id, newest, str(seq))
+            deletes_mask = newest.column(DELETE)
+            dels = newest.filter(deletes_mask)
+            ups = newest.filter(pc.invert(deletes_mask))
         key_schema = pa.schema([state.write_schema.field(c) for c in pk])
         if dels.num_rows:
             worker.writers.write(trusted_batch(shard_id, values, dels.select(pk), dels.column(SHARD), key_schema, deletes=True))
@@ -537,6 +557,21 @@ class Write:
             flushed=flushed,
             seconds=time.perf_counter() - t0,
         )
+
+
+def _fold_partial(worker: WorkerTable, shard_id: str, rows: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """(keys to delete, full rows to upsert) of one shard's partial records, in order: folded
+    per key, then merged over the stored rows of the keys that need them, read strongly
+    (this task alone writes the shard, and every earlier write of it is in its WAL)."""
+    state = worker.state
+    pk = list(state.primary_key)
+    data = rows.select(state.write_schema.names)
+    folded = fold(data, rows.column(PRESENT), rows.column(DELETE), pk)
+    need = folded.needs_stored
+    stored = worker.stored_rows(shard_id, folded.rows.filter(pa.array(need)).select(pk)) if need.any() else None
+    dels, ups = resolve(folded, stored, pk)
+    # Every row here carried this shard id (the task split its rows by it): the folded rows keep it.
+    return tuple(t.append_column(SHARD, pa.array([shard_id] * t.num_rows, pa.string())) for t in (dels, ups))  # type: ignore[return-value]
 
 
 def _key_tuples(rows: pa.Table, pk: list[str]) -> list[tuple[Any, ...]]:
@@ -622,6 +657,8 @@ class MemwalSink:
             raise ValueError(f"sequence field {seq!r} is not a column of {self.uri}; the stored version must be kept")
         if self.options.drop_stale_across_batches and seq is None:
             raise ValueError("drop_stale_across_batches needs a sequence_field")
+        if check_merge(self.options.merge) == "partial" and not table.metadata.writer.durable_write:
+            raise ValueError("merge='partial' reads stored rows from the WAL; the table's writers are not durable (durable_write=False)")
         self.schema = table.schema
         self.partitions = shard_partitions(table.spec, self.options)
         self.dead_letter_uri = self.options.dead_letter_uri or dead_letter_uri(self.uri)

@@ -91,6 +91,15 @@ class WorkerTable:
         pk = list(self.state.primary_key)
         return cache.reader.scan(columns=pk + [sequence_field], where=keys_predicate(keys.select(pk)))
 
+    def stored_rows(self, shard_id: str, keys: pa.Table) -> pa.Table:
+        """The live rows of ``keys`` in ``shard_id`` (strongly consistent), for partial updates."""
+        from memwal.readers import Reader
+
+        cache = self.sequences(shard_id)
+        if cache.reader is None:
+            cache.reader = Reader(self.state, consistency="strong")
+        return cache.reader.rows_of_keys(keys, shard_id)
+
     def close(self) -> None:
         self.writers.close()
 
