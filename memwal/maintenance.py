@@ -15,11 +15,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from memwal import paths
-from memwal.compactor import Compactor
+from memwal.bounds import BoundsEnforcer, compaction_order
+from memwal.compactor import CompactionResult, Compactor
 from memwal.errors import WalGapError
 from memwal.gc import GarbageCollector, GcConfig
 from memwal.indexes import IndexMaintainer, index_lag
 from memwal.lance_errors import lance_message
+from memwal.metadata import Bounds
 from memwal.metrics import CycleReport, MaintenanceMetrics, MaintenanceTotals
 from memwal.state import TableState
 from memwal.views import View, ViewBusyError, list_views
@@ -46,6 +48,10 @@ class MaintenanceConfig:
     #: ... and once there are this many, they are merged (Lance compact_files).
     max_small_fragments: int = 32
     target_rows_per_fragment: int = 1_048_576
+    #: Enforce the bounds on the base (fragments, manifest size, versions, disk) every cycle.
+    enforce_bounds: bool = True
+    #: The bounds to enforce; None: the table's own (``metadata.bounds``, which writers use too).
+    bounds: Bounds | None = None
 
 
 class Maintenance:
@@ -60,6 +66,13 @@ class Maintenance:
         #: Claims shards whose writers died with unflushed writes, to flush them.
         self.writers = ShardWriterPool(self.state)
         self.writers.owner = f"maintenance {self.writers.owner}"  # how a fenced writer's error names it
+        self.bounds = self.config.bounds or self.state.metadata.bounds
+        self.enforcer = BoundsEnforcer(
+            self.state,
+            self.bounds,
+            reader_grace_seconds=self.config.gc_config.reader_grace_seconds,
+            target_rows_per_fragment=self.config.target_rows_per_fragment,
+        )
         #: Called after every cycle that committed a compaction (views refresh from here).
         self.after_compaction: list[Callable[[CycleReport], None]] = []
         self.totals = MaintenanceTotals()
@@ -86,7 +99,7 @@ class Maintenance:
             except WalGapError as e:
                 damage = e
         if self.config.compact:
-            results = self.compactor.run_once()
+            results = self._compact_by_backlog()
             rows = sum(r.rows_upserted + r.keys_deleted for r in results)
             busy = sum(r.seconds for r in results)
             done.update(
@@ -107,6 +120,8 @@ class Maintenance:
                 wal_entries_removed=sum(r.wal_entries_removed for r in collected),
                 bytes_reclaimed=sum(r.bytes_reclaimed for r in collected) + self.gc.base_bytes_reclaimed,
             )
+        if self.config.enforce_bounds:
+            done.update(self._enforce_bounds(done))
         report = CycleReport(started_at=started_at, **done)
         if report.compaction_commits:
             if self.config.views:
@@ -132,6 +147,33 @@ class Maintenance:
         if damage is not None:
             raise damage
         return report
+
+    def _compact_by_backlog(self) -> list[CompactionResult]:
+        """Compact every shard, those furthest over the SSTable bound first: they are the
+        ones whose writers are slowed or stalled (memwal.bounds.compaction_order)."""
+        snap = self.state.snapshot()
+        out: list[CompactionResult] = []
+        for shard_id in compaction_order({s.shard_id: len(s.live_sstables) for s in snap.shards}, self.bounds):
+            out += self.compactor.compact_shard(shard_id)
+        return out
+
+    def _enforce_bounds(self, done: dict[str, Any]) -> dict[str, Any]:
+        """Keep the base within its bounds; the CycleReport fields of what that did and left."""
+        r = self.enforcer.enforce()
+        f = r.footprint
+        if r.exceeded:
+            log.warning("table %s is over its bounds after maintenance: %s", self.state.uri, ", ".join(r.exceeded))
+        return {
+            "base_fragments_compacted": done.get("base_fragments_compacted", 0) + r.fragments_compacted,
+            "bytes_reclaimed": done.get("bytes_reclaimed", 0) + r.bytes_removed,
+            "base_versions_removed": r.versions_removed,
+            "base_fragments": f.fragments,
+            "base_manifest_bytes": f.manifest_bytes,
+            "base_versions": f.versions,
+            "live_bytes": f.live_bytes,
+            "disk_bytes": f.disk_bytes,
+            "bounds_exceeded": r.exceeded,
+        }
 
     def _refresh_views(self) -> int:
         """Refresh every view of the table; a view that fails is logged, the others go on."""

@@ -22,7 +22,7 @@ from memwal.errors import InvalidArgumentError, PrimaryKeyError, ShardingSpecErr
 from memwal.indexes import FTS_PARAMS, fts_index_name
 from memwal.io import FileIO, file_io_for
 from memwal.manifest import ManifestStore, ShardManifest
-from memwal.metadata import CONFIG_KEY, IndexConfig, TableMetadata, WriterConfig
+from memwal.metadata import CONFIG_KEY, Bounds, IndexConfig, TableMetadata, WriterConfig
 from memwal.routing import RoutedBatch, check_shard, route
 from memwal.schema import as_table, conform, key_schema, with_primary_key
 from memwal.sharding import ShardingSpec, ShardResolver, ShardValues, lance_init_kwargs, parse_sharding_spec
@@ -114,6 +114,7 @@ class Table:
         *,
         writer: WriterConfig | None = None,
         indexes: IndexConfig | None = None,
+        bounds: Bounds | None = None,
         initial_data: Any = None,
         storage_options: "Mapping[str, str] | StorageConfig | None" = None,
     ) -> "Table":
@@ -160,6 +161,7 @@ class Table:
             sharding_field_ids=tuple(f.field_id for f in spec.fields),
             writer=writer or WriterConfig(),
             indexes=indexes,
+            bounds=bounds or Bounds(),
         )
         base = schema.empty_table()
         if initial_data is not None:
