@@ -59,15 +59,13 @@ def newest(rows: pa.Table, primary_key: Sequence[str]) -> pa.Table:
 def _keep_mask(rows: pa.Table, keys: pa.Table, primary_key: Sequence[str]) -> pa.Array:
     """True where a row of ``rows`` has a key absent from ``keys`` (single-column keys)."""
     ids, drop = _int_key(rows, primary_key), _int_key(keys, primary_key)
-    if ids is not None and drop is not None:
-        lo, hi = int(drop.min()), int(drop.max())
+    if ids is not None and drop is not None and len(ids):
+        # A bitmap over the range of both key sets: one gather per row, no bounds checks.
+        lo, hi = min(int(drop.min()), int(ids.min())), max(int(drop.max()), int(ids.max()))
         if hi - lo < BITMAP_BYTES_PER_ROW * max(len(ids), 1 << 15):
-            present = np.zeros(hi - lo + 1, dtype=bool)
-            present[drop - lo] = True
-            in_range = (ids >= lo) & (ids <= hi)
-            hit = np.zeros(len(ids), dtype=bool)
-            hit[in_range] = present[ids[in_range] - lo]
-            return pa.array(~hit)
+            absent = np.ones(hi - lo + 1, dtype=bool)
+            absent[drop - lo] = False
+            return pa.array(absent[ids - lo] if lo else absent[ids])
     col = primary_key[0]
     return pc.invert(pc.is_in(rows.column(col), value_set=keys.column(col).combine_chunks())).combine_chunks()
 
