@@ -78,6 +78,8 @@ def drop_keys(rows: pa.Table, keys: pa.Table, primary_key: Sequence[str]) -> pa.
     if len(pk) != 1:
         return without_keys(rows, keys, pk)
     keep = _keep_mask(rows, keys, pk)
+    if keep.false_count == 0:  # the delta only inserted new keys: nothing of the base to copy
+        return rows
     if rows.num_rows < PARALLEL_MIN_ROWS or THREADS == 1:
         return rows.filter(keep)
     batches = rows.to_batches()
