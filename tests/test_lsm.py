@@ -49,13 +49,19 @@ _KEYS = st.one_of(
 )
 
 
-@given(_KEYS, _KEYS)
-def test_scan_merge_matches_the_general_lsm_merge(delta_keys, base_keys):
+@given(_KEYS, _KEYS, st.sampled_from([pa.int64(), pa.int8(), pa.uint64(), pa.string()]))
+def test_scan_merge_matches_the_general_lsm_merge(delta_keys, base_keys, key_type):
     """memwal.readers.merge (NumPy paths for integer keys) keeps exactly the rows, in the
-    order, that the general helpers keep."""
+    order, that the general helpers keep, whatever the key's type."""
     from memwal.readers import merge
 
-    delta = pa.table({"k": pa.array(delta_keys, pa.int64()), "v": list(range(len(delta_keys)))})
+    def keys(values: list[int]) -> pa.Array:
+        if key_type == pa.string():
+            return pa.array([str(v) for v in values])
+        lo, hi = (-128, 127) if key_type == pa.int8() else (0, 2**62) if key_type == pa.uint64() else (-(2**63), 2**63 - 1)
+        return pa.array([min(max(v, lo), hi) for v in values], key_type)
+
+    delta = pa.table({"k": keys(delta_keys), "v": list(range(len(delta_keys)))})
     assert merge.newest(delta, ["k"]).equals(newest_per_key(delta, ["k"]))
-    base = newest_per_key(pa.table({"k": pa.array(base_keys, pa.int64()), "v": list(range(len(base_keys)))}), ["k"])
+    base = newest_per_key(pa.table({"k": keys(base_keys), "v": list(range(len(base_keys)))}), ["k"])
     assert merge.drop_keys(base, delta, ["k"]).equals(without_keys(base, delta, ["k"]))

@@ -36,13 +36,16 @@ BITMAP_BYTES_PER_ROW = 32
 
 
 def _int_key(table: pa.Table, primary_key: Sequence[str]) -> np.ndarray | None:
-    """The single integer key column as NumPy (no copy for one chunk), else None."""
+    """The single integer key column as int64 NumPy (no copy for one int64 chunk), else
+    None. Widened so that differences of keys cannot overflow a narrow type; uint64 keys
+    (which int64 cannot hold) take the general path."""
     if len(primary_key) != 1:
         return None
     col = table.column(primary_key[0])
-    if not pa.types.is_integer(col.type) or col.null_count:
+    if not pa.types.is_integer(col.type) or pa.types.is_uint64(col.type) or col.null_count:
         return None
-    return col.combine_chunks().to_numpy() if col.num_chunks != 1 else col.chunk(0).to_numpy()
+    arr = col.combine_chunks().to_numpy() if col.num_chunks != 1 else col.chunk(0).to_numpy()
+    return arr.astype(np.int64, copy=False)
 
 
 def newest(rows: pa.Table, primary_key: Sequence[str]) -> pa.Table:
