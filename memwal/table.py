@@ -124,6 +124,9 @@ class Table:
         Non-key columns become nullable: a delete is stored as a tombstone row whose non-key
         columns are null. The sharding columns must be primary-key columns, so every key
         maps to exactly one shard for its whole life.
+
+        ``bounds`` (default :class:`~memwal.metadata.Bounds`) are stored with the table: what
+        maintenance keeps it within, and where its writers slow down and stall.
         """
         uri = paths.normalize_uri(uri)
         storage = resolve_storage(storage_options)
