@@ -34,6 +34,7 @@ from memwal.errors import (
     TransformTypeError,
     UnknownColumnError,
     WalGapError,
+    WriteStalledError,
 )
 
 __version__ = "0.1.0"
@@ -43,6 +44,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Table": "memwal.table",
     "WriteResult": "memwal.table",
+    "Bounds": "memwal.metadata",
     "IndexConfig": "memwal.metadata",
     "WriterConfig": "memwal.metadata",
 }
@@ -58,6 +60,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "Bounds",
     "CommitConflictError",
     "ConcurrencyError",
     "FencedError",
@@ -80,6 +83,7 @@ __all__ = [
     "TransformTypeError",
     "UnknownColumnError",
     "WalGapError",
+    "WriteStalledError",
     "WriteResult",
     "WriterConfig",
     "__version__",

@@ -61,6 +61,13 @@ class FencedError(ConcurrencyError):
     """
 
 
+class WriteStalledError(ConcurrencyError):
+    """Writes into a shard waited for compaction longer than the stall timeout: the shard
+    holds the table's ``stop_sstables`` uncompacted SSTables or more (an LSM write stall).
+    Nothing of this write was applied; retry once maintenance has compacted the shard (is
+    ``memwal maintain`` running?)."""
+
+
 class ManifestError(MemwalError):
     """An on-disk manifest is missing, unreadable or inconsistent."""
 

@@ -25,11 +25,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from memwal import paths
-from memwal.compactor import Compactor
+from memwal.bounds import BoundsEnforcer, compaction_order
+from memwal.compactor import CompactionResult, Compactor
 from memwal.errors import ConcurrencyError, TableDamagedError, WalGapError
 from memwal.gc import GarbageCollector, GcConfig
 from memwal.indexes import IndexMaintainer, index_lag
 from memwal.lance_errors import lance_message
+from memwal.metadata import Bounds
 from memwal.metrics import CycleReport, MaintenanceMetrics, MaintenanceTotals, ShardDamage
 from memwal.state import TableState
 from memwal.views import View, ViewBusyError, list_views
@@ -56,6 +58,10 @@ class MaintenanceConfig:
     #: ... and once there are this many, they are merged (Lance compact_files).
     max_small_fragments: int = 32
     target_rows_per_fragment: int = 1_048_576
+    #: Enforce the bounds on the base (fragments, manifest size, versions, disk) every cycle.
+    enforce_bounds: bool = True
+    #: The bounds to enforce; None: the table's own (``metadata.bounds``, which writers use too).
+    bounds: Bounds | None = None
 
 
 class Maintenance:
@@ -70,6 +76,13 @@ class Maintenance:
         #: Claims shards whose writers died with unflushed writes, to flush them.
         self.writers = ShardWriterPool(self.state)
         self.writers.owner = f"maintenance {self.writers.owner}"  # how a fenced writer's error names it
+        self.bounds = self.config.bounds or self.state.metadata.bounds
+        self.enforcer = BoundsEnforcer(
+            self.state,
+            self.bounds,
+            reader_grace_seconds=self.config.gc_config.reader_grace_seconds,
+            target_rows_per_fragment=self.config.target_rows_per_fragment,
+        )
         #: Called after every cycle that committed a compaction (views refresh from here).
         self.after_compaction: list[Callable[[CycleReport], None]] = []
         self.totals = MaintenanceTotals()
@@ -114,15 +127,7 @@ class Maintenance:
             done["stranded_shards_flushed"] = len(flushed)
         shards = self.state.manifests.list_shards()
         if self.config.compact:
-            results = []
-            on_damage = damaged("compaction")
-            for shard_id in healthy(shards):
-                try:
-                    results += self.compactor.compact_shard(shard_id)
-                except ConcurrencyError:
-                    raise
-                except (TableDamagedError, OSError, ValueError, RuntimeError) as e:  # ArrowInvalid is a ValueError
-                    on_damage(shard_id, e)
+            results = self._compact_by_backlog(healthy(shards), damaged("compaction"))
             rows = sum(r.rows_upserted + r.keys_deleted for r in results)
             busy = sum(r.seconds for r in results)
             done.update(
@@ -143,6 +148,8 @@ class Maintenance:
                 wal_entries_removed=sum(r.wal_entries_removed for r in collected),
                 bytes_reclaimed=sum(r.bytes_reclaimed for r in collected) + self.gc.base_bytes_reclaimed,
             )
+        if self.config.enforce_bounds:
+            done.update(self._enforce_bounds(done))
         report = CycleReport(started_at=started_at, **done)
         if report.compaction_commits:
             if self.config.views:
@@ -190,6 +197,49 @@ class Maintenance:
                     f"({type(bad).__name__}: {lance_message(bad)}); the table needs repair"
                 )
         return TableDamagedError(f"shard {shard_id}: maintenance failed ({reason})")
+
+    def _compact_by_backlog(self, shard_ids: list[str], on_damage: Callable[[str, Exception], None]) -> list[CompactionResult]:
+        """Compact every shard, those furthest over the SSTable bound first: they are the
+        ones whose writers are slowed or stalled (memwal.bounds.compaction_order). A shard
+        whose files cannot be read goes to ``on_damage`` and the others are still compacted."""
+        # ArrowInvalid is a ValueError; Lance's IO errors are OSError or RuntimeError.
+        damage_errors = (TableDamagedError, OSError, ValueError, RuntimeError)
+        backlog: dict[str, int] = {}
+        ds = self.state.dataset()
+        for shard_id in shard_ids:
+            try:
+                backlog[shard_id] = len(self.compactor.pending(shard_id, ds)[1])
+            except ConcurrencyError:
+                raise
+            except damage_errors as e:
+                on_damage(shard_id, e)
+        out: list[CompactionResult] = []
+        for shard_id in compaction_order(backlog, self.bounds):
+            try:
+                out += self.compactor.compact_shard(shard_id)
+            except ConcurrencyError:
+                raise
+            except damage_errors as e:
+                on_damage(shard_id, e)
+        return out
+
+    def _enforce_bounds(self, done: dict[str, Any]) -> dict[str, Any]:
+        """Keep the base within its bounds; the CycleReport fields of what that did and left."""
+        r = self.enforcer.enforce()
+        f = r.footprint
+        if r.exceeded:
+            log.warning("table %s is over its bounds after maintenance: %s", self.state.uri, ", ".join(r.exceeded))
+        return {
+            "base_fragments_compacted": done.get("base_fragments_compacted", 0) + r.fragments_compacted,
+            "bytes_reclaimed": done.get("bytes_reclaimed", 0) + r.bytes_removed,
+            "base_versions_removed": r.versions_removed,
+            "base_fragments": f.fragments,
+            "base_manifest_bytes": f.manifest_bytes,
+            "base_versions": f.versions,
+            "live_bytes": f.live_bytes,
+            "disk_bytes": f.disk_bytes,
+            "bounds_exceeded": r.exceeded,
+        }
 
     def _refresh_views(self) -> int:
         """Refresh every view of the table; a view that fails is logged, the others go on."""

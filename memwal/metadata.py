@@ -67,6 +67,77 @@ class WriterConfig:
 
 
 @dataclass(frozen=True)
+class Bounds:
+    """What a long-lived table may accumulate, and what happens at each bound.
+
+    Maintenance enforces the bounds (:mod:`memwal.bounds`): it compacts the shards with the
+    most uncompacted SSTables first, merges base fragments (Lance ``compact_files``) when
+    there are more than ``max_base_fragments`` or the base manifest outgrows
+    ``max_manifest_bytes``, and removes base versions beyond ``max_base_versions``. Writers
+    get back-pressure when compaction falls behind, like an LSM's write stall: from
+    ``slowdown_sstables`` uncompacted SSTables in a shard each write into it is delayed
+    (longer the closer the shard is to the stop), and from ``stop_sstables`` writes into it
+    wait for compaction, raising :class:`~memwal.errors.WriteStalledError` after
+    ``stall_timeout_seconds``. The writer-side check reads nothing from storage while a shard
+    is below the slowdown bound (see :class:`memwal.writer.ShardBacklog`).
+    """
+
+    #: Uncompacted SSTables per shard that maintenance keeps shards under (compacted first).
+    max_sstables: int = 32
+    #: From this many uncompacted SSTables in a shard, writes into it slow down ...
+    slowdown_sstables: int = 48
+    #: ... and from this many they wait for compaction ...
+    stop_sstables: int = 64
+    #: ... for at most this long (then WriteStalledError).
+    stall_timeout_seconds: float = 120.0
+    #: The delay of one write just below the stop bound (it grows linearly from 0 at slowdown).
+    max_slowdown_seconds: float = 0.25
+    #: How often a slowed or stalled writer re-reads the shard's compacted generation.
+    recheck_seconds: float = 0.5
+    #: More base fragments than this are merged (Lance compact_files) ...
+    max_base_fragments: int = 64
+    #: ... and so is a base whose manifest is larger than this (each fragment adds to it).
+    max_manifest_bytes: int = 4 << 20
+    #: Base versions kept beyond the newest (older ones are removed once they are older than
+    #: the reader grace, whatever the time-travel retention says).
+    max_base_versions: int = 100
+    #: Disk use above this multiple of the live base data is reported, and old base versions
+    #: are then removed down to the reader grace. None: not checked.
+    max_disk_ratio: float | None = 3.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_sstables <= self.slowdown_sstables <= self.stop_sstables:
+            raise InvalidArgumentError(
+                "bounds must satisfy 1 <= max_sstables <= slowdown_sstables <= stop_sstables, got "
+                f"{self.max_sstables}, {self.slowdown_sstables}, {self.stop_sstables}"
+            )
+        for name in ("max_base_fragments", "max_manifest_bytes", "max_base_versions"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InvalidArgumentError(f"{name} must be a positive integer, got {v!r}")
+        for name in ("stall_timeout_seconds", "max_slowdown_seconds", "recheck_seconds"):
+            if not getattr(self, name) >= 0:
+                raise InvalidArgumentError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+
+    def slowdown_delay(self, pending: int) -> float:
+        """Seconds one write into a shard with ``pending`` uncompacted SSTables is delayed
+        (0 below the slowdown bound; the stop bound is not a delay but a wait)."""
+        if pending < self.slowdown_sstables or pending >= self.stop_sstables:
+            return 0.0
+        span = self.stop_sstables - self.slowdown_sstables
+        return self.max_slowdown_seconds * (pending - self.slowdown_sstables + 1) / (span + 1)
+
+    @classmethod
+    def stored(cls, d: Mapping[str, Any]) -> "Bounds":
+        """The bounds recorded in a table's metadata; defaults (with a warning) if refused."""
+        try:
+            return cls(**d)
+        except (InvalidArgumentError, TypeError) as e:
+            log.warning("table metadata: bounds %s refused (%s); using the defaults", dict(d), e)
+            return cls()
+
+
+@dataclass(frozen=True)
 class IndexConfig:
     """Base table indexes memwal builds and keeps caught up after compaction."""
 
@@ -91,6 +162,8 @@ class TableMetadata:
     writer: WriterConfig = field(default_factory=WriterConfig)
     indexes: IndexConfig = field(default_factory=IndexConfig)
     format_version: int = FORMAT_VERSION
+    #: Tables created before bounds existed get the defaults.
+    bounds: Bounds = field(default_factory=Bounds)
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -114,6 +187,7 @@ class TableMetadata:
             writer=WriterConfig.stored(d.get("writer", {})),
             indexes=IndexConfig(**d.get("indexes", {})),
             format_version=d.get("format_version", FORMAT_VERSION),
+            bounds=Bounds.stored(d.get("bounds", {})),
         )
 
     @classmethod
@@ -123,3 +197,6 @@ class TableMetadata:
 
     def with_indexes(self, indexes: IndexConfig) -> "TableMetadata":
         return replace(self, indexes=indexes)
+
+    def with_bounds(self, bounds: Bounds) -> "TableMetadata":
+        return replace(self, bounds=bounds)

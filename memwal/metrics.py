@@ -61,6 +61,16 @@ class CycleReport:
     bytes_reclaimed: int = 0
     #: shard id -> SSTables not yet compacted
     pending_sstables: dict[str, int] = field(default_factory=dict)
+    #: the base after the cycle, as the bounds count it (memwal.bounds)
+    base_fragments: int = 0
+    base_manifest_bytes: int = 0
+    base_versions: int = 0
+    base_versions_removed: int = 0
+    live_bytes: int = 0
+    #: bytes under the table's directory; None when not measured in this cycle
+    disk_bytes: int | None = None
+    #: bounds still exceeded after the cycle (e.g. "base_fragments", "disk")
+    bounds_exceeded: tuple[str, ...] = ()
     #: set when the cycle failed: "ExceptionType: message"
     error: str | None = None
     #: shards skipped (for the stages named) while the others were maintained
@@ -72,6 +82,7 @@ class CycleReport:
         values = {k: v for k, v in doc.items() if k in known}
         values["indexes_created"] = tuple(values.get("indexes_created", ()))
         values["damaged_shards"] = tuple(ShardDamage.from_dict(d) for d in values.get("damaged_shards", ()))
+        values["bounds_exceeded"] = tuple(values.get("bounds_exceeded", ()))
         return cls(**values)
 
 

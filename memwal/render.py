@@ -59,7 +59,7 @@ def render_status(status: TableStatus) -> str:
         f"shards       {status.num_shards}",
     ]
     if status.shards:
-        header = ("shard", "values", "epoch", "manifest", "wal flushed/seen/tail", "gen", "sstables", "compacted", "pending")
+        header = ("shard", "values", "epoch", "manifest", "wal flushed/seen/tail", "gen", "sstables", "compacted", "pending", "writes")
         rows = [
             (
                 s.shard_id,
@@ -70,7 +70,8 @@ def render_status(status: TableStatus) -> str:
                 str(s.current_generation),
                 _ranges(s.sstables),
                 str(s.compacted_generation),
-                str(s.pending_sstables),
+                str(s.pending_sstables) + (f"/{status.bounds.stop_sstables}" if status.bounds is not None else ""),
+                "STALLED" if s.stalled else "slowed" if s.slowed else "ok",
             )
             for s in status.shards
         ]
@@ -78,6 +79,7 @@ def render_status(status: TableStatus) -> str:
         fmt = "  ".join(f"{{:<{w}}}" for w in widths)
         lines += ["", fmt.format(*header), fmt.format(*("-" * w for w in widths))]
         lines += [fmt.format(*r) for r in rows]
+    lines += _bounds_lines(status)
     if status.index_lag_generations:
         lines += ["", "base indexes (generations behind compaction):"]
         lines += [
@@ -86,6 +88,22 @@ def render_status(status: TableStatus) -> str:
     if status.maintenance is not None:
         lines += ["", *_maintenance_lines(status.maintenance)]
     return "\n".join(lines)
+
+
+def _bounds_lines(status: TableStatus) -> list[str]:
+    """The bounds against what the table holds: "pending" above is uncompacted SSTables out
+    of the stop bound; writes are "slowed" from the slowdown bound, "STALLED" from the stop."""
+    b, f = status.bounds, status.base
+    if b is None or f is None:
+        return []
+    return [
+        "",
+        f"bounds       SSTables per shard: compacted above {b.max_sstables}, writes slowed from "
+        f"{b.slowdown_sstables}, stalled from {b.stop_sstables}",
+        f"             base: {f.fragments} fragments (bound {b.max_base_fragments}), manifest "
+        f"{f.manifest_bytes:,} bytes (bound {b.max_manifest_bytes:,}), {f.versions} versions (bound {b.max_base_versions + 1}), "
+        f"live data {f.live_bytes:,} bytes",
+    ]
 
 
 def _maintenance_lines(m: MaintenanceStatus) -> list[str]:
@@ -102,6 +120,10 @@ def _maintenance_lines(m: MaintenanceStatus) -> list[str]:
             f"{last.rows_compacted} rows at {last.rows_per_second:,.0f} rows/s, "
             f"{last.bytes_reclaimed:,} bytes reclaimed"
         )
+        if last.disk_bytes is not None:
+            lines.append(f"  disk: {last.disk_bytes:,} bytes for {last.live_bytes:,} bytes of live base data")
+        if last.bounds_exceeded:
+            lines.append(f"  over its bounds after the cycle: {', '.join(last.bounds_exceeded)}")
     lines += [f"  skipped damaged shard {d.shard_id} ({d.stage}): {d.error}" for d in last.damaged_shards]
     lines.append(
         f"  totals: {totals.cycles} cycles ({totals.failures} failed), "

@@ -12,9 +12,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from memwal import paths
+from memwal.bounds import BaseFootprint, measure_base
 from memwal.errors import MetricsFormatError
 from memwal.indexes import index_lag
 from memwal.io import FileIO
+from memwal.metadata import Bounds
 from memwal.metrics import MaintenanceMetrics
 from memwal.state import TableState
 
@@ -37,6 +39,10 @@ class ShardStatus:
     #: SSTables above the compacted generation: what readers merge and the compactor owes
     pending_sstables: int
     sealed: bool
+    #: writes into the shard are delayed (pending at or above the slowdown bound) ...
+    slowed: bool = False
+    #: ... or wait for compaction (pending at or above the stop bound)
+    stalled: bool = False
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,9 @@ class TableStatus:
     index_lag_generations: dict[str, dict[str, int]]
     #: None if the maintenance service never ran on this table
     maintenance: MaintenanceStatus | None
+    #: the table's bounds, and the base as they count it
+    bounds: Bounds | None = None
+    base: BaseFootprint | None = None
 
     def to_json(self) -> str:
         """One JSON object; the index lag and maintenance record sit under ``extra``, where
@@ -95,6 +104,7 @@ def read_maintenance_metrics(io: FileIO, table_uri: str) -> MaintenanceStatus | 
 def table_status(state: TableState) -> TableStatus:
     """Per-shard state from the manifests on disk, and the base table's version and rows."""
     snap = state.snapshot()
+    bounds = state.metadata.bounds
     shards = []
     for s in sorted(snap.shards, key=lambda s: s.shard_id):
         m = s.manifest
@@ -114,6 +124,8 @@ def table_status(state: TableState) -> TableStatus:
                 compacted_generation=s.compacted_generation,
                 pending_sstables=len(s.live_sstables),
                 sealed=m.sealed,
+                slowed=bounds.slowdown_sstables <= len(s.live_sstables) < bounds.stop_sstables,
+                stalled=len(s.live_sstables) >= bounds.stop_sstables,
             )
         )
     return TableStatus(
@@ -126,4 +138,6 @@ def table_status(state: TableState) -> TableStatus:
         shards=shards,
         index_lag_generations={lg.index: lg.lag for lg in index_lag(snap.dataset, snap.index)},
         maintenance=read_maintenance_metrics(state.io, state.uri),
+        bounds=bounds,
+        base=measure_base(state, snap.dataset),
     )

@@ -24,7 +24,7 @@ from memwal.errors import InvalidArgumentError, PrimaryKeyError, ShardingSpecErr
 from memwal.indexes import FTS_PARAMS, fts_index_name
 from memwal.io import FileIO, file_io_for
 from memwal.manifest import ManifestStore, ShardManifest
-from memwal.metadata import CONFIG_KEY, IndexConfig, TableMetadata, WriterConfig
+from memwal.metadata import CONFIG_KEY, Bounds, IndexConfig, TableMetadata, WriterConfig
 from memwal.partial import PRESENT, check_keys_present, check_merge, fold, presence_of_columns, presence_of_dicts, presence_type, resolve
 from memwal.routing import RoutedBatch, check_shard, route
 from memwal.schema import as_table, conform, key_schema, with_primary_key
@@ -119,6 +119,7 @@ class Table:
         *,
         writer: WriterConfig | None = None,
         indexes: IndexConfig | None = None,
+        bounds: Bounds | None = None,
         initial_data: Any = None,
         storage_options: "Mapping[str, str] | StorageConfig | None" = None,
     ) -> "Table":
@@ -128,6 +129,9 @@ class Table:
         Non-key columns become nullable: a delete is stored as a tombstone row whose non-key
         columns are null. The sharding columns must be primary-key columns, so every key
         maps to exactly one shard for its whole life.
+
+        ``bounds`` (default :class:`~memwal.metadata.Bounds`) are stored with the table: what
+        maintenance keeps it within, and where its writers slow down and stall.
         """
         uri = paths.normalize_uri(uri)
         storage = resolve_storage(storage_options)
@@ -165,6 +169,7 @@ class Table:
             sharding_field_ids=tuple(f.field_id for f in spec.fields),
             writer=writer or WriterConfig(),
             indexes=indexes,
+            bounds=bounds or Bounds(),
         )
         base = schema.empty_table()
         if initial_data is not None:

@@ -25,6 +25,15 @@ through. While it sat idle another pool may have claimed the shard; a stale writ
 only when its next WAL append collides with the fence sentinel of that claim, and GC collects
 sentinels once they are ``GcConfig.wal_retention_seconds`` old (see ``memwal.gc``). Bounding
 the idle time is what keeps every stale append ahead of that collection.
+
+Writes get back-pressure when compaction falls behind (the table's
+:class:`~memwal.metadata.Bounds`): before each put or delete the pool estimates the shard's
+uncompacted SSTables as ``generation - 1 - compacted`` from the open writer's MemTable
+generation (in memory) and the shard's compacted generation as last read from the base
+table. The compacted generation only grows, so a stale one overestimates: while the estimate
+is below the slowdown bound no storage is read at all, and only near the bounds is it
+re-read (at most every ``recheck_seconds``). Between the bounds a write is delayed; at the
+stop bound it waits for compaction, then raises :class:`WriteStalledError`.
 """
 
 from __future__ import annotations
@@ -44,10 +53,10 @@ import lance.mem_wal
 import pyarrow as pa
 
 from memwal import paths
-from memwal.errors import FencedError, TableDamagedError
+from memwal.errors import FencedError, TableDamagedError, WriteStalledError
 from memwal.lance_errors import is_claim_race, is_fenced
 from memwal.manifest import ShardManifest
-from memwal.metadata import WriterConfig
+from memwal.metadata import Bounds, WriterConfig
 from memwal.routing import RoutedBatch
 from memwal.sharding import ShardValues, field_entries
 from memwal.state import TableState
@@ -113,6 +122,11 @@ class WriterStats:
     deletes: int = 0
     rows_deleted: int = 0
     open_seconds: float = 0.0
+    #: writes delayed by the slowdown bound, writes that waited at the stop bound, and the
+    #: seconds both cost (back-pressure, see :class:`~memwal.metadata.Bounds`)
+    slowdowns: int = 0
+    stalls: int = 0
+    stall_seconds: float = 0.0
 
     def snapshot(self) -> dict[str, float]:
         return dict(self.__dict__)
@@ -151,10 +165,19 @@ class ShardWriterPool:
     _locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
     _guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _known_shards: set[str] = field(default_factory=set, repr=False)
+    #: Back-pressure bounds; None: the table's (``state.metadata.bounds``).
+    bounds: Bounds | None = None
+    _compacted: dict[str, tuple[int, float]] = field(default_factory=dict, repr=False)
+    #: Shards whose writes are waiting at the stop bound right now.
+    stalled_shards: set[str] = field(default_factory=set, repr=False)
 
     @property
     def config(self) -> WriterConfig:
         return self.state.metadata.writer
+
+    @property
+    def write_bounds(self) -> Bounds:
+        return self.bounds if self.bounds is not None else self.state.metadata.bounds
 
     def ensure_shard(self, shard_id: str, values: ShardValues) -> None:
         """Create the shard's first manifest, recording its spec id and shard values, if absent.
@@ -298,6 +321,64 @@ class ShardWriterPool:
                 self._discard(shard_id)
                 raise _keeps_claiming(shard_id, what, claimer) from e
 
+    # -- back-pressure ----------------------------------------------------------------------------
+
+    def _compacted_generation(self, shard_id: str, max_age: float) -> int:
+        """The shard's compacted generation, as read from the base table at most ``max_age``
+        seconds ago (one base manifest read refreshes every shard's)."""
+        now = time.monotonic()
+        cached = self._compacted.get(shard_id)
+        if cached is not None and now - cached[1] <= max_age:
+            return cached[0]
+        ds = self.state.dataset()
+        index = self.state.manifests.mem_wal_index(ds.version)
+        compacted = dict(index.compacted) if index is not None else {}
+        for sid in {shard_id, *self._compacted}:
+            self._compacted[sid] = (compacted.get(sid, 0), now)
+        return self._compacted[shard_id][0]
+
+    def backlog(self, shard_id: str, max_age: float = float("inf")) -> int:
+        """Uncompacted SSTables of the shard (flushed or being flushed) as this pool sees it:
+        an upper bound, exact when the compacted generation was read within ``max_age``."""
+        with self._lock(shard_id):
+            generation = int(self._writer(shard_id).memtable_stats()["generation"])
+        return max(0, generation - 1 - self._compacted_generation(shard_id, max_age))
+
+    def _admit(self, shard_id: str) -> None:
+        """Apply the bounds before a write into ``shard_id``: nothing below the slowdown bound,
+        a delay up to the stop bound, a wait for compaction from it (WriteStalledError after
+        ``stall_timeout_seconds``). Holds no lock while it waits."""
+        b = self.write_bounds
+        if self.backlog(shard_id) < b.slowdown_sstables:
+            return
+        pending = self.backlog(shard_id, b.recheck_seconds)
+        if pending < b.slowdown_sstables:
+            return
+        if pending < b.stop_sstables:
+            delay = b.slowdown_delay(pending)
+            time.sleep(delay)
+            self._count(shard_id, slowdowns=1, stall_seconds=delay)
+            return
+        t0 = time.monotonic()
+        log.warning("shard %s has %d uncompacted SSTables (stop bound %d): writes wait for compaction",
+                    shard_id, pending, b.stop_sstables)
+        with self._guard:
+            self.stalled_shards.add(shard_id)
+        try:
+            while pending >= b.stop_sstables:
+                waited = time.monotonic() - t0
+                if waited >= b.stall_timeout_seconds:
+                    raise WriteStalledError(
+                        f"shard {shard_id}: {pending} uncompacted SSTables (stop bound {b.stop_sstables}); writes "
+                        f"waited {waited:.1f}s for compaction. Is maintenance (memwal maintain) running and keeping up?"
+                    )
+                time.sleep(min(b.recheck_seconds, b.stall_timeout_seconds - waited))
+                pending = self.backlog(shard_id, 0.0)
+        finally:
+            with self._guard:
+                self.stalled_shards.discard(shard_id)
+            self._count(shard_id, stalls=1, stall_seconds=time.monotonic() - t0)
+
     def write(self, batch: RoutedBatch) -> None:
         """Apply a routed batch: upserts, or deletes by key. Durable (in the WAL) on return."""
         self.ensure_shard(batch.shard_id, batch.values)
@@ -306,6 +387,7 @@ class ShardWriterPool:
     def put(self, shard_id: str, rows: pa.Table) -> None:
         """Upsert ``rows`` (already conformed to the table schema) into ``shard_id``."""
         for part in split_rows(rows, self.config.max_memtable_rows):
+            self._admit(shard_id)
             self._run(shard_id, lambda w, p=part: w.put(p), "put")
             self._count(shard_id, puts=1, rows_put=part.num_rows)
         self._renew(shard_id)
@@ -313,6 +395,7 @@ class ShardWriterPool:
     def delete(self, shard_id: str, keys: pa.Table) -> None:
         """Delete ``keys`` (primary-key columns only) from ``shard_id``."""
         for part in split_rows(keys, self.config.max_memtable_rows):
+            self._admit(shard_id)
             self._run(shard_id, lambda w, p=part: w.delete(p), "delete")
             self._count(shard_id, deletes=1, rows_deleted=part.num_rows)
         self._renew(shard_id)

@@ -41,3 +41,27 @@ def test_without_keys_single_and_composite(rows, drop):
     assert [(r["a"], r["b"]) for r in got] == [r for r in rows if r not in set(drop)]
     got1 = without_keys(t, keys, ["a"]).to_pylist()
     assert [r["a"] for r in got1] == [r[0] for r in rows if r[0] not in {d[0] for d in drop}]
+
+
+_KEYS = st.one_of(
+    st.lists(st.integers(-20, 20), max_size=60),  # dense: the scan's bitmap path
+    st.lists(st.integers(-(2**62), 2**62), max_size=60),  # sparse: Arrow's hash-set path
+)
+
+
+@given(_KEYS, _KEYS, st.sampled_from([pa.int64(), pa.int8(), pa.uint64(), pa.string()]))
+def test_scan_merge_matches_the_general_lsm_merge(delta_keys, base_keys, key_type):
+    """memwal.readers.merge (NumPy paths for integer keys) keeps exactly the rows, in the
+    order, that the general helpers keep, whatever the key's type."""
+    from memwal.readers import merge
+
+    def keys(values: list[int]) -> pa.Array:
+        if key_type == pa.string():
+            return pa.array([str(v) for v in values])
+        lo, hi = (-128, 127) if key_type == pa.int8() else (0, 2**62) if key_type == pa.uint64() else (-(2**63), 2**63 - 1)
+        return pa.array([min(max(v, lo), hi) for v in values], key_type)
+
+    delta = pa.table({"k": keys(delta_keys), "v": list(range(len(delta_keys)))})
+    assert merge.newest(delta, ["k"]).equals(newest_per_key(delta, ["k"]))
+    base = newest_per_key(pa.table({"k": keys(base_keys), "v": list(range(len(base_keys)))}), ["k"])
+    assert merge.drop_keys(base, delta, ["k"]).equals(without_keys(base, delta, ["k"]))

@@ -9,6 +9,7 @@ generation, tombstones hide keys); memwal decides what they read.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Sequence
 
@@ -19,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal.readers import sstables
+from memwal.readers.merge import drop_keys
 from memwal.readers.keys import keys_predicate, keys_table, normalize_key, quote_ident, sql_literal
 from memwal.readers.pruning import Pruning, prune
 from memwal.readers import text
@@ -252,11 +254,27 @@ class Reader:
         level as Lance's LsmScanner does (docs/benchmarks.md measures the difference).
         """
         pk = list(self.state.primary_key)
-        delta = self.sstables.delta(snap, tail, self.state.schema.names, pk)
-        if delta is None:
+        # The delta is projected early, except when ``where`` must be evaluated on its rows
+        # (it may name columns the read does not return).
+        columns = list(wanted) if where is None else self.state.schema.names
+        if tail is None and snap.num_live_sstables == 0:
             return snap.dataset.to_table(columns=list(wanted), filter=where, limit=limit)
-        fetch = None if limit is None else limit + delta.num_rows
-        base = without_keys(snap.dataset.to_table(columns=list(wanted), filter=where, limit=fetch), delta, pk)
+        if limit is None:
+            # The delta and the base scan are independent until the anti-join: read the
+            # SSTables while Lance scans the base (both release the GIL).
+            with ThreadPoolExecutor(1) as pool:
+                pending = pool.submit(self.sstables.delta, snap, tail, columns, pk)
+                base = snap.dataset.to_table(columns=list(wanted), filter=where)
+                delta = pending.result()
+            if delta is None:
+                return base
+        else:
+            # A limited scan fetches as many more base rows as the delta could shadow.
+            delta = self.sstables.delta(snap, tail, columns, pk)
+            if delta is None:
+                return snap.dataset.to_table(columns=list(wanted), filter=where, limit=limit)
+            base = snap.dataset.to_table(columns=list(wanted), filter=where, limit=limit + delta.num_rows)
+        base = drop_keys(base, delta, pk)
         live = delta.filter(pc.invert(delta.column(TOMBSTONE))).drop_columns([TOMBSTONE])
         newer = filter_rows(live, where).select(list(wanted))
         rows = pa.concat_tables([base, newer.cast(base.schema)])

@@ -9,6 +9,7 @@ none does, instead of probing every SSTable newest-first.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import lance
@@ -16,7 +17,7 @@ import pyarrow as pa
 
 from memwal import paths
 from memwal.cache import ByteLRU
-from memwal.lsm import newest_per_key
+from memwal.readers.merge import newest
 from memwal.schema import TOMBSTONE
 
 if TYPE_CHECKING:
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
 DATASET_BYTES = 64 << 10
 #: What one entry of a key set is counted as (a Python key object and a dict slot).
 KEY_ENTRY_BYTES = 100
+#: At most this many SSTables are read at once by one scan.
+READ_THREADS = 8
 #: Default bound of one reader's SSTable cache.
 DEFAULT_CACHE_BYTES = 256 << 20
 
@@ -74,9 +77,18 @@ class SSTableCache:
 
         return self._get("keys", path, load, lambda k: KEY_ENTRY_BYTES * len(k))
 
-    def rows(self, path: str) -> pa.Table:
-        """Every row of the SSTable (``_tombstone`` included), as stored."""
-        return self._get("rows", path, lambda: self.dataset(path).to_table(), lambda t: t.nbytes)
+    def rows(self, path: str, columns: Sequence[str] | None = None) -> pa.Table:
+        """Every row of the SSTable (``_tombstone`` included), as stored; only ``columns``
+        (and ``_tombstone``) if given, cached apart from the whole rows: a scan of a few
+        columns does not read, say, a vector column it does not return."""
+        if columns is None:
+            return self._get("rows", path, lambda: self.dataset(path).to_table(), lambda t: t.nbytes)
+        wanted = list(dict.fromkeys([*columns, TOMBSTONE]))
+        whole = self._lru.get(("rows", path))
+        if whole is not None:
+            return whole.select(wanted)
+        kind = "rows:" + ",".join(wanted)
+        return self._get(kind, path, lambda: self.dataset(path).to_table(columns=wanted), lambda t: t.nbytes)
 
     def has_index(self, path: str, field_name: str, kind: str) -> bool:
         """Whether the SSTable has an index of ``kind`` (a details type name) on a column."""
@@ -89,13 +101,17 @@ class SSTableCache:
     ) -> pa.Table | None:
         """The newest version of every key written after the snapshot's base version: its live
         SSTables (oldest first, per shard) and the WAL tail, tombstones included; None if none."""
-        parts = []
-        for shard in snap.shards:
-            for sst in shard.live_sstables:
-                path = paths.sstable_path(snap.dataset.uri, shard.shard_id, sst.path)
-                parts.append(self.rows(path).select([*columns, TOMBSTONE]))
+        where = [paths.sstable_path(snap.dataset.uri, s.shard_id, t.path) for s in snap.shards for t in s.live_sstables]
+        if len(where) > 1:
+            # Opening and reading an SSTable is mostly waiting on storage and Lance's decoder,
+            # both outside the GIL: read them in parallel, kept in generation order.
+            with ThreadPoolExecutor(min(READ_THREADS, len(where))) as pool:
+                tables = list(pool.map(lambda p: self.rows(p, columns), where))
+        else:
+            tables = [self.rows(p, columns) for p in where]
+        parts = [t.select([*columns, TOMBSTONE]) for t in tables]
         if tail is not None:
             parts.append(tail.select([*columns, TOMBSTONE]))
         if not parts:
             return None
-        return newest_per_key(pa.concat_tables(parts, promote_options="permissive"), primary_key)
+        return newest(pa.concat_tables(parts, promote_options="permissive"), primary_key)

@@ -86,6 +86,7 @@ SUMMARY_SCHEMA = pa.schema(
         ("writer_opens", pa.int64()),
         ("flushed", pa.bool_()),
         ("seconds", pa.float64()),
+        ("stall_seconds", pa.float64()),
         ("pid", pa.int64()),
     ]
 )
@@ -142,6 +143,8 @@ class BatchReport:
     flushes: int = 0
     seconds: float = 0.0
     write_seconds_max: float = 0.0
+    #: the longest a shard's writes were delayed or stalled by the table's bounds (back-pressure)
+    stall_seconds_max: float = 0.0
 
     def line(self) -> str:
         return (
@@ -149,7 +152,8 @@ class BatchReport:
             + (f", {self.stale_dropped} stale" if self.stale_dropped else "")
             + f") into {self.shards} shard(s), {self.dead_letters} dead letter(s), "
             f"{self.fenced_retries} fenced retr{'y' if self.fenced_retries == 1 else 'ies'}, "
-            f"{self.writer_opens} writer open(s), {self.flushes} flush(es), {self.seconds:.3f}s"
+            f"{self.writer_opens} writer open(s), {self.flushes} flush(es), "
+            f"stalled {self.stall_seconds_max:.3f}s, {self.seconds:.3f}s"
         )
 
 
@@ -556,6 +560,7 @@ class Write:
             writer_opens=stats.opens - before["opens"],
             flushed=flushed,
             seconds=time.perf_counter() - t0,
+            stall_seconds=stats.stall_seconds - before["stall_seconds"],
         )
 
 
@@ -613,7 +618,7 @@ def _remember_written(worker: WorkerTable, shard_id: str, dels: pa.Table, ups: p
 
 def _summary(shard: str, **counters: Any) -> pa.RecordBatch:
     row = {f.name: 0 for f in SUMMARY_SCHEMA}
-    row.update(shard=shard, flushed=False, seconds=0.0, pid=os.getpid())
+    row.update(shard=shard, flushed=False, seconds=0.0, stall_seconds=0.0, pid=os.getpid())
     row.update(counters)
     return pa.RecordBatch.from_pylist([row], schema=SUMMARY_SCHEMA)
 
@@ -740,6 +745,7 @@ class MemwalSink:
             report.writer_opens += s.writer_opens
             report.flushes += int(s.flushed)
             report.write_seconds_max = max(report.write_seconds_max, s.seconds)
+            report.stall_seconds_max = max(report.stall_seconds_max, s.stall_seconds or 0.0)
             if s.shard:
                 report.shards += 1
         report.rows += report.dead_letters

@@ -1,0 +1,159 @@
+"""Enforcing a table's :class:`~memwal.metadata.Bounds` from the maintenance service.
+
+What grows while a table streams, and what keeps each bounded:
+
+* uncompacted SSTables per shard: compaction, shards with the most first
+  (:func:`compaction_order`), and the writers' back-pressure (:mod:`memwal.writer`) when it
+  falls behind anyway;
+* base fragments and the base manifest (each compaction commit adds a fragment, and its
+  row-id metadata sits inline in the manifest): Lance ``compact_files`` once either is over
+  its bound;
+* retained base versions: removed beyond ``max_base_versions``, never one younger than the
+  reader grace (a reader's snapshot may still use it);
+* disk: measured at most every ``disk_check_seconds``; above ``max_disk_ratio`` times the
+  live base data, base versions are removed down to the reader grace.
+
+Every measurement is a :class:`BaseFootprint`, which ``memwal status`` shows too.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Mapping
+
+import lance
+
+from memwal import paths
+from memwal.metadata import Bounds
+from memwal.state import TableState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BaseFootprint:
+    """The base table's size as the bounds count it."""
+
+    version: int
+    fragments: int
+    manifest_bytes: int
+    #: base versions on disk (manifest files)
+    versions: int
+    #: bytes of the current version's data files (what a fully cleaned table would hold)
+    live_bytes: int
+    #: bytes under the table's directory (everything: base, versions, SSTables, WAL); None
+    #: when not measured this time
+    disk_bytes: int | None = None
+
+
+def measure_base(state: TableState, ds: lance.LanceDataset | None = None, *, disk: bool = False) -> BaseFootprint:
+    """The base table's footprint: one manifest stat and one listing of its versions (and,
+    with ``disk``, one walk of the whole table)."""
+    ds = ds or state.dataset()
+    frags = ds.get_fragments()
+    live = sum(f.file_size_bytes or 0 for frag in frags for f in frag.metadata.files)
+    manifest = 0
+    for path in (paths.base_manifest_path(state.uri, ds.version), paths.base_manifest_path_v1(state.uri, ds.version)):
+        try:
+            manifest = state.io.stat(path)[0]
+            break
+        except FileNotFoundError:
+            continue
+    versions_dir = paths.join(state.uri, paths.BASE_VERSIONS_DIR)
+    versions = sum(1 for name in state.io.list_dir(versions_dir) if name.endswith(".manifest"))
+    return BaseFootprint(
+        version=ds.version,
+        fragments=len(frags),
+        manifest_bytes=manifest,
+        versions=versions,
+        live_bytes=live,
+        disk_bytes=state.io.tree_size(state.uri) if disk else None,
+    )
+
+
+def compaction_order(backlogs: Mapping[str, int], bounds: Bounds) -> list[str]:
+    """Shards in the order compaction should take them: those over ``max_sstables`` first,
+    each group by backlog, largest first (a stalled shard is the one writers wait on)."""
+    return sorted(backlogs, key=lambda s: (backlogs[s] <= bounds.max_sstables, -backlogs[s], s))
+
+
+@dataclass(frozen=True)
+class BoundsReport:
+    """What one enforcement did, and the footprint it left."""
+
+    footprint: BaseFootprint
+    fragments_compacted: int = 0
+    versions_removed: int = 0
+    bytes_removed: int = 0
+    #: names of the bounds still exceeded afterwards ("base_fragments", "manifest_bytes",
+    #: "base_versions", "disk")
+    exceeded: tuple[str, ...] = ()
+
+
+class BoundsEnforcer:
+    """Keeps one table's base within its bounds; maintenance runs :meth:`enforce` every cycle."""
+
+    def __init__(
+        self,
+        state: TableState,
+        bounds: Bounds,
+        *,
+        reader_grace_seconds: float,
+        target_rows_per_fragment: int = 1_048_576,
+        disk_check_seconds: float = 60.0,
+    ) -> None:
+        self.state = state
+        self.bounds = bounds
+        self.reader_grace_seconds = reader_grace_seconds
+        self.target_rows_per_fragment = target_rows_per_fragment
+        self.disk_check_seconds = disk_check_seconds
+        self._disk_checked = float("-inf")
+
+    def _over(self, f: BaseFootprint) -> list[str]:
+        b = self.bounds
+        over = []
+        if f.fragments > b.max_base_fragments:
+            over.append("base_fragments")
+        if f.manifest_bytes > b.max_manifest_bytes:
+            over.append("manifest_bytes")
+        if f.versions > b.max_base_versions + 1:  # the bound counts versions kept beyond the newest
+            over.append("base_versions")
+        if f.disk_bytes is not None and b.max_disk_ratio is not None and f.disk_bytes > b.max_disk_ratio * max(f.live_bytes, 1):
+            over.append("disk")
+        return over
+
+    def _remove_versions(self, retain: int) -> tuple[int, int]:
+        """Remove base versions but the newest ``retain`` and those younger than the reader grace."""
+        stats = self.state.dataset().cleanup_old_versions(
+            older_than=timedelta(seconds=self.reader_grace_seconds),
+            retain_versions=retain,
+            error_if_tagged_old_versions=False,
+        )
+        return stats.old_versions, stats.bytes_removed
+
+    def enforce(self) -> BoundsReport:
+        """Measure the base, act on each bound it exceeds, and report what is still exceeded."""
+        now = time.monotonic()
+        check_disk = self.bounds.max_disk_ratio is not None and now - self._disk_checked >= self.disk_check_seconds
+        if check_disk:
+            self._disk_checked = now
+        f = measure_base(self.state, disk=check_disk)
+        over = self._over(f)
+        compacted = removed = freed = 0
+        if "base_fragments" in over or "manifest_bytes" in over:
+            m = self.state.dataset().optimize.compact_files(target_rows_per_fragment=self.target_rows_per_fragment)
+            compacted = m.fragments_removed
+            log.info("base over its bounds (%s): compact_files removed %d fragments, added %d",
+                     ", ".join(over), m.fragments_removed, m.fragments_added)
+        if "disk" in over:
+            removed, freed = self._remove_versions(1)
+        elif "base_versions" in over:
+            removed, freed = self._remove_versions(self.bounds.max_base_versions + 1)
+        if removed:
+            log.info("removed %d base versions (%d bytes) to keep within the bounds", removed, freed)
+        if compacted or removed:
+            f = measure_base(self.state, disk=check_disk)
+        return BoundsReport(f, compacted, removed, freed, tuple(self._over(f)))

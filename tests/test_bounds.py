@@ -1,0 +1,178 @@
+"""Bounds by construction: writers' back-pressure when compaction falls behind, and the
+maintenance service keeping the base within its bounds (fragments, manifest, versions, disk).
+
+No timing is asserted: a stall is observed as an outcome (an error, a blocked write that
+completes once maintenance ran), never by how long it took.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from helpers import PEOPLE, people
+from memwal import Bounds, Table, WriterConfig, WriteStalledError, readers
+from memwal.bounds import compaction_order
+from memwal.errors import ConcurrencyError, InvalidArgumentError
+from memwal.gc import GcConfig
+from memwal.maintenance import Maintenance, MaintenanceConfig
+from memwal.metadata import TableMetadata
+from memwal.render import render_status
+from memwal.state import TableState
+from memwal.status import table_status
+
+#: Small bounds: writes slow down from 2 uncompacted SSTables in a shard and stop at 3.
+SMALL = Bounds(
+    max_sstables=1,
+    slowdown_sstables=2,
+    stop_sstables=3,
+    stall_timeout_seconds=0.3,
+    max_slowdown_seconds=0.01,
+    recheck_seconds=0.02,
+)
+
+
+def _maintenance(state: TableState, bounds: Bounds | None = None, **config) -> Maintenance:
+    """A maintenance service with no stranded-write flushing and no reader grace (a test
+    holds no snapshot across it)."""
+    return Maintenance(
+        state,
+        MaintenanceConfig(
+            flush_stranded_after_seconds=None,
+            views=False,
+            bounds=bounds,
+            gc_config=GcConfig(reader_grace_seconds=0.0),
+            **config,
+        ),
+    )
+
+
+def _flushes(table: Table, n: int, start: int = 0) -> None:
+    """``n`` writes of 5 rows, each flushed: one SSTable each (one shard)."""
+    for i in range(n):
+        table.write(people(range(start + 5 * i, start + 5 * i + 5), tag=f"f{i}"))
+        table.flush()
+
+
+def _stalling_table(table_uri: str, bounds: Bounds = SMALL) -> Table:
+    return Table.create(table_uri, PEOPLE, ["id"], "unsharded", bounds=bounds, writer=WriterConfig(max_memtable_rows=1000))
+
+
+def test_bounds_are_checked_and_persisted_with_the_table(table_uri):
+    with pytest.raises(InvalidArgumentError):
+        Bounds(slowdown_sstables=10, stop_sstables=5)
+    with pytest.raises(InvalidArgumentError):
+        Bounds(max_base_versions=0)
+    _stalling_table(table_uri)
+    assert TableState.load(table_uri).metadata.bounds == SMALL
+    # A table created before bounds existed reads with the defaults.
+    meta = TableState.load(table_uri).metadata
+    doc = meta.to_json().replace('"bounds": ', '"unused": ')
+    assert TableMetadata.from_json(doc).bounds == Bounds()
+
+
+def test_writes_into_a_shard_stall_at_the_stop_bound_without_maintenance(table_uri):
+    table = _stalling_table(table_uri)
+    _flushes(table, 3)  # 3 uncompacted SSTables: the stop bound
+    shard = table.state.manifests.list_shards()[0]
+    with pytest.raises(WriteStalledError) as err:
+        table.write(people([1000], tag="late"))
+    assert isinstance(err.value, ConcurrencyError)  # retryable: the CLI exits with 4
+    stats = table.writers.shard_stats(shard)
+    assert stats.stalls == 1
+    assert stats.slowdowns >= 1  # the third flush's write was delayed, not stopped
+    table.writers.flush()
+    strong = readers.open(table_uri, consistency="strong")
+    assert strong.get(1000) is None  # the stalled write was not applied
+    assert strong.count() == 15
+
+
+def test_status_shows_a_stalled_shard_and_maintenance_releases_it(table_uri):
+    table = _stalling_table(table_uri, Bounds(max_sstables=1, slowdown_sstables=2, stop_sstables=3,
+                                              stall_timeout_seconds=600.0, max_slowdown_seconds=0.0,
+                                              recheck_seconds=0.02))
+    _flushes(table, 3)
+    status = table_status(TableState.load(table_uri))
+    assert [s.stalled for s in status.shards] == [True]
+    assert [s.pending_sstables for s in status.shards] == [3]
+    assert "STALLED" in render_status(status)
+
+    errors: list[BaseException] = []
+
+    def late_write() -> None:
+        try:
+            table.write(people([1000], tag="late"))
+        except BaseException as e:  # noqa: BLE001 - reported to the test thread
+            errors.append(e)
+
+    writer = threading.Thread(target=late_write)
+    writer.start()
+    shard = table.state.manifests.list_shards()[0]
+    while shard not in table.writers.stalled_shards:  # the write is waiting now
+        assert writer.is_alive() and not errors
+        time.sleep(0.01)
+    # The write waits for compaction; one maintenance cycle compacts the shard first (it is
+    # the one over its bound) and the write goes through.
+    report = _maintenance(table.state).run_cycle()
+    writer.join(timeout=120)
+    assert not writer.is_alive() and errors == []
+    assert report.generations_compacted == 3
+    assert table.writers.shard_stats(shard).stalls == 1
+    table.flush()
+    assert readers.open(table_uri).get(1000)["name"] == "late1000"
+    status = table_status(TableState.load(table_uri))
+    assert [s.stalled for s in status.shards] == [False]
+    assert "STALLED" not in render_status(status)
+
+
+def test_compaction_takes_the_shards_over_their_bound_first():
+    b = Bounds(max_sstables=4, slowdown_sstables=8, stop_sstables=9)
+    assert compaction_order({"a": 2, "b": 9, "c": 5, "d": 0}, b) == ["b", "c", "a", "d"]
+
+
+def test_maintenance_merges_base_fragments_over_their_bound(table_uri):
+    table = Table.create(table_uri, PEOPLE, ["id"], "unsharded", initial_data=people(range(1000, 1010)))
+    _flushes(table, 5)
+    bounds = Bounds(max_base_fragments=3)
+    # One commit per generation: each adds a base fragment. The small-fragment rule of
+    # MaintenanceConfig is kept out of the way so the bound alone triggers the merge.
+    m = _maintenance(table.state, bounds, max_generations_per_commit=1, max_small_fragments=10**6)
+    report = m.run_cycle()
+    assert report.compaction_commits == 5
+    assert report.base_fragments_compacted > 0
+    assert report.base_fragments <= 3
+    assert "base_fragments" not in report.bounds_exceeded
+    assert len(table.state.dataset().get_fragments()) <= 3
+    assert readers.open(table_uri).count() == 35
+
+
+def test_maintenance_removes_base_versions_over_their_bound(table_uri):
+    table = Table.create(table_uri, PEOPLE, ["id"], "unsharded", initial_data=people(range(1000, 1010)))
+    _flushes(table, 4)
+    # GC's time-based retention alone would keep every version for an hour.
+    m = _maintenance(table.state, Bounds(max_base_versions=2), max_generations_per_commit=1)
+    report = m.run_cycle()
+    assert report.base_versions_removed > 0
+    assert report.base_versions <= 3  # the newest and 2 more
+    assert len(table.state.dataset().versions()) <= 3
+    assert "base_versions" not in report.bounds_exceeded
+    r = readers.open(table_uri)
+    assert r.count() == 30 and r.get(0)["name"] == "f00"
+
+
+def test_manifest_size_and_disk_are_measured_and_reported(table_uri):
+    table = Table.create(table_uri, PEOPLE, ["id"], "unsharded", initial_data=people(range(1000, 1010)))
+    _flushes(table, 2)
+    # A manifest bound of 1 byte cannot be met: it is reported (after compact_files ran).
+    # A disk bound of 1x the live data cannot be met either: versions go down to the newest.
+    m = _maintenance(table.state, Bounds(max_manifest_bytes=1, max_disk_ratio=1.0), max_generations_per_commit=1)
+    report = m.run_cycle()
+    assert report.base_manifest_bytes > 0 and report.live_bytes > 0
+    assert report.disk_bytes is not None and report.disk_bytes > report.live_bytes
+    assert {"manifest_bytes", "disk"} <= set(report.bounds_exceeded)
+    assert report.base_versions == 1
+    text = render_status(table_status(TableState.load(table_uri)))
+    assert "over its bounds after the cycle: " in text
+    assert readers.open(table_uri).count() == 20
