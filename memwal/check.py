@@ -40,6 +40,11 @@ SSTABLE_UNREADABLE = "sstable-unreadable"
 WAL_GAP = "wal-gap"
 WAL_UNREADABLE = "wal-unreadable"
 MEM_WAL_INDEX = "mem-wal-index"
+#: the index records compaction of a shard that has no manifest (its directory is gone)
+INDEX_SHARD_MISSING = "index-shard-missing"
+#: the index records a compacted generation the shard's manifest has not reached: the
+#: shard's next SSTables would be numbered at or below it, and readers would skip them
+INDEX_GENERATION_AHEAD = "index-generation-ahead"
 
 
 @dataclass(frozen=True)
@@ -197,11 +202,11 @@ def check_index(state: TableState, base_version: int, manifests: dict[str, Shard
     for shard_id, generation in sorted(index.compacted.items()):
         m = manifests.get(shard_id)
         if m is None and not state.manifests.retained_versions(shard_id):
-            damage.append(Damage(MEM_WAL_INDEX, where,
+            damage.append(Damage(INDEX_SHARD_MISSING, where,
                                  f"records compacted generation {generation} of shard {shard_id}, which has no manifest",
                                  shard_id, generation=generation))
         elif m is not None and generation >= m.current_generation:
-            damage.append(Damage(MEM_WAL_INDEX, where,
+            damage.append(Damage(INDEX_GENERATION_AHEAD, where,
                                  f"records compacted generation {generation} of shard {shard_id}, whose manifest "
                                  f"v{m.version} has not flushed past generation {m.current_generation - 1}",
                                  shard_id, generation=generation))

@@ -31,7 +31,16 @@ Quarantined files keep their path relative to the table under
 ``_memwal/quarantine/{stamp}/`` (:func:`memwal.paths.quarantined`), outside ``_mem_wal/``,
 so nothing that lists shards, WAL entries or SSTables sees them.
 
-Damage of the MemWAL index (in the base table's manifest) is reported, not repaired.
+Where the MemWAL index (in the base table's manifest) disagrees with a shard:
+
+* it records a compacted generation the shard's manifest has not reached (e.g. after a
+  fallback): the repaired manifest's ``current_generation`` is raised above it, otherwise
+  the shard's next SSTables would be numbered at or below it and readers would skip them;
+* it records compaction of a shard whose directory is gone: the shard gets a new first
+  manifest numbered from the compacted generation + 1 (its shard values recovered when
+  the spec has a fixed set of shards); what it held above that generation is reported lost.
+
+An index that does not decode is reported, not repaired (restore the base manifest).
 """
 
 from __future__ import annotations
@@ -44,6 +53,8 @@ from typing import Any
 
 from memwal import paths
 from memwal.check import (
+    INDEX_GENERATION_AHEAD,
+    INDEX_SHARD_MISSING,
     MANIFEST,
     SSTABLE_MISSING,
     SSTABLE_UNREADABLE,
@@ -56,6 +67,7 @@ from memwal.check import (
 from memwal.errors import CommitConflictError
 from memwal.jsonvalues import jsonable
 from memwal.manifest import ShardManifest
+from memwal.sharding import field_entries
 from memwal.state import TableState
 from memwal.wal import UNREADABLE_ENTRY, WalEntry, wal_positions
 
@@ -214,8 +226,40 @@ class _Repair:
                 self.wal_lost(shard_id, pos, why)
                 self.quarantine(paths.wal_entry_path(self.state.uri, shard_id, pos), f"WAL entry {pos}: {why}")
         fell_back = any(d.kind == MANIFEST and (d.version or 0) > m.version for d in damage)
-        if bad_ssts or tail is not None or fell_back:
-            self.commit(m, set(bad_ssts), tail)
+        behind = m.current_generation <= compacted
+        if bad_ssts or tail is not None or fell_back or behind:
+            self.commit(m, set(bad_ssts), tail, compacted)
+
+    def recreate(self, shard_id: str, damage: Damage, compacted: int) -> None:
+        """A first manifest for a shard whose directory is gone but whose compaction the
+        MemWAL index records: numbered above the compacted generation, so what the shard's
+        next writer flushes is read, not skipped as compacted. Its shard values are found
+        again when the spec has a fixed set of shards (unsharded, bucket)."""
+        state = self.state
+        values = None
+        count = state.spec.fixed_shard_count
+        for i in range(count or 0):
+            if state.resolver.shard_id((i,)) == shard_id:
+                values = (i,)
+        m = ShardManifest(
+            shard_id=shard_id,
+            version=1,
+            current_generation=compacted + 1,
+            shard_spec_id=state.lance_spec_id(),
+            field_entries=field_entries(state.spec, values) if values is not None else {},
+        )
+        self.lost.append(PossiblyLost(
+            shard_id, paths.shard_dir(state.uri, shard_id),
+            f"the shard's directory is gone; what it held above compacted generation {compacted} "
+            "(flushed or not) is lost, the base table holds the rest", generation=compacted + 1,
+        ))
+        self.actions.append(RepairAction(
+            "manifest", paths.shard_manifest_path(state.uri, shard_id, 1),
+            f"shard {shard_id}: a new first manifest, generations from {compacted + 1}"
+            + ("" if values is not None else " (its shard values cannot be recovered; routing does not need them)"),
+        ))
+        if not self.dry_run and not state.manifests.write_shard_if_absent(m):
+            raise CommitConflictError(f"shard {shard_id}: a manifest appeared while repairing; run `memwal repair` again")
 
     def _max_epoch(self, m: ShardManifest) -> int:
         """The highest writer epoch in the manifest or in a surviving WAL entry after its flushed
@@ -230,7 +274,7 @@ class _Repair:
                 continue
         return epoch
 
-    def commit(self, m: ShardManifest, dropped: set[int], tail: int | None) -> None:
+    def commit(self, m: ShardManifest, dropped: set[int], tail: int | None, compacted: int) -> None:
         """The shard's next manifest version after its newest intact one (every version above it
         was quarantined, so the number is free): dropped SSTables left out, the writer epoch
         claimed, the WAL position last seen lowered to the surviving tail."""
@@ -242,12 +286,15 @@ class _Repair:
             writer_epoch=self._max_epoch(m) + 1,
             sstables=tuple(s for s in m.sstables if s.generation not in dropped),
             wal_entry_position_last_seen=max(last_seen, m.replay_after_wal_entry_position),
+            # above the compacted generation: a flush numbered at or below it would never be read
+            current_generation=max(m.current_generation, compacted + 1),
         )
         self.actions.append(RepairAction(
             "manifest", paths.shard_manifest_path(self.state.uri, m.shard_id, fixed.version),
             f"shard {m.shard_id}: version {fixed.version} from intact version {m.version}, writer epoch "
             f"{fixed.writer_epoch}" + (f", without SSTable generation(s) {sorted(dropped)}" if dropped else "")
-            + (f", WAL ending at position {tail}" if tail is not None else ""),
+            + (f", WAL ending at position {tail}" if tail is not None else "")
+            + (f", next generation {fixed.current_generation}" if fixed.current_generation != m.current_generation else ""),
         ))
         if self.dry_run:
             return
@@ -265,16 +312,23 @@ def repair_table(state: TableState, *, dry_run: bool = False, stamp: str | None 
     stamp = stamp or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     before = check_table(state)
     work = _Repair(state, dry_run, stamp)
-    work.unrepaired += [d for d in before.table_damage]
     index = None
     try:
         index = state.manifests.mem_wal_index(before.base_version)
     except Exception:  # noqa: BLE001 - reported by the check as MemWAL index damage
         pass
-    for shard in before.shards:
-        if shard.damage:
-            compacted = index.compacted_generation(shard.shard_id) if index is not None else 0
-            work.shard(shard.shard_id, list(shard.damage), compacted)
+    compacted = (lambda sid: index.compacted_generation(sid)) if index is not None else (lambda sid: 0)  # noqa: E731
+    by_shard = {s.shard_id: list(s.damage) for s in before.shards}
+    for d in before.table_damage:
+        if d.kind == INDEX_SHARD_MISSING and d.shard_id is not None:
+            work.recreate(d.shard_id, d, compacted(d.shard_id))
+        elif d.kind == INDEX_GENERATION_AHEAD and d.shard_id in by_shard:
+            by_shard[d.shard_id].append(d)
+        else:
+            work.unrepaired.append(d)
+    for shard_id, damage in by_shard.items():
+        if damage:
+            work.shard(shard_id, damage, compacted(shard_id))
     after = None
     if not dry_run:
         after = check_table(state)
