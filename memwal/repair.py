@@ -51,6 +51,8 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+import pyarrow as pa
+
 from memwal import paths
 from memwal.check import (
     INDEX_GENERATION_AHEAD,
@@ -178,7 +180,28 @@ class _Repair:
         self.lost.append(PossiblyLost(shard_id, path, why, position=position, rows=entry.rows.num_rows,
                                       keys=self._keys(entry.rows)))
 
-    def sstable_lost(self, shard_id: str, damage: Damage, compacted: int, physical_rows: int) -> None:
+    def _keys_from_wal(self, shard_id: str, generation: int, flushed: int) -> tuple[dict[str, Any], ...] | None:
+        """Keys written to an SSTable's generation, from its WAL entries if GC has not
+        collected them yet (it collects them only with the SSTable); None if none remain."""
+        keys: list[dict[str, Any]] = []
+        found = False
+        for pos in wal_positions(self.state.io, self.state.uri, shard_id, 0):
+            if pos > flushed or len(keys) >= MAX_KEYS_LISTED:
+                break
+            try:
+                data = self.state.io.read(paths.wal_entry_path(self.state.uri, shard_id, pos))
+                with pa.ipc.open_stream(data) as reader:
+                    meta = reader.schema.metadata or {}
+                    if meta.get(b"generation") != str(generation).encode() or meta.get(b"fence_sentinel") == b"true":
+                        continue
+                    rows = reader.read_all()
+            except (FileNotFoundError, *UNREADABLE_ENTRY):
+                continue
+            found = True
+            keys += self._keys(rows)
+        return tuple(keys[:MAX_KEYS_LISTED]) if found else None
+
+    def sstable_lost(self, shard_id: str, damage: Damage, compacted: int, physical_rows: int, flushed: int) -> None:
         gen = damage.generation or 0
         if gen <= compacted:
             return  # its rows are in the base table
@@ -186,7 +209,7 @@ class _Repair:
         try:
             keys = self._keys(self.state.lance_dataset(damage.path).to_table(columns=list(self.state.primary_key)))
         except Exception:  # noqa: BLE001 - an unreadable SSTable's keys are unknown; the count still says how many
-            pass
+            keys = self._keys_from_wal(shard_id, gen, flushed)
         self.lost.append(PossiblyLost(shard_id, damage.path, f"SSTable generation {gen} dropped ({damage.problem})",
                                       generation=gen, rows=physical_rows, keys=keys))
 
@@ -209,7 +232,7 @@ class _Repair:
         bad_ssts = {d.generation: d for d in damage if d.kind in (SSTABLE_MISSING, SSTABLE_UNREADABLE)}
         for gen, d in sorted(bad_ssts.items()):
             sst = next(s for s in m.sstables if s.generation == gen)
-            self.sstable_lost(shard_id, d, compacted, sst.physical_rows)
+            self.sstable_lost(shard_id, d, compacted, sst.physical_rows, m.replay_after_wal_entry_position)
             if d.kind == SSTABLE_UNREADABLE:
                 self.quarantine(d.path, f"SSTable generation {gen}: {d.problem}")
         bad_wal = [d.position for d in damage if d.kind in (WAL_GAP, WAL_UNREADABLE) and d.position is not None]
