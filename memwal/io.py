@@ -115,7 +115,7 @@ class LocalFileIO:
     def list_dir(self, path: str) -> list[str]:
         try:
             return sorted(os.listdir(path))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # as on an object store: nothing under a file's name
             return []
 
     def write_if_absent(self, path: str, data: bytes) -> bool:

@@ -44,6 +44,10 @@ _COMMIT_CONFLICT = re.compile(
     + r"|Retryable commit conflict for version \d+|Commit conflict for version \d+)"
 )
 
+#: A writer's WAL replay (when it claims a shard) met an entry that is not an Arrow IPC stream.
+#: Lance does not name the entry; the caller finds it (``memwal.wal.first_unreadable_entry``).
+_WAL_UNREADABLE = re.compile(_PREFIX + r"(?:LanceError\(IO\): )?failed to open WAL IPC stream reader")
+
 #: ", /home/runner/work/lance/lance/rust/.../file.rs:12:34" (and any other build path).
 _SOURCE_LOCATION = re.compile(r",?\s*/[^\s,]*\.rs:\d+:\d+")
 
@@ -79,6 +83,11 @@ def is_commit_conflict(exc: BaseException) -> bool:
     after its own message; the anchored pattern leaves it to :func:`is_claim_race`.
     """
     return _matches(_COMMIT_CONFLICT, exc)
+
+
+def is_wal_unreadable(exc: BaseException) -> bool:
+    """True if Lance could not replay a shard's WAL because an entry does not parse."""
+    return _matches(_WAL_UNREADABLE, exc)
 
 
 def lance_message(exc: BaseException) -> str:

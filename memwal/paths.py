@@ -14,6 +14,7 @@ memwal's own files live next to Lance's, never inside Lance's directories::
     {table}/_memwal/maintenance.json                  the maintenance service's last metrics
     {table}/_memwal/views/{name}/                     materialized view metadata
     {table}/_memwal/views/{name}/_memwal_hold.json    generations the view still has to read (GC keeps them)
+    {table}/_memwal/quarantine/{stamp}/...            files ``memwal repair`` moved aside
     {table}_dead_letters/                             dead-letter Lance table (sibling)
 
 Keeping all of this in one module means a layout change touches one file.
@@ -132,6 +133,24 @@ def writer_lease(table: str, shard_id: str) -> str:
 def maintenance_metrics(table: str) -> str:
     """The maintenance service's last published metrics (JSON)."""
     return join(table, MEMWAL_META_DIR, "maintenance.json")
+
+
+def quarantine_dir(table: str, stamp: str) -> str:
+    """Where one ``memwal repair`` run moves the files it cannot read (``stamp``: when it ran).
+
+    Inside memwal's own directory, never under ``_mem_wal/``: nothing that lists shards,
+    WAL entries or SSTables ever sees a quarantined file.
+    """
+    return join(table, MEMWAL_META_DIR, "quarantine", stamp)
+
+
+def quarantined(table: str, stamp: str, path: str) -> str:
+    """The quarantine path of ``path`` (a file or directory of the table): its path relative
+    to the table root, kept, so a person can move it back."""
+    root = table.rstrip("/") + "/"
+    if not path.startswith(root):
+        raise ValueError(f"{path} is not inside table {table}")
+    return join(quarantine_dir(table, stamp), path[len(root):])
 
 
 def views_dir(table: str) -> str:

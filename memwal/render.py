@@ -14,9 +14,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from memwal.check import CheckReport, Damage
 from memwal.jsonvalues import jsonable
 from memwal.metrics import CycleReport, MaintenanceMetrics
 from memwal.readers.reader import ReadPlan
+from memwal.repair import RepairReport
 from memwal.status import MaintenanceStatus, TableStatus
 
 
@@ -164,3 +166,51 @@ def _ranges(gens: list[int]) -> str:
         if g is not None:
             start = prev = g
     return ",".join(out)
+
+
+def _damage_line(d: Damage) -> str:
+    return f"  DAMAGED {d.kind:<18} {d.path}\n          {d.problem}"
+
+
+def render_check(report: CheckReport) -> str:
+    """``memwal check``: per shard what was checked, then every damaged file and what is wrong with it."""
+    lines = [f"table {report.uri} (base version {report.base_version}): {len(report.shards)} shard(s)"]
+    for s in report.shards:
+        v = "none decodes" if s.manifest_version is None else f"v{s.manifest_version}"
+        lines.append(f"  shard {s.shard_id}: manifest {v}, {s.sstables_checked} SSTable(s), "
+                     f"{s.wal_entries_checked} unflushed WAL entr{'y' if s.wal_entries_checked == 1 else 'ies'}")
+    damage = report.damage
+    lines += [_damage_line(d) for d in damage]
+    lines.append("clean" if not damage else f"{len(damage)} damaged file(s); `memwal repair` quarantines them "
+                 "(see `memwal repair --dry-run` first)")
+    return "\n".join(lines)
+
+
+def render_repair(report: RepairReport) -> str:
+    """``memwal repair``: what was (or would be) done, which rows may be lost, what is left."""
+    verb = "would" if report.dry_run else "did"
+    lines = [f"repair of {report.uri}{' (dry run: nothing changed)' if report.dry_run else ''}"]
+    if report.before.clean:
+        lines.append("nothing to repair: the check is clean")
+        return "\n".join(lines)
+    lines += [_damage_line(d) for d in report.before.damage]
+    lines.append(f"actions ({verb}):")
+    for a in report.actions:
+        lines.append(f"  {a.kind:<10} {a.path}" + (f"\n             -> {a.to}" if a.to else "") + f"\n             {a.detail}")
+    if report.possibly_lost:
+        lines.append("rows that may be lost:")
+        for lost in report.possibly_lost:
+            rows = "unknown number of rows" if lost.rows is None else f"{lost.rows} row(s)"
+            lines.append(f"  {lost.path}: {rows}; {lost.why}")
+            if lost.keys:
+                shown = ", ".join(json.dumps(jsonable(k), sort_keys=True) for k in lost.keys[:20])
+                more = f" (+{len(lost.keys) - 20} more)" if len(lost.keys) > 20 else ""
+                lines.append(f"    keys: {shown}{more}")
+    else:
+        lines.append("no acknowledged rows lost")
+    for d in report.unrepaired:
+        lines.append(f"  NOT REPAIRED {d.path}: {d.problem} (restore it from a backup)")
+    if report.after is not None:
+        lines.append("check after repair: " + ("clean" if report.after.clean else f"{len(report.after.damage)} damaged file(s) left"))
+        lines += [_damage_line(d) for d in report.after.damage]
+    return "\n".join(lines)

@@ -81,8 +81,38 @@ def check_contiguous(io: FileIO, table_uri: str, shard_id: str, after: int) -> l
         f"shard {shard_id}: WAL entry {missing} is missing ({paths.wal_entry_path(table_uri, shard_id, missing)}) "
         f"while {len(later)} later entr{'y' if len(later) == 1 else 'ies'} exist (positions {shown}); the acknowledged "
         "writes after the gap cannot be replayed, so memwal will not read, flush or write this shard. "
-        "Restore the missing file from a backup"
+        "Restore the missing file from a backup, or run `memwal repair` to quarantine the entries after the gap"
     )
+
+
+#: What pyarrow raises for a WAL entry that is not an Arrow IPC stream (ArrowInvalid is a
+#: ValueError; a bad continuation token or metadata length is an OSError).
+UNREADABLE_ENTRY = (pa.ArrowInvalid, ValueError, OSError)
+
+
+def unreadable_entry_error(shard_id: str, position: int, path: str, size: int, exc: BaseException) -> TableDamagedError:
+    """The one error for a WAL entry that cannot be parsed: it names the file and the way out."""
+    return TableDamagedError(
+        f"shard {shard_id}: WAL entry {position} ({path}, {size} bytes) cannot be read ({exc}); "
+        "restore the file from a backup, or run `memwal repair` to quarantine it and what follows it"
+    )
+
+
+def first_unreadable_entry(io: FileIO, table_uri: str, shard_id: str, after: int) -> TableDamagedError | None:
+    """The error for the first WAL entry above ``after`` that does not parse, or None if all do.
+
+    Lance's replay fails on such an entry without naming it; this reads the tail to say which."""
+    for pos in wal_positions(io, table_uri, shard_id, after):
+        path = paths.wal_entry_path(table_uri, shard_id, pos)
+        try:
+            data = io.read(path)
+        except FileNotFoundError:
+            continue
+        try:
+            WalEntry.parse(pos, data)
+        except UNREADABLE_ENTRY as exc:
+            return unreadable_entry_error(shard_id, pos, path, len(data), exc)
+    return None
 
 
 @dataclass(frozen=True)
@@ -128,11 +158,8 @@ class WalTailReader:
                 return None
             try:
                 parsed = WalEntry.parse(position, data)
-            except (pa.ArrowInvalid, ValueError) as exc:
-                raise TableDamagedError(
-                    f"shard {shard_id}: WAL entry {position} ({path}, {len(data)} bytes) cannot be read ({exc}); "
-                    "restore the file from a backup"
-                ) from None
+            except UNREADABLE_ENTRY as exc:
+                raise unreadable_entry_error(shard_id, position, path, len(data), exc) from None
             e = self._cache.put(key, parsed, len(data))
         return e
 

@@ -54,13 +54,13 @@ import pyarrow as pa
 
 from memwal import paths
 from memwal.errors import FencedError, TableDamagedError, WriteStalledError
-from memwal.lance_errors import is_claim_race, is_fenced
+from memwal.lance_errors import is_claim_race, is_fenced, is_wal_unreadable
 from memwal.manifest import ShardManifest
 from memwal.metadata import Bounds, WriterConfig
 from memwal.routing import RoutedBatch
 from memwal.sharding import ShardValues, field_entries
 from memwal.state import TableState
-from memwal.wal import WalTailReader, check_contiguous
+from memwal.wal import WalTailReader, check_contiguous, first_unreadable_entry
 
 log = logging.getLogger(__name__)
 
@@ -255,6 +255,17 @@ class ShardWriterPool:
         if m is not None:
             check_contiguous(self.state.io, self.state.uri, shard_id, m.replay_after_wal_entry_position)
 
+    def _unreadable_wal(self, shard_id: str) -> TableDamagedError:
+        """The error for a claim whose WAL replay failed on an entry Lance could not parse,
+        naming that entry (Lance's message does not)."""
+        m = self.state.manifests.read_shard(shard_id)
+        after = m.replay_after_wal_entry_position if m is not None else 0
+        found = first_unreadable_entry(self.state.io, self.state.uri, shard_id, after)
+        return found or TableDamagedError(
+            f"shard {shard_id}: a WAL entry under {paths.wal_dir(self.state.uri, shard_id)} cannot be replayed; "
+            "run `memwal check` to find it and `memwal repair` to quarantine it"
+        )
+
     def _open(self, shard_id: str) -> lance.mem_wal.ShardWriter:
         t0 = time.perf_counter()
         # One manifest read and one listing: opens are rare (first write, after a fence).
@@ -264,6 +275,8 @@ class ShardWriterPool:
                 w = self.state.dataset().mem_wal_writer(shard_id, **self.config.lance_kwargs())
                 break
             except OSError as e:
+                if is_wal_unreadable(e):
+                    raise self._unreadable_wal(shard_id) from e
                 # Lance gives up when another claim (a writer, or a GC drain) commits the same
                 # manifest version first; the spec says to reload and claim again.
                 if not is_claim_race(e):

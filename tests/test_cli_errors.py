@@ -81,6 +81,8 @@ CASES = [
                                 "--max-memtable-rows", "-5"], 2, ["max_memtable_rows", "-5"]),
     ("init zero memtable", ["init", "{d}/zero", "--schema-from", "{d}/damaged.parquet", "--primary-key", "id",
                             "--max-memtable-rows", "0"], 2, ["max_memtable_rows", "0"]),
+    ("check no table", ["check", "{d}/plain"], 2, ["plain"]),
+    ("repair no table", ["repair", "{d}/nowhere", "--dry-run"], 2, ["nowhere"]),
     ("init schema from a directory", ["init", "{d}/new", "--schema-from", "{d}/dir.parquet", "--primary-key", "id"], 2,
      ["dir.parquet"]),
 ]
