@@ -30,6 +30,7 @@ import multiprocessing
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -205,6 +206,10 @@ def plot(csv_path: str, png_path: str, title: str = "") -> None:
     plt.close(fig)
 
 
+def interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rate", type=int, default=10_000, help="rows/s the producer sends")
@@ -224,6 +229,9 @@ def main() -> None:
         plot(args.plot, args.png)
         return
     logging.basicConfig(level=logging.WARNING)
+    # A SIGTERM ends the run as Ctrl-C does: the maintenance and prober processes are stopped
+    # and the PNG drawn, rather than left running with the broker.
+    signal.signal(signal.SIGTERM, interrupt)
     work = args.workdir or tempfile.mkdtemp(prefix="memwal-bench-soak-")
     title = f"soak: {args.rate:,} rows/s, {args.base_rows:,}-row base; {today()}, commit {git_rev()}"
     print(f"{title}\n{machine()}", flush=True)
@@ -251,7 +259,7 @@ def main() -> None:
             prober.start()
             table = Table.open(uri)
             waited = time.time()
-            while job.sink.totals().get("rows", 0) == 0 and time.time() - waited < 300:
+            while job.sink.totals().get("rows", 0) == 0 and time.time() - waited < 300 and job.query.isActive:
                 time.sleep(1)  # the clock starts with the query's first micro-batch
             out = open(args.csv, "w", newline="", buffering=1)
             writer = csv.DictWriter(out, COLUMNS)
@@ -262,6 +270,9 @@ def main() -> None:
             last_rows, last_t = job.sink.totals().get("rows", 0), start
             try:
                 while time.time() - start < args.minutes * 60:
+                    if not job.query.isActive:
+                        print(f"the ingest query stopped: {job.query.exception()}", flush=True)
+                        break
                     end = min(start + args.minutes * 60, last_t + args.sample)
                     pending = 0
                     while time.time() < end:
@@ -301,7 +312,8 @@ def main() -> None:
             out.close()
             prober.terminate()
             producer.stop.set()
-            job.stop()
+            if job.query.isActive:
+                job.stop()
             producer.join(60)
         spark.stop()
     finally:
