@@ -52,7 +52,7 @@ from memwal.streaming.local_broker import start_local_broker  # noqa: E402
 #: CSV columns, in order; the PNG draws them in panels of like units.
 COLUMNS = [
     "t_s", "rows_per_s", "backlog", "uncompacted_sstables", "base_fragments", "manifest_bytes", "disk_bytes",
-    "live_bytes", "live_rows", "lookup_p50_ms", "lookup_p99_ms", "lookups", "scan_rows_per_s", "freshness_s",
+    "live_bytes", "live_rows", "lookup_p50_ms", "lookup_p99_ms", "lookups", "scan_rows_per_s", "freshness_s", "query_restarts",
 ]
 
 
@@ -101,6 +101,42 @@ class Producer(threading.Thread):
             producer.poll(0)
             self.stop.wait(max(0.0, 0.1 - (time.monotonic() - now)))
         producer.flush(60)
+
+
+class Ingest:
+    """memwal's ingest query, restarted from its checkpoint when it dies (up to ``restarts``
+    times): on a loaded machine Spark sometimes gives up on starting a Python worker within
+    its 10 s, and an hour's run should not end there. Rows count across restarts."""
+
+    def __init__(self, start, restarts: int) -> None:
+        self.start, self.restarts_left, self.restarts = start, restarts, 0
+        self.job = start()
+        self.before = 0  # rows ingested by the queries before this one
+
+    def rows(self) -> int:
+        return self.before + int(self.job.sink.totals().get("rows", 0))
+
+    def alive(self) -> bool:
+        """True while a query runs (restarting a dead one if restarts are left)."""
+        if self.job.query.isActive:
+            return True
+        print(f"the ingest query stopped: {self.job.query.exception()}", flush=True)
+        if self.restarts_left <= 0:
+            return False
+        self.restarts_left -= 1
+        self.restarts += 1
+        self.before = self.rows()
+        try:
+            self.job.stop()  # its listener goes; a query that failed flushes nothing
+        except Exception:  # noqa: BLE001 - it is dead already; only its leftovers matter
+            pass
+        self.job = self.start()
+        print("restarted it from its checkpoint", flush=True)
+        return True
+
+    def stop(self) -> None:
+        if self.job.query.isActive:
+            self.job.stop()
 
 
 def probe(uri: str, base: int, lookups_out: str, scans_out: str, scan_every: float) -> None:
@@ -218,6 +254,7 @@ def main() -> None:
     p.add_argument("--batch-rows", type=int, default=10_000, help="rows per micro-batch at most")
     p.add_argument("--sample", type=float, default=30, help="seconds per CSV line")
     p.add_argument("--max-backlog-seconds", type=float, default=60, help="the producer pauses beyond this backlog")
+    p.add_argument("--restarts", type=int, default=3, help="times a dead ingest query is restarted from its checkpoint")
     p.add_argument("--maintain-interval", type=float, default=5.0)
     p.add_argument("--reader-grace", type=float, default=30.0, help="GC keeps compacted SSTables this long for readers")
     p.add_argument("--workdir", help="keep the table here (default: a temporary directory, removed)")
@@ -248,9 +285,10 @@ def main() -> None:
                  "--reader-grace", str(args.reader_grace), "--base-retention", "60"],
                 stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "maintain.log"), "w"),
             )
-            job = ingest(spark, bootstrap=broker.bootstrap, topic="soak", table_uri=uri, checkpoint=os.path.join(work, "ckpt"),
-                         max_offsets_per_trigger=args.batch_rows, options=SinkOptions(source="kafka-json", op_field=None))
-            producer = Producer(broker.bootstrap, "soak", args.rate, args.base_rows, lambda: job.sink.totals().get("rows", 0),
+            job = Ingest(lambda: ingest(spark, bootstrap=broker.bootstrap, topic="soak", table_uri=uri, checkpoint=os.path.join(work, "ckpt"),
+                                        max_offsets_per_trigger=args.batch_rows, options=SinkOptions(source="kafka-json", op_field=None)),
+                         args.restarts)
+            producer = Producer(broker.bootstrap, "soak", args.rate, args.base_rows, job.rows,
                                 int(args.rate * args.max_backlog_seconds))
             producer.start()
             lookups_csv, scans_csv = os.path.join(work, "lookups.csv"), os.path.join(work, "scans.csv")
@@ -259,7 +297,7 @@ def main() -> None:
             prober.start()
             table = Table.open(uri)
             waited = time.time()
-            while job.sink.totals().get("rows", 0) == 0 and time.time() - waited < 300 and job.query.isActive:
+            while job.rows() == 0 and time.time() - waited < 300 and job.alive():
                 time.sleep(1)  # the clock starts with the query's first micro-batch
             out = open(args.csv, "w", newline="", buffering=1)
             writer = csv.DictWriter(out, COLUMNS)
@@ -267,11 +305,10 @@ def main() -> None:
             print(f"{'min':>5} {'rows/s':>8} {'backlog':>8} {'SSTables':>8} {'frags':>6} {'manifest KB':>11} {'disk MB':>8} "
                   f"{'lookup p50/p99 ms':>18} {'scan Mrows/s':>12} {'fresh s':>7}", flush=True)
             start = time.time()
-            last_rows, last_t = job.sink.totals().get("rows", 0), start
+            last_rows, last_t = job.rows(), start
             try:
                 while time.time() - start < args.minutes * 60:
-                    if not job.query.isActive:
-                        print(f"the ingest query stopped: {job.query.exception()}", flush=True)
+                    if not job.alive():
                         break
                     end = min(start + args.minutes * 60, last_t + args.sample)
                     pending = 0
@@ -279,7 +316,7 @@ def main() -> None:
                         pending = max(pending, sum(s.pending_sstables for s in table.status().shards))
                         time.sleep(1)
                     now = time.time()
-                    rows = job.sink.totals().get("rows", 0)
+                    rows = job.rows()
                     took = [s for at, s, _ in read_probes(lookups_csv) if last_t <= at < now]
                     scans = [s for s in read_scans(scans_csv) if last_t <= s[0] < now]
                     ds = lance.dataset(uri)
@@ -297,6 +334,7 @@ def main() -> None:
                         "lookup_p50_ms": round(pct(took, 50) * 1000, 2),
                         "lookup_p99_ms": round(pct(took, 99) * 1000, 2),
                         "lookups": len(took),
+                        "query_restarts": job.restarts,
                         "scan_rows_per_s": round(scan[2] / scan[1]) if scan else "",
                         # scan start - the newest visible row's produce time (base rows carry no time: < 1e9)
                         "freshness_s": round(scan[0] - scan[1] - scan[3], 1) if scan and scan[3] > 1e9 else "",
@@ -312,8 +350,7 @@ def main() -> None:
             out.close()
             prober.terminate()
             producer.stop.set()
-            if job.query.isActive:
-                job.stop()
+            job.stop()
             producer.join(60)
         spark.stop()
     finally:
