@@ -4,11 +4,16 @@ Two memwal tables, identical but for the base table's stable row ids (on: the la
 tables made before views were fed by compaction; off: tables made now). Each gets a
 ``--base-rows`` base (BTREE on ``id``), then ``--commits`` rounds of ``--commit-rows`` rows
 (half updates of random existing ids, half new ids) written, flushed and compacted: one
-``merge_insert`` commit each, as in production. Measured on both:
+``merge_insert`` commit each, as in production, each followed by the rest of a maintenance
+cycle (index catch-up, and the base-file compaction that merges small fragments and
+materializes deletions once 32 small fragments pile up); ``--cycle compactor`` runs the
+compactor alone, as this benchmark first did. Measured on both:
 
-1. point lookups on the base table (``id = k`` through the BTREE, brought up to date after
-   the commits as maintenance does) p50/p99, before and after the commits (with stable row ids a lookup scans the row-id sequence of every fragment
-   ``merge_insert`` rewrote, so it slows down with update history);
+1. point lookups on the base table (``id = k`` through the BTREE) p50/p99, before, every
+   ``--probe-every`` commits and after the commits (with stable row ids a lookup scans the
+   row-id sequence of every fragment ``merge_insert`` rewrote, so it slows down with update
+   history; without, a lookup costs ~10 ns per deleted row of the fragment it reads, which
+   the base-file compaction bounds);
 2. the base manifest's size and the mean compaction commit time;
 3. reading the change of the last ``--change-commits`` commits, what a view refresh reads:
    Lance's ``delta()`` on the stable-row-id table (the previous views' feed) against the
@@ -36,6 +41,7 @@ from common import git_rev, machine, pct, report, today, work_dir  # noqa: E402
 from memwal import Table  # noqa: E402
 from memwal.compactor import Compactor  # noqa: E402
 from memwal.indexes import IndexMaintainer  # noqa: E402
+from memwal.maintenance import Maintenance, MaintenanceConfig  # noqa: E402
 from memwal.views import changes  # noqa: E402
 from memwal.views.refresh import Delta  # noqa: E402
 
@@ -71,6 +77,12 @@ def lookups(uri: str, keys: np.ndarray) -> list[float]:
     return out
 
 
+def deletions(uri: str) -> tuple[int, int]:
+    """Base fragments, and the most deleted rows any one of them carries."""
+    frags = lance.dataset(uri).get_fragments()
+    return len(frags), max((f.metadata.deletion_file.num_deleted_rows for f in frags if f.metadata.deletion_file), default=0)
+
+
 def manifest_bytes(uri: str) -> int:
     d = os.path.join(uri, "_versions")
     newest = max((os.path.join(d, n) for n in os.listdir(d) if n.endswith(".manifest")), key=os.path.getmtime)
@@ -84,6 +96,9 @@ def main() -> None:
     ap.add_argument("--commit-rows", type=int, default=10_000)
     ap.add_argument("--change-commits", type=int, default=10, help="commits in the change a view refresh reads")
     ap.add_argument("--lookups", type=int, default=300)
+    ap.add_argument("--probe-every", type=int, default=25, help="commits between lookup probes (100 keys)")
+    ap.add_argument("--cycle", choices=["maintenance", "compactor"], default="maintenance",
+                    help="after each write: a maintenance cycle (no GC or views) or the compactor alone")
     ap.add_argument("--dir", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -95,6 +110,9 @@ def main() -> None:
         for name, t in tables.items():
             lookups(t.uri, probe[:20])  # warm up
             results[f"{name}_lookup_0"] = lookups(t.uri, probe)
+        cfg = MaintenanceConfig(gc=False, views=False, flush_stranded_after_seconds=None)
+        cycles = {name: Maintenance(t.state, cfg) for name, t in tables.items()}
+        results["probes"] = {name: [] for name in tables}
         versions: dict[str, list[int]] = {name: [] for name in tables}
         commit_seconds: dict[str, list[float]] = {name: [] for name in tables}
         next_id = args.base_rows
@@ -107,9 +125,16 @@ def main() -> None:
                 versions[name].append(t.state.dataset().version)
                 t.write(batch)
                 t.flush()
-                t0 = time.perf_counter()
-                Compactor(t.state).run_once()
-                commit_seconds[name].append(time.perf_counter() - t0)
+                if args.cycle == "compactor":
+                    t0 = time.perf_counter()
+                    Compactor(t.state).run_once()
+                    commit_seconds[name].append(time.perf_counter() - t0)
+                else:
+                    r = cycles[name].run_cycle()
+                    commit_seconds[name].append(r.rows_compacted / r.rows_per_second if r.rows_per_second else 0.0)  # compaction's own time
+                if (c + 1) % args.probe_every == 0:
+                    took = lookups(t.uri, probe[:100])
+                    results["probes"][name].append((c + 1, pct(took, 50) * 1000, *deletions(t.uri)))
             if (c + 1) % 10 == 0:
                 print(f"  {c + 1}/{args.commits} commits: " + ", ".join(
                     f"{n} {np.mean(commit_seconds[n][-10:]):.2f}s/commit" for n in tables), flush=True)
@@ -118,6 +143,7 @@ def main() -> None:
             lookups(t.uri, probe[:20])
             results[f"{name}_lookup_n"] = lookups(t.uri, probe)
             results[f"{name}_manifest_bytes"] = manifest_bytes(t.uri)
+            results[f"{name}_fragments"], results[f"{name}_max_deleted"] = deletions(t.uri)
             results[f"{name}_commit_s"] = commit_seconds[name]
         # the change of the last --change-commits commits, as a refresh reads it
         stable, plain = tables["stable"], tables["plain"]
@@ -137,15 +163,20 @@ def main() -> None:
     def ms(v: list[float], p: float) -> float:
         return pct(v, p) * 1000
 
-    print(f"\nbase {args.base_rows:,} rows, {args.commits} compaction commits of {args.commit_rows:,} rows (half updates)")
-    print("| base table | lookup p50 / p99, 0 commits | after | manifest | compaction commit (mean, last 10) |")
-    print("|---|---|---|---|---|")
+    print(f"\nbase {args.base_rows:,} rows, {args.commits} compaction commits of {args.commit_rows:,} rows (half updates), "
+          f"each followed by {'a maintenance cycle' if args.cycle == 'maintenance' else 'nothing (compactor alone)'}")
+    print("| base table | lookup p50 / p99, 0 commits | after | manifest | compaction commit (mean, last 10) | fragments (most deleted rows in one) |")
+    print("|---|---|---|---|---|---|")
     for name, label in (("stable", "stable row ids (previous layout)"), ("plain", "no stable row ids (now)")):
         a, b = results[f"{name}_lookup_0"], results[f"{name}_lookup_n"]
         print(
             f"| {label} | {ms(a, 50):.2f} / {ms(a, 99):.2f} ms | {ms(b, 50):.2f} / {ms(b, 99):.2f} ms | "
-            f"{results[f'{name}_manifest_bytes'] / 1024:.0f} KB | {np.mean(results[f'{name}_commit_s'][-10:]):.2f} s |"
+            f"{results[f'{name}_manifest_bytes'] / 1024:.0f} KB | {np.mean(results[f'{name}_commit_s'][-10:]):.2f} s | "
+            f"{results[f'{name}_fragments']} ({results[f'{name}_max_deleted']:,}) |"
         )
+    print(f"lookup p50 (ms) every {args.probe_every} commits [base fragments, most deleted rows in one]:")
+    for name in ("stable", "plain"):
+        print(f"  {name}: " + ", ".join(f"{c}: {p50:.2f} [{nf}, {nd:,}]" for c, p50, nf, nd in results["probes"][name]))
     ratio = ms(results["stable_lookup_n"], 50) / ms(results["plain_lookup_n"], 50)
     print(f"lookup p50 after the commits: stable row ids / none = {ratio:.1f}x")
     print(

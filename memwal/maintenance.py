@@ -58,6 +58,10 @@ class MaintenanceConfig:
     #: ... and once there are this many, they are merged (Lance compact_files).
     max_small_fragments: int = 32
     target_rows_per_fragment: int = 1_048_576
+    #: ... and so are fragments once this share of their rows is deleted (Lance's own threshold
+    #: for rewriting them): a point lookup costs ~10 ns per deleted row of the fragment it reads
+    #: (1M rows, a third deleted: 4.5 ms against 0.9 ms rewritten), so deletions stay bounded.
+    max_deleted_fraction: float = 0.1
     #: Enforce the bounds on the base (fragments, manifest size, versions, disk) every cycle.
     enforce_bounds: bool = True
     #: The bounds to enforce; None: the table's own (``metadata.bounds``, which writers use too).
@@ -255,12 +259,18 @@ class Maintenance:
         return done
 
     def _compact_base_files(self) -> int:
-        """Merge the small base fragments that each compaction commit adds, once there are many."""
+        """Merge the small base fragments that each compaction commit adds, once there are many,
+        and rewrite fragments whose deleted rows (the old versions of updated keys) pile up."""
         ds = self.state.dataset()
-        small = [f for f in ds.get_fragments() if f.count_rows() < self.config.small_fragment_rows]
-        if len(small) < self.config.max_small_fragments:
+        frags = [f.metadata for f in ds.get_fragments()]
+        small = [f for f in frags if f.num_rows < self.config.small_fragment_rows]
+        deleted = [f for f in frags if f.num_deletions > self.config.max_deleted_fraction * f.physical_rows]
+        if len(small) < self.config.max_small_fragments and not deleted:
             return 0
-        metrics = ds.optimize.compact_files(target_rows_per_fragment=self.config.target_rows_per_fragment)
+        metrics = ds.optimize.compact_files(
+            target_rows_per_fragment=self.config.target_rows_per_fragment,
+            materialize_deletions_threshold=self.config.max_deleted_fraction,
+        )
         log.info("compacted base files: %d fragments removed, %d added", metrics.fragments_removed, metrics.fragments_added)
         return metrics.fragments_removed
 

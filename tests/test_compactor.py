@@ -206,3 +206,31 @@ def test_sigkill_of_a_compactor_process_then_rerun_converges(tmp_path, point):
     Compactor(TableState.load(uri)).run_once()
     assert base(uri) == live(uri) == model
     assert Table.open(uri).snapshot().num_live_sstables == 0
+
+
+def deleted_fractions(uri: str) -> list[float]:
+    return [f.metadata.num_deletions / f.metadata.physical_rows for f in lance.dataset(uri).get_fragments()]
+
+
+@pytest.mark.parametrize("threshold", [0.1, 1.0])
+def test_maintenance_rewrites_base_fragments_whose_deleted_rows_pile_up(table_uri, threshold):
+    """Updates leave the old rows deleted in their base fragment, and a point lookup pays for
+    every deleted row of the fragment it reads; maintenance rewrites a fragment past the
+    threshold even when no small fragments pile up, and the table reads the same after."""
+    from memwal.maintenance import Maintenance, MaintenanceConfig
+
+    with Table.create(table_uri, PEOPLE, ["id"], "bucket(id, 1)", initial_data=people(range(1000), tag="base-")) as t:
+        t.write(people(range(0, 1000, 4), tag="upd-"))  # 250 of 1000 rows updated: 25% deleted
+        t.flush()
+    model = {i: f"upd-{i}" if i % 4 == 0 else f"base-{i}" for i in range(1000)}
+    cfg = MaintenanceConfig(gc=False, views=False, indexes=False, flush_stranded_after_seconds=None, max_deleted_fraction=threshold)
+    report = Maintenance(table_uri, cfg).run_cycle()
+    assert report.compaction_commits == 1
+    assert live(table_uri) == model
+    assert base(table_uri) == model
+    if threshold < 1.0:
+        assert report.base_fragments_compacted >= 1
+        assert max(deleted_fractions(table_uri)) <= threshold
+    else:
+        assert report.base_fragments_compacted == 0  # one small fragment, deletions under the threshold
+        assert max(deleted_fractions(table_uri)) == pytest.approx(0.25)

@@ -1,0 +1,369 @@
+"""Soak: stream into a table at a fixed rate for an hour and watch whether it stays fast.
+
+A producer writes upserts (half updates of existing ids, half new ids) into a local broker at
+``--rate`` rows/s; memwal's ingest query (Kafka -> Spark -> foreachBatch shard writers) takes
+them in micro-batches of ``--batch-rows``. Beside it, in processes of their own:
+``memwal maintain`` (compaction, index catch-up, GC) and a prober doing point lookups of
+random keys through an eventual reader, plus one full deduped scan per sample.
+
+Every ``--sample`` seconds (30 by default) one CSV line: rows/s ingested, the broker backlog,
+uncompacted SSTables (max over the sample), base fragments, the newest base manifest's bytes,
+the table's bytes on disk, lookup p50/p99, the full scan's rows/s and the freshness (how old
+the newest row the reader sees was when the scan ran: every row carries its produce time in
+``val``). At the end (or on Ctrl-C) one PNG draws those lines over time; ``--plot CSV``
+redraws it from a CSV alone.
+
+The table stays fast when lookups, SSTables, fragments and manifest bytes are flat over the
+hour and disk tracks the live data (docs/benchmarks.md, "Soak").
+
+Run: ``python bench/soak.py`` (``--rate 10000 --minutes 60`` by default; needs the ``bench``
+extra for the PNG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import multiprocessing
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
+
+import lance  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import git_rev, machine, pct, today  # noqa: E402
+from keepup import SCHEMA, base_table, disk_bytes, read_probes  # noqa: E402
+
+from memwal import Table, readers  # noqa: E402
+from memwal.streaming import SinkOptions, ingest, local_session  # noqa: E402
+from memwal.streaming.local_broker import start_local_broker  # noqa: E402
+
+#: CSV columns, in order; the PNG draws them in panels of like units.
+COLUMNS = [
+    "t_s", "rows_per_s", "backlog", "uncompacted_sstables", "base_fragments", "manifest_bytes", "disk_bytes",
+    "live_bytes", "live_rows", "lookup_p50_ms", "lookup_p99_ms", "lookups", "scan_rows_per_s", "freshness_s", "query_restarts",
+]
+
+
+class Producer(threading.Thread):
+    """Sends ``rate`` rows/s in ticks of 0.1 s (half updates of ids below ``base``, half new
+    ids), each row's ``val`` its produce time. It stops sending while ``max_backlog`` rows
+    wait for the sink: a backlog means the sink fell behind (the CSV shows it), and a deep
+    one would make the local broker, not memwal, the thing measured."""
+
+    def __init__(self, bootstrap: str, topic: str, rate: int, base: int, consumed, max_backlog: int) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic, self.rate, self.base, self.consumed = bootstrap, topic, rate, base, consumed
+        self.max_backlog = max_backlog
+        self.stop = threading.Event()
+        self.sent = 0
+
+    def run(self) -> None:
+        import confluent_kafka
+
+        producer = confluent_kafka.Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 20, "queue.buffering.max.messages": 1_000_000})
+        rng = random.Random(1)
+        next_new = self.base
+        owed = 0.0  # rows the fixed rate owes since the last tick
+        last = time.monotonic()
+        while not self.stop.is_set():
+            now = time.monotonic()
+            owed += (now - last) * self.rate
+            last = now
+            room = max(0, self.max_backlog - (self.sent - int(self.consumed())))
+            n = min(int(owed), room)
+            owed = min(owed - n, float(self.rate))  # time spent stalled is not made up later
+            stamp = time.time()
+            for i in range(n):
+                if i % 2:
+                    key, next_new = next_new, next_new + 1
+                else:
+                    key = rng.randrange(self.base)
+                value = json.dumps({"id": key, "val": stamp, "name": f"name-{key:012d}-{self.sent + i:010d}"})
+                while True:
+                    try:
+                        producer.produce(self.topic, key=str(key).encode(), value=value.encode(), partition=key % 3)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+            self.sent += n
+            producer.poll(0)
+            self.stop.wait(max(0.0, 0.1 - (time.monotonic() - now)))
+        producer.flush(60)
+
+
+class Ingest:
+    """memwal's ingest query, restarted from its checkpoint when it dies (up to ``restarts``
+    times): on a loaded machine Spark sometimes gives up on starting a Python worker within
+    its 10 s, and an hour's run should not end there. Rows count across restarts."""
+
+    def __init__(self, start, restarts: int) -> None:
+        self.start, self.restarts_left, self.restarts = start, restarts, 0
+        self.job = start()
+        self.before = 0  # rows ingested by the queries before this one
+
+    def rows(self) -> int:
+        return self.before + int(self.job.sink.totals().get("rows", 0))
+
+    def alive(self) -> bool:
+        """True while a query runs (restarting a dead one if restarts are left)."""
+        if self.job.query.isActive:
+            return True
+        print(f"the ingest query stopped: {self.job.query.exception()}", flush=True)
+        if self.restarts_left <= 0:
+            return False
+        self.restarts_left -= 1
+        self.restarts += 1
+        self.before = self.rows()
+        try:
+            self.job.stop()  # its listener goes; a query that failed flushes nothing
+        except Exception:  # noqa: BLE001 - it is dead already; only its leftovers matter
+            pass
+        self.job = self.start()
+        print("restarted it from its checkpoint", flush=True)
+        return True
+
+    def stop(self) -> None:
+        if self.job.query.isActive:
+            self.job.stop()
+
+
+def probe(uri: str, base: int, lookups_out: str, scans_out: str, scan_every: float) -> None:
+    """Point lookups of random base keys through an eventual reader (refreshed every second),
+    every 50 ms, appending ``wall time, seconds, hit`` to ``lookups_out``; every
+    ``scan_every`` seconds one full deduped scan of ``id, val``, appending ``wall time,
+    seconds, rows, newest val`` to ``scans_out``. Runs until killed."""
+    reader = readers.open(uri, refresh_interval_ms=1000)
+    rng = random.Random(2)
+    next_scan = time.time() + 5
+    with open(lookups_out, "a", buffering=1) as lf, open(scans_out, "a", buffering=1) as sf:
+        while True:
+            if time.time() >= next_scan:
+                next_scan = time.time() + scan_every
+                t0 = time.perf_counter()
+                try:
+                    rows = reader.scan(columns=["id", "val"])
+                    newest = rows.column("val").to_numpy().max() if rows.num_rows else float("nan")
+                    sf.write(f"{time.time()},{time.perf_counter() - t0},{rows.num_rows},{newest}\n")
+                    del rows
+                except Exception as e:  # noqa: BLE001 - a failed scan is a sample without one
+                    logging.warning("scan failed: %s", e)
+            key = rng.randrange(base)
+            t0 = time.perf_counter()
+            try:
+                hit = reader.get(key, columns=["val"]) is not None  # every base key exists
+            except Exception:  # noqa: BLE001 - counted as an error; a reader must not fail
+                hit = False
+            lf.write(f"{time.time()},{time.perf_counter() - t0},{int(hit)}\n")
+            time.sleep(0.05)
+
+
+def read_scans(path: str) -> list[tuple[float, float, int, float]]:
+    out = []
+    with open(path) as f:
+        for line in f:
+            parts = line.strip().split(",")
+            if len(parts) == 4:
+                out.append((float(parts[0]), float(parts[1]), int(parts[2]), float(parts[3])))
+    return out
+
+
+def newest_manifest_bytes(uri: str) -> int:
+    d = os.path.join(uri, "_versions")
+    sizes = []
+    for n in os.listdir(d):
+        if n.endswith(".manifest"):
+            try:
+                st = os.stat(os.path.join(d, n))
+                sizes.append((st.st_mtime, st.st_size))
+            except FileNotFoundError:
+                pass  # cleaned while we listed
+    return max(sizes)[1] if sizes else 0
+
+
+def live_bytes(ds: lance.LanceDataset) -> int:
+    """Bytes of the data files the base table's current version reads: the live data, plus the
+    rows its deletion files hide (what compaction of the base has not yet dropped)."""
+    total = 0
+    for frag in ds.get_fragments():
+        for f in frag.data_files():
+            try:
+                total += os.stat(os.path.join(ds.uri, "data", f.path)).st_size
+            except FileNotFoundError:
+                pass  # a newer version's compaction removed it while we looked
+    return total
+
+
+def plot(csv_path: str, png_path: str, title: str = "") -> None:
+    """One PNG of the CSV's lines over time, in panels of like units."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(csv_path) as f:
+        rows = [{k: float(v) if v not in ("", "nan") else float("nan") for k, v in r.items()} for r in csv.DictReader(f)]
+    t = [r["t_s"] / 60 for r in rows]
+    panels = [
+        ("rows/s ingested", [("rows_per_s", "rows/s")]),
+        ("count", [("uncompacted_sstables", "uncompacted SSTables"), ("base_fragments", "base fragments")]),
+        ("lookup ms", [("lookup_p50_ms", "p50"), ("lookup_p99_ms", "p99")]),
+        ("MB", [("disk_bytes", "table on disk"), ("live_bytes", "base version's data files")]),
+        ("manifest KB", [("manifest_bytes", "base manifest")]),
+        ("scan M rows/s", [("scan_rows_per_s", "full deduped scan")]),
+        ("freshness s", [("freshness_s", "age of newest visible row")]),
+    ]
+    scale = {"disk_bytes": 1e-6, "live_bytes": 1e-6, "manifest_bytes": 1e-3, "scan_rows_per_s": 1e-6}
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.0 * len(panels)), sharex=True)
+    for ax, (label, lines) in zip(axes, panels):
+        for col, name in lines:
+            ax.plot(t, [r[col] * scale.get(col, 1) for r in rows], marker=".", label=name)
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        if len(lines) > 1:
+            ax.legend(loc="upper left", fontsize="small")
+    axes[-1].set_xlabel("minutes")
+    if title:
+        fig.suptitle(title, fontsize="medium")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=80)
+    plt.close(fig)
+
+
+def interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rate", type=int, default=10_000, help="rows/s the producer sends")
+    p.add_argument("--minutes", type=float, default=60)
+    p.add_argument("--base-rows", type=int, default=1_000_000)
+    p.add_argument("--batch-rows", type=int, default=10_000, help="rows per micro-batch at most")
+    p.add_argument("--sample", type=float, default=30, help="seconds per CSV line")
+    p.add_argument("--max-backlog-seconds", type=float, default=60, help="the producer pauses beyond this backlog")
+    p.add_argument("--restarts", type=int, default=3, help="times a dead ingest query is restarted from its checkpoint")
+    p.add_argument("--maintain-interval", type=float, default=5.0)
+    p.add_argument("--reader-grace", type=float, default=30.0, help="GC keeps compacted SSTables this long for readers")
+    p.add_argument("--workdir", help="keep the table here (default: a temporary directory, removed)")
+    p.add_argument("--csv", default="soak.csv")
+    p.add_argument("--png", default="soak.png")
+    p.add_argument("--plot", metavar="CSV", help="only draw --png from this CSV")
+    args = p.parse_args()
+    if args.plot:
+        plot(args.plot, args.png)
+        return
+    logging.basicConfig(level=logging.WARNING)
+    # A SIGTERM ends the run as Ctrl-C does: the maintenance and prober processes are stopped
+    # and the PNG drawn, rather than left running with the broker.
+    signal.signal(signal.SIGTERM, interrupt)
+    work = args.workdir or tempfile.mkdtemp(prefix="memwal-bench-soak-")
+    title = f"soak: {args.rate:,} rows/s, {args.base_rows:,}-row base; {today()}, commit {git_rev()}"
+    print(f"{title}\n{machine()}", flush=True)
+    maintain = prober = None
+    try:
+        uri = os.path.join(work, "t")
+        Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)", initial_data=base_table(args.base_rows)).close()
+        spark = local_session(app="memwal-bench-soak")
+        spark.sparkContext.setLogLevel("ERROR")
+        with start_local_broker(os.path.join(work, "broker")) as broker:
+            broker.create_topic("soak", 3)
+            maintain = subprocess.Popen(
+                [sys.executable, "-m", "memwal", "-v", "maintain", uri, "--interval", str(args.maintain_interval),
+                 "--reader-grace", str(args.reader_grace), "--base-retention", "60"],
+                stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "maintain.log"), "w"),
+            )
+            job = Ingest(lambda: ingest(spark, bootstrap=broker.bootstrap, topic="soak", table_uri=uri, checkpoint=os.path.join(work, "ckpt"),
+                                        max_offsets_per_trigger=args.batch_rows, options=SinkOptions(source="kafka-json", op_field=None)),
+                         args.restarts)
+            producer = Producer(broker.bootstrap, "soak", args.rate, args.base_rows, job.rows,
+                                int(args.rate * args.max_backlog_seconds))
+            producer.start()
+            lookups_csv, scans_csv = os.path.join(work, "lookups.csv"), os.path.join(work, "scans.csv")
+            prober = multiprocessing.get_context("spawn").Process(
+                target=probe, args=(uri, args.base_rows, lookups_csv, scans_csv, args.sample), daemon=True)
+            prober.start()
+            table = Table.open(uri)
+            waited = time.time()
+            while job.rows() == 0 and time.time() - waited < 300 and job.alive():
+                time.sleep(1)  # the clock starts with the query's first micro-batch
+            out = open(args.csv, "w", newline="", buffering=1)
+            writer = csv.DictWriter(out, COLUMNS)
+            writer.writeheader()
+            print(f"{'min':>5} {'rows/s':>8} {'backlog':>8} {'SSTables':>8} {'frags':>6} {'manifest KB':>11} {'disk MB':>8} "
+                  f"{'lookup p50/p99 ms':>18} {'scan Mrows/s':>12} {'fresh s':>7}", flush=True)
+            start = time.time()
+            last_rows, last_t = job.rows(), start
+            try:
+                while time.time() - start < args.minutes * 60:
+                    if not job.alive():
+                        break
+                    end = min(start + args.minutes * 60, last_t + args.sample)
+                    pending = 0
+                    while time.time() < end:
+                        pending = max(pending, sum(s.pending_sstables for s in table.status().shards))
+                        time.sleep(1)
+                    now = time.time()
+                    rows = job.rows()
+                    took = [s for at, s, _ in read_probes(lookups_csv) if last_t <= at < now]
+                    scans = [s for s in read_scans(scans_csv) if last_t <= s[0] < now]
+                    ds = lance.dataset(uri)
+                    scan = scans[-1] if scans else None
+                    r = {
+                        "t_s": round(now - start, 1),
+                        "rows_per_s": round((rows - last_rows) / (now - last_t)),
+                        "backlog": producer.sent - rows,
+                        "uncompacted_sstables": pending,
+                        "base_fragments": len(ds.get_fragments()),
+                        "manifest_bytes": newest_manifest_bytes(uri),
+                        "disk_bytes": disk_bytes(uri),
+                        "live_bytes": live_bytes(ds),
+                        "live_rows": scan[2] if scan else "",
+                        "lookup_p50_ms": round(pct(took, 50) * 1000, 2),
+                        "lookup_p99_ms": round(pct(took, 99) * 1000, 2),
+                        "lookups": len(took),
+                        "query_restarts": job.restarts,
+                        "scan_rows_per_s": round(scan[2] / scan[1]) if scan else "",
+                        # scan start - the newest visible row's produce time (base rows carry no time: < 1e9)
+                        "freshness_s": round(scan[0] - scan[1] - scan[3], 1) if scan and scan[3] > 1e9 else "",
+                    }
+                    writer.writerow(r)
+                    print(f"{r['t_s'] / 60:5.1f} {r['rows_per_s']:8,} {r['backlog']:8,} {pending:8} {r['base_fragments']:6} "
+                          f"{r['manifest_bytes'] / 1e3:11.1f} {r['disk_bytes'] / 1e6:8.0f} "
+                          f"{r['lookup_p50_ms']:8.2f} / {r['lookup_p99_ms']:<8.2f} "
+                          f"{(scan[2] / scan[1] / 1e6) if scan else float('nan'):12.2f} {r['freshness_s']:>7}", flush=True)
+                    last_rows, last_t = rows, now
+            except KeyboardInterrupt:
+                print("interrupted; drawing what was sampled", flush=True)
+            out.close()
+            prober.terminate()
+            producer.stop.set()
+            job.stop()
+            producer.join(60)
+        spark.stop()
+    finally:
+        if prober is not None and prober.is_alive():
+            prober.terminate()
+        if maintain is not None:
+            maintain.terminate()
+            maintain.wait(60)
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    plot(args.csv, args.png, title)
+    print(f"\nwrote {args.csv} and {args.png}")
+
+
+if __name__ == "__main__":
+    main()
