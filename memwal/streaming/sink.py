@@ -52,7 +52,7 @@ from memwal.sharding import ShardingSpec, ShardValues
 from memwal.state import TableState, resolve_storage
 from memwal.storage import StorageConfig
 from memwal.streaming.dead_letters import record_json
-from memwal.streaming.decode import JsonDecoder, check_rows, operations
+from memwal.streaming.decode import check_rows, operations, value_decoder
 from memwal.streaming.worker import WORKER, WorkerTable
 
 log = logging.getLogger("memwal.streaming")
@@ -81,6 +81,7 @@ SUMMARY_SCHEMA = pa.schema(
         ("deletes", pa.int64()),
         ("stale_dropped", pa.int64()),
         ("dead_letters", pa.int64()),
+        ("skipped", pa.int64()),
         ("fenced_retries", pa.int64()),
         ("writer_opens", pa.int64()),
         ("flushed", pa.bool_()),
@@ -119,6 +120,16 @@ class SinkOptions:
     max_write_tasks: int | None = None
     #: Dead-letter table; default ``{table}_dead_letters``.
     dead_letter_uri: str | None = None
+    #: Kafka values: "json" (objects with the table's columns and ``op_field``),
+    #: "debezium-json" (change events, :mod:`memwal.streaming.debezium`; the source position
+    #: fills ``sequence_field``) or "avro" (:mod:`memwal.streaming.avro`).
+    value_format: str = "json"
+    #: With "avro": the schema (the text of an ``.avsc``) values are written with, or read as.
+    avro_schema: str | None = None
+    #: With "avro": values carry Confluent's header with this schema id (others are dead letters).
+    avro_schema_id: int | None = None
+    #: With "avro": values carry Confluent's header; writer schemas come from this registry URL.
+    schema_registry: str | None = None
 
 
 @dataclass
@@ -131,6 +142,8 @@ class BatchReport:
     deletes: int = 0
     stale_dropped: int = 0
     dead_letters: int = 0
+    #: Records the format skips on purpose (Debezium tombstones).
+    skipped: int = 0
     shards: int = 0
     fenced_retries: int = 0
     writer_opens: int = 0
@@ -143,7 +156,8 @@ class BatchReport:
             f"batch {self.batch_id}: {self.rows} rows ({self.upserts} upserts, {self.deletes} deletes"
             + (f", {self.stale_dropped} stale" if self.stale_dropped else "")
             + f") into {self.shards} shard(s), {self.dead_letters} dead letter(s), "
-            f"{self.fenced_retries} fenced retr{'y' if self.fenced_retries == 1 else 'ies'}, "
+            + (f"{self.skipped} skipped, " if self.skipped else "")
+            + f"{self.fenced_retries} fenced retr{'y' if self.fenced_retries == 1 else 'ies'}, "
             f"{self.writer_opens} writer open(s), {self.flushes} flush(es), {self.seconds:.3f}s"
         )
 
@@ -192,6 +206,7 @@ def shard_partitions(spec: ShardingSpec, options: SinkOptions) -> int:
 COUNT_ROWS = "rows"
 COUNT_DEAD = "dead_letters"
 COUNT_DELETES = "deletes"
+COUNT_SKIPPED = "skipped"
 PAYLOAD = "payload"
 DEAD_PAYLOAD = "dead_payload"
 EXCHANGE_SCHEMA = pa.schema(
@@ -202,6 +217,7 @@ EXCHANGE_SCHEMA = pa.schema(
         pa.field(COUNT_DELETES, pa.int64()),
         pa.field(PAYLOAD, pa.binary()),
         pa.field(DEAD_PAYLOAD, pa.binary()),
+        pa.field(COUNT_SKIPPED, pa.int64()),
     ]
 )
 
@@ -253,6 +269,8 @@ class Prepared:
     shards: dict[str, ShardValues]
     #: :data:`DEAD_SCHEMA` rows.
     dead: pa.Table
+    #: Records the format skips on purpose (Debezium tombstones): counted, neither rows nor dead letters.
+    skipped: int = 0
 
 
 class Prepare:
@@ -313,8 +331,12 @@ class Prepare:
             order = (np.asarray(kpart.to_numpy(), dtype=np.int64) << _OFFSET_BITS) | np.asarray(offset.to_numpy(), dtype=np.int64)
             raw = data.column("value")
             kkey = data.column("key")
-            decoder = JsonDecoder(state.schema, opts.op_field, opts.sequence_field)
-            parsed, positions, errors = decoder.decode(raw.to_pylist())
+            decoder = value_decoder(state.schema, opts.value_format, op_field=opts.op_field, sequence_field=opts.sequence_field,
+                                    primary_key=state.primary_key, avro_schema=opts.avro_schema,
+                                    avro_schema_id=opts.avro_schema_id, schema_registry=opts.schema_registry)
+            decoded = decoder.decode_batch(raw.to_pylist(), kkey.to_pylist())
+            parsed, positions, errors, skipped = decoded.rows, decoded.positions, dict(decoded.errors), decoded.skipped
+            op_field = decoder.op_field
         else:
             topic = pa.nulls(count, pa.string())
             kpart = pa.nulls(count, pa.int32())
@@ -323,8 +345,9 @@ class Prepare:
             kkey = pa.nulls(count, pa.binary())
             raw = None
             parsed, positions = data, np.arange(count)
+            skipped, op_field = 0, opts.op_field
         # Operation and sequence
-        deletes_p, op_errors = operations(parsed, opts.op_field)
+        deletes_p, op_errors = operations(parsed, op_field)
         for i, reason in op_errors.items():
             errors[int(positions[i])] = reason
         if opts.sequence_field:
@@ -378,7 +401,7 @@ class Prepare:
             ],
             schema=DEAD_SCHEMA,
         )
-        return Prepared(good_rows, shards, dead)
+        return Prepared(good_rows, shards, dead, skipped)
 
 
 def exchange_rows(prepared: Prepared) -> list[dict[str, Any]]:
@@ -398,10 +421,13 @@ def exchange_rows(prepared: Prepared) -> list[dict[str, Any]]:
             COUNT_DELETES: pc.sum(mine.column(DELETE).cast(pa.int64())).as_py() or 0,
             PAYLOAD: to_payload(mine.replace_schema_metadata(meta)),
             DEAD_PAYLOAD: None,
+            COUNT_SKIPPED: 0,
         }
+    if dead.num_rows or prepared.skipped:
+        zero = by_part.setdefault(0, {PART: 0, COUNT_ROWS: 0, COUNT_DEAD: 0, COUNT_DELETES: 0, PAYLOAD: None, DEAD_PAYLOAD: None, COUNT_SKIPPED: 0})
+        zero[COUNT_ROWS] += dead.num_rows + prepared.skipped
+        zero[COUNT_SKIPPED] = prepared.skipped
     if dead.num_rows:
-        zero = by_part.setdefault(0, {PART: 0, COUNT_ROWS: 0, COUNT_DEAD: 0, COUNT_DELETES: 0, PAYLOAD: None})
-        zero[COUNT_ROWS] += dead.num_rows
         zero[COUNT_DEAD] = dead.num_rows
         zero[DEAD_PAYLOAD] = to_payload(dead)
     return list(by_part.values())
@@ -434,7 +460,9 @@ class Write:
         routed: list[pa.Table] = []
         dead: list[pa.Table] = []
         shards: dict[str, ShardValues] = {}
+        skipped = 0
         for b in batches:
+            skipped += pc.sum(b.column(COUNT_SKIPPED)).as_py() or 0
             for p in b.column(PAYLOAD).to_pylist():
                 if p:
                     t = from_payload(p)
@@ -445,6 +473,8 @@ class Write:
                     dead.append(from_payload(p))
         if dead:
             yield self._dead_letters(pa.concat_tables(dead))
+        if skipped:
+            yield _summary("", skipped=skipped)
         if not routed:
             return
         data = pa.concat_tables(routed)
@@ -572,7 +602,10 @@ def _remember_written(worker: WorkerTable, shard_id: str, dels: pa.Table, ups: p
     what was just written is known."""
     cache = worker.sequences(shard_id)
     pk = list(worker.state.primary_key)
-    cache.remember(_key_tuples(dels, pk), [None] * dels.num_rows)
+    # A delete's sequence too: while this writer generation lasts, a replay older than the
+    # delete is stale like one older than an upsert (the table keeps no row, so a reopened
+    # writer no longer knows it: then only live rows' sequences are stored).
+    cache.remember(_key_tuples(dels, pk), dels.column(seq).to_pylist())
     cache.remember(_key_tuples(ups, pk), ups.column(seq).to_pylist())
 
 
@@ -622,6 +655,15 @@ class MemwalSink:
             raise ValueError(f"sequence field {seq!r} is not a column of {self.uri}; the stored version must be kept")
         if self.options.drop_stale_across_batches and seq is None:
             raise ValueError("drop_stale_across_batches needs a sequence_field")
+        if self.options.source == "kafka-json":
+            from memwal.streaming.decode import value_decoder
+
+            # Fail early, on the driver: an unknown format, an Avro schema that does not parse.
+            value_decoder(table.schema, self.options.value_format, op_field=self.options.op_field, sequence_field=seq,
+                          primary_key=table.primary_key, avro_schema=self.options.avro_schema,
+                          avro_schema_id=self.options.avro_schema_id, schema_registry=self.options.schema_registry)
+            if self.options.value_format == "debezium-json" and seq is not None and not pa.types.is_integer(table.schema.field(seq).type):
+                raise ValueError(f"with debezium-json the sequence field {seq!r} holds the source position: it must be an integer column")
         self.schema = table.schema
         self.partitions = shard_partitions(table.spec, self.options)
         self.dead_letter_uri = self.options.dead_letter_uri or dead_letter_uri(self.uri)
@@ -671,13 +713,14 @@ class MemwalSink:
         that Spark reports in every ``StreamingQueryProgress.observedMetrics[name]``."""
         from pyspark.sql import functions as F
 
-        rows, dead, deletes = F.col(COUNT_ROWS), F.col(COUNT_DEAD), F.col(COUNT_DELETES)
+        rows, dead, deletes, skipped = F.col(COUNT_ROWS), F.col(COUNT_DEAD), F.col(COUNT_DELETES), F.col(COUNT_SKIPPED)
         return prepared.observe(
             name,
             F.coalesce(F.sum(rows), F.lit(0)).alias("rows"),
             F.coalesce(F.sum(dead), F.lit(0)).alias("dead_letters"),
             F.coalesce(F.sum(deletes), F.lit(0)).alias("deletes"),
-            F.coalesce(F.sum(rows - dead - deletes), F.lit(0)).alias("upserts"),
+            F.coalesce(F.sum(rows - dead - deletes - skipped), F.lit(0)).alias("upserts"),
+            F.coalesce(F.sum(skipped), F.lit(0)).alias("skipped"),
         )
 
     def __call__(self, df, batch_id: int) -> None:
@@ -699,13 +742,14 @@ class MemwalSink:
             report.deletes += s.deletes
             report.stale_dropped += s.stale_dropped
             report.dead_letters += s.dead_letters
+            report.skipped += s.skipped
             report.fenced_retries += s.fenced_retries
             report.writer_opens += s.writer_opens
             report.flushes += int(s.flushed)
             report.write_seconds_max = max(report.write_seconds_max, s.seconds)
             if s.shard:
                 report.shards += 1
-        report.rows += report.dead_letters
+        report.rows += report.dead_letters + report.skipped
         report.seconds = time.perf_counter() - t0
         with self._report_lock:
             self.reports.append(report)

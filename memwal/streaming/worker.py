@@ -25,7 +25,8 @@ from memwal.writer import ShardWriterPool
 @dataclass
 class StoredSequences:
     """The stored sequence (``SinkOptions.sequence_field``) of keys of one shard, as far as
-    this worker knows: key tuple -> sequence, None for a key with no live row.
+    this worker knows: key tuple -> sequence of its newest version (a delete's too, as this
+    worker wrote it), None for a key with no live row in the table.
 
     Invariant: an entry is the sequence of the key's newest stored version. It holds because
     only this worker's writer writes the shard while the writer stays open (a writer that

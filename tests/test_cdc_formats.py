@@ -1,0 +1,221 @@
+"""Debezium JSON change events and Avro values: the decoders alone, then end to end through a
+real Kafka-protocol broker and Spark into real tables."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import fastavro
+import pyarrow as pa
+import pytest
+from brokers import produce
+
+from memwal import Table, readers
+from memwal.errors import InvalidArgumentError
+from memwal.streaming import SinkOptions, ingest
+from memwal.streaming.avro import AvroDecoder
+from memwal.streaming.dead_letters import dead_letter_uri, read_dead_letters
+from memwal.streaming.debezium import DebeziumDecoder
+from memwal.streaming.decode import value_decoder
+
+SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.float64()), ("pos", pa.int64())])
+AVRO_SCHEMA = {
+    "type": "record",
+    "name": "user",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "name", "type": ["null", "string"], "default": None},
+        {"name": "score", "type": ["null", "double"], "default": None},
+        {"name": "vec", "type": ["null", {"type": "array", "items": "float"}], "default": None},
+        {"name": "op", "type": ["null", "string"], "default": None},
+    ],
+}
+AVRO_TABLE = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.float64()), ("vec", pa.list_(pa.float32(), 4))])
+
+
+# -- Debezium: the decoder ---------------------------------------------------------------------------
+
+
+def change(op: str, before: dict | None, after: dict | None, *, lsn: int | None = None, ts_ms: int = 1000, wrap: bool = False) -> bytes:
+    payload = {"before": before, "after": after, "op": op, "ts_ms": ts_ms + 5,
+               "source": {"connector": "postgresql", "db": "shop", "table": "users", "ts_ms": ts_ms, "lsn": lsn}}
+    if wrap:  # the JSON converter's schemas.enable=true form
+        return json.dumps({"schema": {"type": "struct", "fields": [], "name": "users.Envelope"}, "payload": payload}).encode()
+    return json.dumps(payload).encode()
+
+
+def key(k: int, wrap: bool = False) -> bytes:
+    return json.dumps({"schema": {"type": "struct"}, "payload": {"id": k}} if wrap else {"id": k}).encode()
+
+
+def decode_debezium(values, keys=None, sequence_field="pos"):
+    keys = keys if keys is not None else [None] * len(values)
+    d = DebeziumDecoder(SCHEMA, ["id"], sequence_field).decode_batch(values, keys)
+    rows = d.rows.to_pylist()
+    return [(int(p), r) for p, r in zip(d.positions, rows)], d.errors, d.skipped
+
+
+def test_debezium_ops_wrapped_or_bare_with_the_source_position_as_sequence():
+    values = [
+        change("r", None, {"id": 1, "name": "a", "score": 1.0}, lsn=10),
+        change("c", None, {"id": 2, "name": "b", "score": 2.0}, lsn=11, wrap=True),
+        change("u", {"id": 1, "name": "a", "score": 1.0}, {"id": 1, "name": "a2", "score": 1.5}, lsn=12),
+        change("d", {"id": 2, "name": "b", "score": 2.0}, None, lsn=13, wrap=True),
+        None,  # the tombstone after the delete
+        change("u", None, {"id": 3, "name": "c", "score": 3.0}, lsn=None, ts_ms=777),  # no LSN: source.ts_ms
+    ]
+    rows, errors, skipped = decode_debezium(values)
+    assert errors == {} and skipped == 1
+    got = {p: (r["id"], r["name"], r["__memwal_debezium_op"], r["pos"]) for p, r in rows}
+    assert got == {0: (1, "a", "r", 10), 1: (2, "b", "c", 11), 2: (1, "a2", "u", 12), 3: (2, "b", "d", 13), 5: (3, "c", "u", 777)}
+
+
+def test_debezium_key_columns_come_from_the_kafka_key_when_the_value_lacks_them():
+    values = [
+        change("d", None, None, lsn=20),  # before is null (no replica identity): the key says which row
+        change("d", {"id": None, "name": None, "score": None}, None, lsn=21, wrap=True),
+        change("u", None, {"name": "x"}, lsn=22),
+        change("d", None, None, lsn=23),  # no usable key at all
+    ]
+    rows, errors, _ = decode_debezium(values, [key(7), key(8, wrap=True), key(9), b"{not json"])
+    assert {p: (r["id"], r["__memwal_debezium_op"]) for p, r in rows} == {0: (7, "d"), 1: (8, "d"), 2: (9, "u"), 3: (None, "d")}
+    assert errors == {}  # a null key is the sink's check (check_rows), with the column's name
+
+
+def test_malformed_debezium_envelopes_get_reasons():
+    values = [
+        b"{not json",
+        json.dumps([1, 2]).encode(),
+        json.dumps({"after": {"id": 1}}).encode(),  # no op: not a change event
+        change("t", None, None, lsn=5),  # truncate: not a row change
+        change("c", None, None, lsn=6),  # create without after
+        change("c", None, {"id": "seven"}, lsn=7),  # wrong type
+        json.dumps({"before": None, "after": {"id": 8}, "op": "c", "source": {}}).encode(),  # no position at all
+        change("c", None, {"id": 9, "name": "good"}, lsn=9),
+    ]
+    rows, errors, skipped = decode_debezium(values)
+    assert [p for p, _ in rows] == [7] and skipped == 0
+    assert "not valid JSON" in errors[0]
+    assert "not a Debezium envelope" in errors[1]
+    assert "no 'op'" in errors[2]
+    assert "'t' is not a row change" in errors[3]
+    assert "without an 'after'" in errors[4]
+    assert "does not match the table schema" in errors[5]
+    assert "no source position" in errors[6]
+    # without a sequence column the position is not needed
+    rows, errors, _ = decode_debezium(values[6:], sequence_field=None)
+    assert errors == {} and [r["id"] for _, r in rows] == [8, 9]
+
+
+# -- Avro: the decoder --------------------------------------------------------------------------------
+
+
+def avro_bytes(record: dict, schema=AVRO_SCHEMA, schema_id: int | None = None) -> bytes:
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), record)
+    body = buf.getvalue()
+    return body if schema_id is None else b"\x00" + schema_id.to_bytes(4, "big") + body
+
+
+def avro_rows(decoded):
+    return {int(p): r for p, r in zip(decoded.positions, decoded.rows.to_pylist())}
+
+
+def test_avro_values_decode_in_bulk_with_and_without_the_confluent_header():
+    records = [{"id": i, "name": f"n{i}", "score": i / 2, "vec": [float(i)] * 4, "op": "delete" if i == 3 else None} for i in range(6)]
+    text = json.dumps(AVRO_SCHEMA)
+    plain = AvroDecoder(AVRO_TABLE, "op", None, text).decode_batch([avro_bytes(r) for r in records], [None] * 6)
+    framed = AvroDecoder(AVRO_TABLE, "op", None, text, schema_id=42).decode_batch([avro_bytes(r, schema_id=42) for r in records], [None] * 6)
+    for d in (plain, framed):
+        assert d.errors == {}
+        got = avro_rows(d)
+        assert [got[i]["name"] for i in range(6)] == [f"n{i}" for i in range(6)]
+        assert got[3]["op"] == "delete" and got[5]["vec"] == [5.0] * 4
+
+
+def test_corrupt_avro_records_and_foreign_schema_ids_are_isolated_with_reasons():
+    text = json.dumps(AVRO_SCHEMA)
+    good = [avro_bytes({"id": i, "name": f"n{i}"}, schema_id=42) for i in range(8)]
+    values = list(good)
+    values[1] = avro_bytes({"id": 1, "name": "x"}, schema_id=7)  # another schema's id
+    values[2] = good[2][:7]  # truncated
+    values[3] = good[3] + b"\x02\x04"  # trailing garbage
+    values[4] = b"\x01" + good[4][1:]  # not the magic byte
+    values[5] = b"\x00\x00"  # shorter than the header
+    values[6] = None
+    d = AvroDecoder(AVRO_TABLE, "op", None, text, schema_id=42).decode_batch(values, [None] * 8)
+    assert sorted(avro_rows(d)) == [0, 7]
+    assert "schema id 7 does not match the configured schema id 42" in d.errors[1]
+    assert "not an Avro record" in d.errors[2] and "not an Avro record" in d.errors[3]
+    assert "magic byte" in d.errors[4] and "too short" in d.errors[5] and "no value" in d.errors[6]
+    with pytest.raises(InvalidArgumentError):
+        value_decoder(AVRO_TABLE, "avro")  # neither a schema nor a registry
+    with pytest.raises(InvalidArgumentError):
+        value_decoder(AVRO_TABLE, "avro", avro_schema="{not a schema")
+
+
+class Registry:
+    """A schema registry's read API (``GET /schemas/ids/{id}``) over real HTTP on 127.0.0.1:
+    what a registry client asks to decode Confluent-framed values."""
+
+    def __init__(self, schemas: dict[int, dict]) -> None:
+        self.schemas = schemas
+        self.requests: list[str] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                outer.requests.append(self.path)
+                parts = self.path.strip("/").split("/")
+                if len(parts) == 3 and parts[:2] == ["schemas", "ids"] and parts[2].isdigit() and int(parts[2]) in outer.schemas:
+                    body = json.dumps({"schema": json.dumps(outer.schemas[int(parts[2])])}).encode()
+                    self.send_response(200)
+                else:
+                    body = json.dumps({"error_code": 40403, "message": "Schema not found"}).encode()
+                    self.send_response(404)
+                self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def registry():
+    # id 1: an older writer schema without "score"; id 2: the current one
+    old = {**AVRO_SCHEMA, "fields": [f for f in AVRO_SCHEMA["fields"] if f["name"] != "score"]}
+    r = Registry({1: old, 2: AVRO_SCHEMA})
+    yield r
+    r.close()
+
+
+def test_writer_schemas_come_from_the_registry_by_id(registry):
+    old = registry.schemas[1]
+    values = [
+        avro_bytes({"id": 1, "name": "old"}, schema=old, schema_id=1),
+        avro_bytes({"id": 2, "name": "new", "score": 2.5}, schema_id=2),
+        avro_bytes({"id": 3, "name": "unknown"}, schema_id=99),
+        avro_bytes({"id": 4, "name": "new2", "score": 4.5}, schema_id=2),
+    ]
+    d = AvroDecoder(AVRO_TABLE, "op", None, json.dumps(AVRO_SCHEMA), registry=registry.url).decode_batch(values, [None] * 4)
+    got = avro_rows(d)
+    assert {p: (r["id"], r["name"], r["score"]) for p, r in got.items()} == {0: (1, "old", None), 1: (2, "new", 2.5), 3: (4, "new2", 4.5)}
+    assert "schema id 99 is not in the registry" in d.errors[2]
+    # once per id and process
+    AvroDecoder(AVRO_TABLE, "op", None, None, registry=registry.url).decode_batch(values[1:2], [None])
+    assert sorted(set(registry.requests)) == ["/schemas/ids/1", "/schemas/ids/2", "/schemas/ids/99"]
+    assert registry.requests.count("/schemas/ids/2") == 1
