@@ -219,3 +219,154 @@ def test_writer_schemas_come_from_the_registry_by_id(registry):
     AvroDecoder(AVRO_TABLE, "op", None, None, registry=registry.url).decode_batch(values[1:2], [None])
     assert sorted(set(registry.requests)) == ["/schemas/ids/1", "/schemas/ids/2", "/schemas/ids/99"]
     assert registry.requests.count("/schemas/ids/2") == 1
+
+
+# -- end to end: a Debezium stream over 3 partitions, with one restart ------------------------------
+
+
+def debezium_stream(n: int, seed: int, partitions: int = 3):
+    """Change events of a source table as Debezium emits them (snapshot reads, creates,
+    updates, deletes each followed by a tombstone), in LSN order; every event goes to a
+    random partition (so a key's changes come from any partition, each partition in LSN
+    order); some events are replayed later (at-least-once redelivery). Returns the Kafka
+    records, the source table's final state (the model) and the number of tombstones."""
+    rng = random.Random(seed)
+    db: dict[int, dict] = {}
+    sent: list[tuple[bytes, bytes | None, int]] = []
+    records: list[tuple[bytes, bytes | None, int]] = []
+    tombstones = 0
+    lsn = 10_000
+    next_id = 0
+
+    def emit(op, k, before, after):
+        nonlocal lsn
+        lsn += rng.randrange(1, 20)
+        wrap = rng.random() < 0.5
+        if op == "d" and rng.random() < 0.5:
+            before = None if rng.random() < 0.5 else {"id": k}  # replica identity: nothing, or the key only
+        value = change(op, before, after, lsn=lsn, ts_ms=1_700_000_000_000 + lsn, wrap=wrap)
+        rec = (key(k, wrap), value, rng.randrange(partitions))
+        records.append(rec)
+        sent.append(rec)
+        return lsn
+
+    for _ in range(150):  # the snapshot
+        row = {"id": next_id, "name": f"s{next_id}", "score": float(next_id)}
+        db[next_id] = {**row, "pos": emit("r", next_id, None, row)}
+        next_id += 1
+    for i in range(n):
+        r = rng.random()
+        if r < 0.25 or not db:
+            row = {"id": next_id, "name": f"c{i}", "score": rng.random()}
+            db[next_id] = {**row, "pos": emit("c", next_id, None, row)}
+            next_id += 1
+        elif r < 0.8:
+            k = rng.choice(list(db))
+            before = {c: db[k][c] for c in ("id", "name", "score")}
+            row = {**before, "name": f"u{i}", "score": rng.random()}
+            db[k] = {**row, "pos": emit("u", k, before, row)}
+        else:
+            k = rng.choice(list(db))
+            emit("d", k, {c: db[k][c] for c in ("id", "name", "score")}, None)
+            del db[k]
+            records.append((key(k), None, records[-1][2]))  # the tombstone, behind its delete
+            tombstones += 1
+        if rng.random() < 0.06:  # an old event delivered again, later, from any partition
+            k, v, _ = rng.choice(sent)
+            records.append((k, v, rng.randrange(partitions)))
+    return records, db, tombstones
+
+
+def wait_for_batches(job, n: int, timeout: float = 300) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while len(job.sink.reports) < n:
+        assert job.query.exception() is None and job.query.isActive, job.query.exception()
+        assert time.monotonic() < deadline, "the query did not reach its batches"
+        time.sleep(0.2)
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+def test_a_debezium_stream_over_three_partitions_with_a_restart_equals_the_source(spark, noida, tmp_path):
+    topic = f"dbz-{random.randrange(1 << 30)}"
+    noida.create_topic(topic, 3)
+    records, model, tombstones = debezium_stream(2000, seed=5)
+    produce(noida, topic, records)
+    uri, ckpt = str(tmp_path / "users"), str(tmp_path / "ckpt")
+    Table.create(uri, SCHEMA, ["id"], "bucket(id, 2)").close()
+    options = SinkOptions(source="kafka-json", value_format="debezium-json", sequence_field="pos", drop_stale_across_batches=True)
+    run = dict(bootstrap=noida.bootstrap, topic=topic, table_uri=uri, checkpoint=ckpt, max_offsets_per_trigger=400, options=options)
+    first = ingest(spark, **run)  # a continuous query, stopped mid-way
+    wait_for_batches(first, 2)
+    first.stop()
+    half = {r["id"]: r for r in readers.open(uri, consistency="strong").scan().to_pylist()}
+    assert half != model
+    second = ingest(spark, available_now=True, **run)  # resumes from the checkpoint
+    second.await_termination()
+    assert second.query.exception() is None
+    got = {r["id"]: r for r in readers.open(uri).scan().to_pylist()}
+    assert got == model
+    totals = [job.sink.totals() for job in (first, second)]
+    assert sum(t.get("stale_dropped", 0) for t in totals) > 0  # replays really were older than what was stored
+    assert sum(t.get("skipped", 0) for t in totals) >= tombstones  # (a batch replayed after the stop counts twice)
+    assert read_dead_letters(dead_letter_uri(uri)).num_rows == 0  # tombstones are not dead letters
+
+
+# -- end to end: Avro values, bare and Confluent-framed, with corrupt records --------------------------
+
+
+def avro_workload(n: int, keys: int, seed: int, partitions: int = 3):
+    """Keyed records (upserts and deletes, several per key) and the model they produce, as in
+    tests/test_streaming.py, but as Avro datums."""
+    rng = random.Random(seed)
+    model: dict[int, dict] = {}
+    records = []
+    for i in range(n):
+        k = rng.randrange(keys)
+        if rng.random() < 0.15:
+            rec = {"id": k, "op": "delete"}
+            model.pop(k, None)
+        else:
+            row = {"id": k, "name": f"n{i}", "score": round(rng.random() * 100, 3), "vec": [float(i % 7)] * 4}
+            rec = {**row, "op": "upsert"}
+            model[k] = row
+        records.append((str(k).encode(), rec, k % partitions))
+    return records, model
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+@pytest.mark.parametrize("framing", ["bare", "registry"])
+def test_avro_values_end_to_end_with_corrupt_records_in_the_dead_letter_table(spark, noida, tmp_path, registry, framing):
+    topic = f"avro-{framing}-{random.randrange(1 << 30)}"
+    noida.create_topic(topic, 3)
+    plain, model = avro_workload(3000, 500, seed=7)
+    schema_id = 2 if framing == "registry" else None
+    records = [(k, avro_bytes(rec, schema_id=schema_id), p) for k, rec, p in plain]
+    good = avro_bytes({"id": 1, "name": "x"}, schema_id=schema_id)
+    bad = [(b"b1", good[:-3], 0), (b"b2", b"\xff\xfe\xfd garbage", 1), (b"b3", None, 2)]
+    if framing == "registry":
+        bad.append((b"b4", avro_bytes({"id": 1, "name": "x"}, schema_id=77), 0))  # an id the registry lacks
+    mixed = records[:1000] + bad[:2] + records[1000:2000] + bad[2:] + records[2000:]
+    produce(noida, topic, mixed)
+    uri = str(tmp_path / "users")
+    Table.create(uri, AVRO_TABLE, ["id"], "bucket(id, 4)").close()
+    avsc = json.dumps(AVRO_SCHEMA)
+    options = SinkOptions(source="kafka-json", value_format="avro", avro_schema=avsc,
+                          schema_registry=registry.url if framing == "registry" else None)
+    job = ingest(spark, bootstrap=noida.bootstrap, topic=topic, table_uri=uri, checkpoint=str(tmp_path / "ckpt"),
+                 available_now=True, max_offsets_per_trigger=1000, options=options)
+    job.await_termination()
+    assert job.query.exception() is None
+    got = {r["id"]: r for r in readers.open(uri).scan().to_pylist()}
+    rounded = {k: {**v, "vec": [round(x, 3) for x in v["vec"]]} for k, v in got.items()}
+    assert rounded == model  # every good record arrived
+    dlq = {d["key"]: d["error"] for d in read_dead_letters(dead_letter_uri(uri)).to_pylist()}
+    assert set(dlq) == {k for k, _, _ in bad}
+    assert "not an Avro record" in dlq[b"b1"] and "no value" in dlq[b"b3"]
+    if framing == "registry":
+        assert "magic byte" in dlq[b"b2"] and "schema id 77 is not in the registry" in dlq[b"b4"]
+    else:
+        assert "not an Avro record" in dlq[b"b2"]

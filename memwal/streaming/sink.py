@@ -535,7 +535,7 @@ class Write:
         stale = 0
         drop_stale = bool(seq and self.options.drop_stale_across_batches)
         if drop_stale:
-            newest, stale = _drop_stale(worker, shard_id, newest, str(seq))
+            newest, stale = _drop_stale(worker, shard_id, newest, str(seq), self.storage)
         deletes_mask = newest.column(DELETE)
         dels = newest.filter(deletes_mask)
         ups = newest.filter(pc.invert(deletes_mask))
@@ -545,6 +545,10 @@ class Write:
         if ups.num_rows:
             worker.writers.write(trusted_batch(shard_id, values, ups.select(state.write_schema.names), ups.column(SHARD), state.write_schema))
         if drop_stale:
+            if dels.num_rows:
+                from memwal.streaming.deleted import deleted_sequences_uri, record_deletes
+
+                record_deletes(deleted_sequences_uri(self.uri), dels.select(pk + [str(seq)]), shard_id, self.storage)
             _remember_written(worker, shard_id, dels, ups, str(seq))
         failpoint(f"sink.wrote.batch-{self.batch_id}")  # crash tests: some shards written, not all
         flushed = False
@@ -573,15 +577,20 @@ def _key_tuples(rows: pa.Table, pk: list[str]) -> list[tuple[Any, ...]]:
     return list(zip(*(rows.column(c).to_pylist() for c in pk)))
 
 
-def _drop_stale(worker: WorkerTable, shard_id: str, rows: pa.Table, seq: str) -> tuple[pa.Table, int]:
+def _drop_stale(worker: WorkerTable, shard_id: str, rows: pa.Table, seq: str, storage: StorageConfig | None = None) -> tuple[pa.Table, int]:
     """Rows (one per key) whose sequence is not older than the stored version of their key.
 
     Stored sequences come from what this worker wrote to the shard (see
     :class:`~memwal.streaming.worker.StoredSequences`); only keys it does not know are read
-    from the table, in this shard.
+    from the table, in this shard, and from the deletes recorded beside it
+    (:mod:`memwal.streaming.deleted`): the newer of the live row and the last delete counts.
     """
+    from memwal.streaming.deleted import deleted_sequences_uri, read_deletes
+
     pk = list(worker.state.primary_key)
     cache = worker.sequences(shard_id)
+    if cache.deleted is None:
+        cache.deleted = read_deletes(deleted_sequences_uri(worker.state.uri), shard_id, pk, seq, storage)
     keys = _key_tuples(rows, pk)
     stored = {k: cache.known[k] for k in keys if k in cache.known}
     missing = [i for i, k in enumerate(keys) if k not in stored]
@@ -589,7 +598,8 @@ def _drop_stale(worker: WorkerTable, shard_id: str, rows: pa.Table, seq: str) ->
         found = worker.stored_sequences(shard_id, rows.take(pa.array(missing, pa.int64())).select(pk), seq)
         looked_up = dict(zip(_key_tuples(found, pk), found.column(seq).to_pylist()))
         for i in missing:
-            stored[keys[i]] = looked_up.get(keys[i])
+            live, gone = looked_up.get(keys[i]), cache.deleted.get(keys[i])
+            stored[keys[i]] = live if gone is None else gone if live is None else max(live, gone)
     keep = [i for i, (k, s) in enumerate(zip(keys, rows.column(seq).to_pylist())) if stored[k] is None or s >= stored[k]]
     if len(keep) == rows.num_rows:
         return rows, 0
@@ -606,6 +616,8 @@ def _remember_written(worker: WorkerTable, shard_id: str, dels: pa.Table, ups: p
     # delete is stale like one older than an upsert (the table keeps no row, so a reopened
     # writer no longer knows it: then only live rows' sequences are stored).
     cache.remember(_key_tuples(dels, pk), dels.column(seq).to_pylist())
+    if cache.deleted is not None:
+        cache.deleted.update(zip(_key_tuples(dels, pk), dels.column(seq).to_pylist()))
     cache.remember(_key_tuples(ups, pk), ups.column(seq).to_pylist())
 
 

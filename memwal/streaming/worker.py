@@ -43,10 +43,14 @@ class StoredSequences:
     opens: int = -1
     known: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     reader: Any = None
+    #: Key tuple -> newest delete sequence of keys deleted in the shard (read once per writer
+    #: generation, then kept up to date by this worker; :mod:`memwal.streaming.deleted`).
+    deleted: dict[tuple[Any, ...], Any] | None = None
 
     def restart(self, opens: int) -> None:
         self.opens = opens
         self.known.clear()
+        self.deleted = None
 
     def remember(self, keys: Sequence[tuple[Any, ...]], sequences: Sequence[Any]) -> None:
         if len(self.known) + len(keys) > self.MAX_KEYS:

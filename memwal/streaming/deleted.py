@@ -1,0 +1,66 @@
+"""The sequences of deleted keys, kept beside the table, so ``drop_stale_across_batches``
+holds across deletes too.
+
+A delete leaves no row, so the table cannot tell how new a delete was: without this, a change
+older than a delete that arrives in a later micro-batch (a Debezium replay, or a key whose
+changes come from several partitions consumed unevenly) would bring the row back. The sink
+appends ``(key, sequence, shard)`` of every delete it writes with a sequence to a Lance
+table beside the target (``{table}_deleted_sequences``), after the delete itself: a crash in
+between makes Spark replay the micro-batch, which writes both again (duplicates are harmless:
+the newest sequence per key counts).
+
+A write task reads its shard's entries once per writer generation (when its
+:class:`~memwal.streaming.worker.StoredSequences` start over): while the writer stays open,
+only it writes the shard, and it remembers what it writes. The cost is the shard's deleted
+keys, read once per writer open, and one append per micro-batch and shard with deletes; the
+entries are never removed (a key deleted long ago still needs its delete's sequence for a
+replay of an older change, however late it comes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lance
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memwal import paths
+from memwal.state import resolve_storage
+from memwal.storage import StorageConfig
+
+SHARD = "__memwal_shard"
+
+
+def deleted_sequences_uri(table_uri: str) -> str:
+    return paths.normalize_uri(table_uri).rstrip("/") + "_deleted_sequences"
+
+
+def record_deletes(uri: str, deletes: pa.Table, shard_id: str, storage: StorageConfig | None) -> None:
+    """Append ``deletes`` (the key columns and the sequence column) as deletes of ``shard_id``."""
+    if deletes.num_rows == 0:
+        return
+    rows = deletes.append_column(SHARD, pa.array([shard_id] * deletes.num_rows, pa.string())).replace_schema_metadata(None)
+    options = resolve_storage(storage).lance_options()
+    for _ in range(3):
+        try:
+            lance.write_dataset(rows, uri, mode="append", storage_options=options)
+            return
+        except (OSError, ValueError):
+            # Another task created the table at the same time (create-if-absent): append again.
+            continue
+    lance.write_dataset(rows, uri, mode="append", storage_options=options)
+
+
+def read_deletes(uri: str, shard_id: str, key_columns: list[str], sequence: str, storage: StorageConfig | None) -> dict[tuple[Any, ...], Any]:
+    """Key tuple -> the newest recorded delete sequence of every key deleted in ``shard_id``."""
+    try:
+        ds = lance.dataset(uri, storage_options=resolve_storage(storage).lance_options())
+    except (FileNotFoundError, ValueError, OSError):
+        return {}  # nothing deleted yet
+    t = ds.to_table(columns=key_columns + [sequence], filter=pc.field(SHARD) == shard_id)
+    if t.num_rows == 0:
+        return {}
+    newest = t.group_by(key_columns).aggregate([(sequence, "max")])
+    keys = zip(*(newest.column(c).to_pylist() for c in key_columns))
+    return dict(zip(keys, newest.column(f"{sequence}_max").to_pylist()))
