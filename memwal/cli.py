@@ -327,6 +327,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         f"ingested {int(totals.get('rows', 0))} records in {int(totals.get('batches', 0))} micro-batch(es): "
         f"{int(totals.get('upserts', 0))} upserts, {int(totals.get('deletes', 0))} deletes, "
         f"{int(totals.get('dead_letters', 0))} dead letter(s)"
+        + (f", {int(totals['skipped'])} skipped" if totals.get("skipped") else "")
     )
     return 0
 
@@ -485,7 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "ingest",
         help="stream a Kafka topic into a table with Spark",
-        description="Run a Spark Structured Streaming query reading JSON records from a Kafka topic "
+        description="Run a Spark Structured Streaming query reading records (JSON, Debezium JSON or Avro: --format) from a Kafka topic "
         "into the table: upserts and deletes (operation field), bad records to the dead-letter table "
         "{table}_dead_letters. Offsets live in the checkpoint directory; a restarted query resumes there.",
     )

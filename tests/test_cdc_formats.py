@@ -370,3 +370,14 @@ def test_avro_values_end_to_end_with_corrupt_records_in_the_dead_letter_table(sp
         assert "magic byte" in dlq[b"b2"] and "schema id 77 is not in the registry" in dlq[b"b4"]
     else:
         assert "not an Avro record" in dlq[b"b2"]
+
+
+def test_ingest_format_flags_are_checked_before_spark_starts(tmp_path):
+    import subprocess
+    import sys
+
+    base = ["--bootstrap", "127.0.0.1:1", "--topic", "t", "--table", str(tmp_path / "t"), "--checkpoint", str(tmp_path / "c")]
+    for extra in (["--avro-schema-id", "3"], ["--format", "avro", "--avro-schema", str(tmp_path / "missing.avsc")]):
+        p = subprocess.run([sys.executable, "-m", "memwal", "ingest", *base, *extra], capture_output=True, text=True)
+        assert p.returncode == 2, (p.returncode, p.stderr)
+        assert "Traceback" not in p.stderr and p.stderr.count("memwal: error:") == 1
