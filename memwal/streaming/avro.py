@@ -27,14 +27,14 @@ import os
 import threading
 import urllib.error
 import urllib.request
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal.errors import InvalidArgumentError, MemwalError
-from memwal.streaming.decode import Decoded, _json_type, _reason, bisect_failures
+from memwal.streaming.decode import Binaries, Decoded, _json_type, _reason, binary_array, bisect_failures
 
 #: Confluent wire format: magic byte 0, 4-byte big-endian schema id, then the Avro datum.
 MAGIC = 0
@@ -185,8 +185,8 @@ class AvroDecoder:
             self._writers[schema_id] = w
         return w
 
-    def decode_batch(self, values: Sequence[bytes | None], keys: Sequence[bytes | None]) -> Decoded:
-        arr = pa.array(list(values), pa.binary())
+    def decode_batch(self, values: Binaries, keys: Binaries) -> Decoded:
+        arr = binary_array(values)
         n = len(arr)
         errors: dict[int, str] = {int(i): "the record has no value (null)" for i in np.flatnonzero(np.asarray(arr.is_null()))}
         if self.with_header:

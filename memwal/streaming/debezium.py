@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal.streaming.decode import Decoded, _json_type, bisect_failures, read_json_objects
+from memwal.streaming.decode import Binaries, Decoded, _json_type, binary_array, bisect_failures, read_json_objects
 
 #: The column of decoded rows holding the operation (not a table column: those may not start with "_").
 OP = "__memwal_debezium_op"
@@ -55,8 +55,8 @@ class DebeziumDecoder:
         key_fields = [pa.field(c, _json_type(schema.field(c).type)) for c in self.primary_key]
         self.key_schema = pa.schema(key_fields + [pa.field("payload", pa.struct(key_fields))])
 
-    def decode_batch(self, values: Sequence[bytes | None], keys: Sequence[bytes | None]) -> Decoded:
-        values, keys = list(values), list(keys)
+    def decode_batch(self, values: Binaries, keys: Binaries) -> Decoded:
+        values, key_array = binary_array(values).to_pylist(), binary_array(keys)
         present = np.array([i for i, v in enumerate(values) if v is not None], dtype=np.int64)
         skipped = len(values) - len(present)  # tombstones
         vals = [values[i] for i in present]
@@ -71,13 +71,13 @@ class DebeziumDecoder:
             env = read_json_objects([vals[i] for i in good], self.value_schema) if len(good) else self.value_schema.empty_table()
         positions = present[good]
         rows, row_errors = self._rows(_unwrap(env, [f.name for f in self.value_schema if f.name != "payload"]),
-                                      [keys[i] for i in positions])
+                                      key_array.take(pa.array(positions, pa.int64())))
         for j, reason in row_errors.items():
             errors[int(positions[j])] = reason
         keep = np.array([j for j in range(len(positions)) if j not in row_errors], dtype=np.int64)
         return Decoded(rows.take(pa.array(keep, pa.int64())), positions[keep], errors, skipped)
 
-    def _rows(self, env: dict[str, pa.Array], keys: list[bytes | None]) -> tuple[pa.Table, dict[int, str]]:
+    def _rows(self, env: dict[str, pa.Array], keys: pa.BinaryArray) -> tuple[pa.Table, dict[int, str]]:
         """Table rows (plus :data:`OP` and the sequence) of unwrapped envelopes, and the
         positions of malformed ones with the reason."""
         op = env["op"]
@@ -91,15 +91,13 @@ class DebeziumDecoder:
         after_missing = np.asarray(pc.and_(is_upsert, env["after"].is_null()))
         for j in np.flatnonzero(after_missing):
             errors.setdefault(int(j), f"Debezium {op[int(j)].as_py()!r} event without an 'after' row")
-        key_rows = self._keys(keys)
-        columns = []
-        for f in self.schema:
-            after, before = pc.struct_field(env["after"], f.name), pc.struct_field(env["before"], f.name)
-            col = pc.if_else(is_delete, before, after)
-            if f.name in self.primary_key:
-                col = pc.coalesce(col, key_rows[f.name])  # the key when the value lacks it
-            columns.append(col)
+        columns = [pc.if_else(is_delete, pc.struct_field(env["before"], f.name), pc.struct_field(env["after"], f.name))
+                   for f in self.schema]
         names = list(self.schema.names)
+        if any(columns[names.index(c)].null_count for c in self.primary_key):
+            key_rows = self._keys(keys.to_pylist())  # the key when the value lacks it
+            for c in self.primary_key:
+                columns[names.index(c)] = pc.coalesce(columns[names.index(c)], key_rows[c])
         if self.sequence_field:
             source = env["source"]
             position = pc.coalesce(pc.struct_field(source, "lsn"), pc.struct_field(source, "ts_ms"), env["ts_ms"])

@@ -94,10 +94,23 @@ class JsonDecoder:
         return rows, good, errors
 
 
-    def decode_batch(self, values: Sequence[bytes | None], keys: Sequence[bytes | None]) -> "Decoded":
+    def decode_batch(self, values: Binaries, keys: Binaries) -> "Decoded":
         """The :class:`ValueDecoder` form of :meth:`decode` (JSON values ignore the key)."""
-        rows, positions, errors = self.decode(values)
+        rows, positions, errors = self.decode(binary_array(values).to_pylist())
         return Decoded(rows, positions, errors)
+
+
+#: Kafka keys or values: an Arrow binary array (as the source yields them) or a list.
+Binaries = pa.Array | pa.ChunkedArray | Sequence[bytes | None]
+
+
+def binary_array(values: Binaries) -> pa.BinaryArray:
+    """``values`` as one binary array (32-bit offsets: a micro-batch's values stay far below 2 GiB)."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if not isinstance(values, pa.Array):
+        values = pa.array(list(values), pa.binary())
+    return values if values.type == pa.binary() else values.cast(pa.binary())
 
 
 def read_json_objects(values: Sequence[bytes | None], parse_schema: pa.Schema) -> pa.Table:
@@ -138,7 +151,7 @@ class ValueDecoder(Protocol):
     #: The column of :attr:`Decoded.rows` naming each row's operation (None: all upserts).
     op_field: str | None
 
-    def decode_batch(self, values: Sequence[bytes | None], keys: Sequence[bytes | None]) -> Decoded: ...
+    def decode_batch(self, values: Binaries, keys: Binaries) -> Decoded: ...
 
 
 #: The value formats ``memwal ingest`` reads.

@@ -334,7 +334,7 @@ class Prepare:
             decoder = value_decoder(state.schema, opts.value_format, op_field=opts.op_field, sequence_field=opts.sequence_field,
                                     primary_key=state.primary_key, avro_schema=opts.avro_schema,
                                     avro_schema_id=opts.avro_schema_id, schema_registry=opts.schema_registry)
-            decoded = decoder.decode_batch(raw.to_pylist(), kkey.to_pylist())
+            decoded = decoder.decode_batch(raw, kkey)
             parsed, positions, errors, skipped = decoded.rows, decoded.positions, dict(decoded.errors), decoded.skipped
             op_field = decoder.op_field
         else:
