@@ -14,6 +14,7 @@ memwal's own files live next to Lance's, never inside Lance's directories::
     {table}/_memwal/maintenance.json                  the maintenance service's last metrics
     {table}/_memwal/views/{name}/                     materialized view metadata
     {table}_dead_letters/                             dead-letter Lance table (sibling)
+    {table}_deleted_sequences/                        sequences of deleted keys, for --drop-stale (sibling)
 
 Keeping all of this in one module means a layout change touches one file.
 """
@@ -139,6 +140,11 @@ def views_dir(table: str) -> str:
 
 def view_meta_dir(table: str, name: str) -> str:
     return join(views_dir(table), name)
+
+
+def deleted_sequences_table(table: str) -> str:
+    """Beside its table like the dead letters (memwal.streaming.deleted)."""
+    return table.rstrip("/") + "_deleted_sequences"
 
 
 def dead_letter_table(table: str) -> str:

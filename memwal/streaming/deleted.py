@@ -33,7 +33,7 @@ SHARD = "__memwal_shard"
 
 
 def deleted_sequences_uri(table_uri: str) -> str:
-    return paths.normalize_uri(table_uri).rstrip("/") + "_deleted_sequences"
+    return paths.deleted_sequences_table(paths.normalize_uri(table_uri))
 
 
 def record_deletes(uri: str, deletes: pa.Table, shard_id: str, storage: StorageConfig | None) -> None:

@@ -612,9 +612,9 @@ def _remember_written(worker: WorkerTable, shard_id: str, dels: pa.Table, ups: p
     what was just written is known."""
     cache = worker.sequences(shard_id)
     pk = list(worker.state.primary_key)
-    # A delete's sequence too: while this writer generation lasts, a replay older than the
-    # delete is stale like one older than an upsert (the table keeps no row, so a reopened
-    # writer no longer knows it: then only live rows' sequences are stored).
+    # A delete's sequence too: a replay older than the delete is stale like one older than an
+    # upsert. The table keeps no row for it; the deletes recorded beside the table
+    # (memwal.streaming.deleted) carry it over to the next writer generation.
     cache.remember(_key_tuples(dels, pk), dels.column(seq).to_pylist())
     if cache.deleted is not None:
         cache.deleted.update(zip(_key_tuples(dels, pk), dels.column(seq).to_pylist()))
