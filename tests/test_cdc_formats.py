@@ -381,3 +381,38 @@ def test_ingest_format_flags_are_checked_before_spark_starts(tmp_path):
         p = subprocess.run([sys.executable, "-m", "memwal", "ingest", *base, *extra], capture_output=True, text=True)
         assert p.returncode == 2, (p.returncode, p.stderr)
         assert "Traceback" not in p.stderr and p.stderr.count("memwal: error:") == 1
+
+
+def test_a_delete_keeps_its_sequence_for_the_next_writer(tmp_path):
+    """--drop-stale across a delete: the delete's sequence is recorded beside the table, so a
+    later writer of the shard (another worker, a restarted query: here the worker cache is
+    cleared) still drops a change older than the delete, and takes a newer one."""
+    from memwal.streaming.deleted import deleted_sequences_uri, read_deletes
+    from memwal.streaming.sink import Prepare, Write
+    from memwal.streaming.worker import WORKER
+
+    uri = str(tmp_path / "t")
+    Table.create(uri, SCHEMA, ["id"], "bucket(id, 2)").close()
+    options = SinkOptions(source="columns", sequence_field="pos", drop_stale_across_batches=True, max_write_tasks=1,
+                          flush_interval_seconds=None)
+
+    def run(batch_id: int, rows: list[dict]) -> list[dict]:
+        data = pa.Table.from_pylist(rows, schema=SCHEMA.append(pa.field("op", pa.string())))
+        exchange = list(Prepare(uri, options)(iter(data.to_batches())))
+        try:
+            return pa.Table.from_batches(list(Write(uri, options, batch_id, dead_letter_uri(uri))(iter(exchange)))).to_pylist()
+        finally:
+            WORKER.clear()  # the next batch's writers are new ones
+
+    run(0, [{"id": k, "name": f"v{k}", "pos": 10, "op": "upsert"} for k in range(6)])
+    run(1, [{"id": k, "pos": 20, "op": "delete"} for k in (0, 1, 2)])
+    summaries = run(2, [{"id": 0, "name": "older than the delete", "pos": 15, "op": "upsert"},
+                        {"id": 1, "name": "newer than the delete", "pos": 25, "op": "upsert"},
+                        {"id": 3, "name": "older than the row", "pos": 5, "op": "upsert"}])
+    assert sum(s["stale_dropped"] for s in summaries) == 2
+    got = {r["id"]: r["name"] for r in readers.open(uri, consistency="strong").scan().to_pylist()}
+    assert got == {1: "newer than the delete", 3: "v3", 4: "v4", 5: "v5"}
+    recorded = {}
+    for shard in Table.open(uri).manifests.list_shards():
+        recorded.update(read_deletes(deleted_sequences_uri(uri), str(shard), ["id"], "pos", None))
+    assert recorded == {(0,): 20, (1,): 20, (2,): 20}
