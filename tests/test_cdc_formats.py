@@ -416,3 +416,36 @@ def test_a_delete_keeps_its_sequence_for_the_next_writer(tmp_path):
     for shard in Table.open(uri).manifests.list_shards():
         recorded.update(read_deletes(deleted_sequences_uri(uri), str(shard), ["id"], "pos", None))
     assert recorded == {(0,): 20, (1,): 20, (2,): 20}
+
+
+def test_a_worker_whose_shard_another_worker_wrote_does_not_trust_what_it_remembers(tmp_path, monkeypatch):
+    """Two worker processes (two worker caches) take turns writing one shard with --drop-stale:
+    the first one's memory of a key is stale once the second wrote it, and the first one learns
+    so before deciding (the shard's lease names the other), not at its next (fenced) write."""
+    from memwal.streaming import sink
+    from memwal.streaming.sink import Prepare, Write
+    from memwal.streaming.worker import WorkerCache
+
+    uri = str(tmp_path / "t")
+    Table.create(uri, SCHEMA, ["id"], "unsharded").close()
+    options = SinkOptions(source="columns", sequence_field="pos", drop_stale_across_batches=True, max_write_tasks=1,
+                          flush_interval_seconds=None)
+    workers = [WorkerCache(), WorkerCache()]
+
+    def run(worker: int, batch_id: int, rows: list[dict]) -> int:
+        monkeypatch.setattr(sink, "WORKER", workers[worker])
+        data = pa.Table.from_pylist(rows, schema=SCHEMA.append(pa.field("op", pa.string())))
+        exchange = list(Prepare(uri, options)(iter(data.to_batches())))
+        out = pa.Table.from_batches(list(Write(uri, options, batch_id, dead_letter_uri(uri))(iter(exchange)))).to_pylist()
+        return sum(s["stale_dropped"] for s in out)
+
+    try:
+        assert run(0, 0, [{"id": 1, "name": "a", "pos": 10, "op": "upsert"}, {"id": 2, "name": "a", "pos": 10, "op": "upsert"}]) == 0
+        assert run(1, 1, [{"id": 1, "name": "b", "pos": 20, "op": "upsert"}, {"id": 2, "pos": 20, "op": "delete"}]) == 0
+        # worker 0 remembers both keys at 10; worker 1 has since written them at 20
+        assert run(0, 2, [{"id": 1, "name": "late", "pos": 15, "op": "upsert"}, {"id": 2, "name": "late", "pos": 15, "op": "upsert"}]) == 2
+    finally:
+        for w in workers:
+            w.clear()
+    got = {r["id"]: r["name"] for r in readers.open(uri, consistency="strong").scan().to_pylist()}
+    assert got == {1: "b"}

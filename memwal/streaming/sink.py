@@ -588,7 +588,7 @@ def _drop_stale(worker: WorkerTable, shard_id: str, rows: pa.Table, seq: str, st
     from memwal.streaming.deleted import deleted_sequences_uri, read_deletes
 
     pk = list(worker.state.primary_key)
-    cache = worker.sequences(shard_id)
+    cache = worker.sequences(shard_id, check_owner=True)
     if cache.deleted is None:
         cache.deleted = read_deletes(deleted_sequences_uri(worker.state.uri), shard_id, pk, seq, storage)
     keys = _key_tuples(rows, pk)

@@ -51,6 +51,7 @@ class StoredSequences:
         self.opens = opens
         self.known.clear()
         self.deleted = None
+        self.reader = None  # its snapshot may predate another writer's writes
 
     def remember(self, keys: Sequence[tuple[Any, ...]], sequences: Sequence[Any]) -> None:
         if len(self.known) + len(keys) > self.MAX_KEYS:
@@ -74,14 +75,23 @@ class WorkerTable:
         state = TableState.load(uri, storage)
         return cls(state, ShardWriterPool(state))
 
-    def sequences(self, shard_id: str) -> StoredSequences:
-        """The shard's stored sequences, started over if its writer was (re)opened since."""
+    def sequences(self, shard_id: str, check_owner: bool = False) -> StoredSequences:
+        """The shard's stored sequences, started over if its writer was (re)opened since.
+
+        ``check_owner`` (before deciding from them): also start over if the shard's writer
+        lease names another pool. Another worker that wrote the shard since fenced this
+        worker's writer, but this worker finds out only at its next write, after the
+        decision: the lease, written by every claim, tells it before."""
         with self._guard:
             cache = self._sequences.setdefault(shard_id, StoredSequences())
         opens = self.writers.shard_stats(shard_id).opens
-        if cache.opens != opens:
+        if cache.opens != opens or (check_owner and not self._owns(shard_id)):
             cache.restart(opens)
         return cache
+
+    def _owns(self, shard_id: str) -> bool:
+        held = self.writers.lease(shard_id)
+        return held is not None and held.owner == self.writers.owner
 
     def stored_sequences(self, shard_id: str, keys: pa.Table, sequence_field: str) -> pa.Table:
         """Key columns and ``sequence_field`` of the live rows of ``keys`` in ``shard_id``
