@@ -36,20 +36,32 @@ def deleted_sequences_uri(table_uri: str) -> str:
     return paths.deleted_sequences_table(paths.normalize_uri(table_uri))
 
 
+def ensure_table(uri: str, schema: pa.Schema, key_columns: list[str], sequence: str, storage: StorageConfig | None) -> None:
+    """Create the table if it is not there: once, on the driver, before any write task appends
+    (tasks creating it at the same time could each write a first version)."""
+    options = resolve_storage(storage).lance_options()
+    try:
+        lance.dataset(uri, storage_options=options)
+        return
+    except (FileNotFoundError, ValueError, OSError):
+        pass  # not there yet
+    fields = [schema.field(c).remove_metadata() for c in key_columns + [sequence]] + [pa.field(SHARD, pa.string())]
+    try:
+        lance.write_dataset(pa.schema(fields).empty_table(), uri, mode="create", storage_options=options)
+    except (OSError, ValueError):
+        lance.dataset(uri, storage_options=options)  # another driver created it first
+
+
 def record_deletes(uri: str, deletes: pa.Table, shard_id: str, storage: StorageConfig | None) -> None:
-    """Append ``deletes`` (the key columns and the sequence column) as deletes of ``shard_id``."""
+    """Append ``deletes`` (the key columns and the sequence column) as deletes of ``shard_id``
+    (the table exists: :func:`ensure_table`; concurrent appends commit one after the other)."""
     if deletes.num_rows == 0:
         return
     rows = deletes.append_column(SHARD, pa.array([shard_id] * deletes.num_rows, pa.string())).replace_schema_metadata(None)
-    options = resolve_storage(storage).lance_options()
-    for _ in range(3):
-        try:
-            lance.write_dataset(rows, uri, mode="append", storage_options=options)
-            return
-        except (OSError, ValueError):
-            # Another task created the table at the same time (create-if-absent): append again.
-            continue
-    lance.write_dataset(rows, uri, mode="append", storage_options=options)
+    pk, seq = deletes.schema.names[:-1], deletes.schema.names[-1]
+    ensure_table(uri, deletes.schema, pk, seq, storage)  # normally there already (the sink's driver made it)
+    ds = lance.dataset(uri, storage_options=resolve_storage(storage).lance_options())
+    lance.write_dataset(rows.cast(ds.schema), ds, mode="append")
 
 
 def read_deletes(uri: str, shard_id: str, key_columns: list[str], sequence: str, storage: StorageConfig | None) -> dict[tuple[Any, ...], Any]:

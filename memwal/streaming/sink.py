@@ -667,6 +667,10 @@ class MemwalSink:
             raise ValueError(f"sequence field {seq!r} is not a column of {self.uri}; the stored version must be kept")
         if self.options.drop_stale_across_batches and seq is None:
             raise ValueError("drop_stale_across_batches needs a sequence_field")
+        if self.options.drop_stale_across_batches:
+            from memwal.streaming.deleted import deleted_sequences_uri, ensure_table
+
+            ensure_table(deleted_sequences_uri(self.uri), table.write_schema, list(table.primary_key), str(seq), self.storage)
         if self.options.source == "kafka-json":
             from memwal.streaming.decode import value_decoder
 
