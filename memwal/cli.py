@@ -334,6 +334,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
     options = SinkOptions(
         source="kafka-json",
+        **_value_format(args),
         sequence_field=args.sequence_field,
         drop_stale_across_batches=args.drop_stale,
         merge=args.merge,
@@ -376,8 +377,23 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         f"ingested {int(totals.get('rows', 0))} records in {int(totals.get('batches', 0))} micro-batch(es): "
         f"{int(totals.get('upserts', 0))} upserts, {int(totals.get('deletes', 0))} deletes, "
         f"{int(totals.get('dead_letters', 0))} dead letter(s)"
+        + (f", {int(totals['skipped'])} skipped" if totals.get("skipped") else "")
     )
     return 0
+
+
+def _value_format(args: argparse.Namespace) -> dict[str, Any]:
+    """The sink's value-format options of ``ingest``'s flags (the .avsc file read here, on the driver)."""
+    out: dict[str, Any] = {"value_format": args.format}
+    if args.avro_schema is not None:
+        try:
+            with open(args.avro_schema, encoding="utf-8") as f:
+                out["avro_schema"] = f.read()
+        except OSError as e:
+            raise InvalidArgumentError(f"cannot read the Avro schema {args.avro_schema}: {e.strerror or e}") from e
+    if args.format != "avro" and (args.avro_schema or args.avro_schema_id is not None or args.schema_registry):
+        raise InvalidArgumentError("--avro-schema, --avro-schema-id and --schema-registry go with --format avro")
+    return out | _given(avro_schema_id=args.avro_schema_id, schema_registry=args.schema_registry)
 
 
 def _given(**options: Any) -> dict[str, Any]:
@@ -542,7 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "ingest",
         help="stream a Kafka topic into a table with Spark",
-        description="Run a Spark Structured Streaming query reading JSON records from a Kafka topic "
+        description="Run a Spark Structured Streaming query reading records (JSON, Debezium JSON or Avro: --format) from a Kafka topic "
         "into the table: upserts and deletes (operation field), bad records to the dead-letter table "
         "{table}_dead_letters. Offsets live in the checkpoint directory; a restarted query resumes there.",
     )
@@ -554,6 +570,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--available-now", action="store_true", help="process what the topic holds now, then stop")
     s.add_argument("--starting-offsets", default="earliest", help="earliest (default), latest, or JSON per partition")
     s.add_argument("--max-offsets-per-trigger", type=int, metavar="N", help="records per micro-batch at most")
+    s.add_argument("--format", default="json", choices=("json", "debezium-json", "avro"),
+        help="record values: json objects with the table's columns (default), debezium-json change events "
+        "(the source position fills --sequence-field), or avro (see --avro-schema)")
+    s.add_argument("--avro-schema", metavar="FILE.avsc", help="with --format avro: the schema values are written with (or read as)")
+    s.add_argument("--avro-schema-id", type=int, metavar="ID",
+        help="with --format avro: values carry the Confluent header with this schema id; other ids go to the dead-letter table")
+    s.add_argument("--schema-registry", metavar="URL",
+        help="with --format avro: values carry the Confluent header; writer schemas are fetched from this schema registry by id")
     s.add_argument("--op-field", help="JSON field holding the operation (upsert/delete); '' for none (default: the sink's)")
     s.add_argument("--sequence-field", help="JSON field ordering versions of a key (highest wins)")
     s.add_argument("--drop-stale", action="store_true", help="with --sequence-field: drop rows older than the stored version")

@@ -16,6 +16,7 @@ memwal's own files live next to Lance's, never inside Lance's directories::
     {table}/_memwal/views/{name}/_memwal_hold.json    generations the view still has to read (GC keeps them)
     {table}/_memwal/quarantine/{stamp}/...            files ``memwal repair`` moved aside
     {table}_dead_letters/                             dead-letter Lance table (sibling)
+    {table}_deleted_sequences/                        sequences of deleted keys, for --drop-stale (sibling)
 
 Keeping all of this in one module means a layout change touches one file.
 """
@@ -165,6 +166,11 @@ def view_hold(table: str, name: str) -> str:
     """A view's change-log hold (see :mod:`memwal.holds`); inside the view's directory, so
     dropping the view releases it."""
     return join(view_meta_dir(table, name), "_memwal_hold.json")
+
+
+def deleted_sequences_table(table: str) -> str:
+    """Beside its table like the dead letters (memwal.streaming.deleted)."""
+    return table.rstrip("/") + "_deleted_sequences"
 
 
 def dead_letter_table(table: str) -> str:

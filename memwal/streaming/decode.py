@@ -9,14 +9,15 @@ reason in words: which column, what was wrong.
 from __future__ import annotations
 
 import json
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
-from memwal.errors import MemwalError
+from memwal.errors import InvalidArgumentError, MemwalError
 from memwal.schema import conform
 
 #: Operation values that mean "delete this key"; anything in UPSERT_VALUES (or a missing
@@ -77,18 +78,7 @@ class JsonDecoder:
         self.parse_schema = pa.schema(fields)
 
     def _parse(self, values: Sequence[bytes]) -> pa.Table:
-        if any(v is None for v in values):
-            raise MemwalError("the record has no value (null)")
-        blob = b"\n".join(v.replace(b"\n", b" ") for v in values) + b"\n"
-        t = pajson.read_json(
-            pa.py_buffer(blob),
-            parse_options=pajson.ParseOptions(explicit_schema=self.parse_schema, unexpected_field_behavior="ignore"),
-            read_options=pajson.ReadOptions(block_size=max(1 << 20, len(blob) + 1)),
-        )
-        if t.num_rows != len(values):
-            # A value that is not one JSON object per record (e.g. two objects, or an array)
-            raise MemwalError(f"expected {len(values)} JSON object(s), found {t.num_rows}")
-        return t
+        return read_json_objects(values, self.parse_schema)
 
     def decode(self, values: Sequence[bytes | None]) -> tuple[pa.Table, np.ndarray, dict[int, str]]:
         """(parsed rows of the good values, their positions, position -> error)."""
@@ -102,6 +92,87 @@ class JsonDecoder:
             errors[i] = _json_reason(values[i], reason)
         rows = self._parse([values[i] for i in good]) if len(good) else self.parse_schema.empty_table()
         return rows, good, errors
+
+
+    def decode_batch(self, values: Binaries, keys: Binaries) -> "Decoded":
+        """The :class:`ValueDecoder` form of :meth:`decode` (JSON values ignore the key)."""
+        rows, positions, errors = self.decode(binary_array(values).to_pylist())
+        return Decoded(rows, positions, errors)
+
+
+#: Kafka keys or values: an Arrow binary array (as the source yields them) or a list.
+Binaries = pa.Array | pa.ChunkedArray | Sequence[bytes | None]
+
+
+def binary_array(values: Binaries) -> pa.BinaryArray:
+    """``values`` as one binary array (32-bit offsets: a micro-batch's values stay far below 2 GiB)."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if not isinstance(values, pa.Array):
+        values = pa.array(list(values), pa.binary())
+    return values if values.type == pa.binary() else values.cast(pa.binary())
+
+
+def read_json_objects(values: Sequence[bytes | None], parse_schema: pa.Schema) -> pa.Table:
+    """One row per value, each one JSON object, read in one Arrow call into ``parse_schema``
+    (fields outside it are ignored). Raises if any value is null or not exactly one object."""
+    if any(v is None for v in values):
+        raise MemwalError("the record has no value (null)")
+    blob = b"\n".join(v.replace(b"\n", b" ") for v in values) + b"\n"  # type: ignore[union-attr]
+    t = pajson.read_json(
+        pa.py_buffer(blob),
+        parse_options=pajson.ParseOptions(explicit_schema=parse_schema, unexpected_field_behavior="ignore"),
+        read_options=pajson.ReadOptions(block_size=max(1 << 20, len(blob) + 1)),
+    )
+    if t.num_rows != len(values):
+        # A value that is not one JSON object per record (e.g. two objects, or an array)
+        raise MemwalError(f"expected {len(values)} JSON object(s), found {t.num_rows}")
+    return t
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """What a value decoder made of a batch of Kafka records."""
+
+    #: Rows of the good records: table columns (as decoded, before conforming), the
+    #: decoder's operation column (:attr:`ValueDecoder.op_field`) and the sequence, if any.
+    rows: pa.Table
+    #: Each row's position in the batch.
+    positions: np.ndarray
+    #: Position -> why the record cannot be written (it goes to the dead-letter table).
+    errors: dict[int, str]
+    #: Records deliberately left out, neither rows nor errors (Debezium tombstones).
+    skipped: int = 0
+
+
+class ValueDecoder(Protocol):
+    """Decodes Kafka record values (and keys, where the format takes key columns from them)."""
+
+    #: The column of :attr:`Decoded.rows` naming each row's operation (None: all upserts).
+    op_field: str | None
+
+    def decode_batch(self, values: Binaries, keys: Binaries) -> Decoded: ...
+
+
+#: The value formats ``memwal ingest`` reads.
+FORMATS = ("json", "debezium-json", "avro")
+
+
+def value_decoder(schema: pa.Schema, fmt: str = "json", *, op_field: str | None = "op", sequence_field: str | None = None,
+                  primary_key: Sequence[str] = (), avro_schema: str | None = None, avro_schema_id: int | None = None,
+                  schema_registry: str | None = None) -> ValueDecoder:
+    """The decoder of one value format for a table of ``schema``."""
+    if fmt == "json":
+        return JsonDecoder(schema, op_field, sequence_field)
+    if fmt == "debezium-json":
+        from memwal.streaming.debezium import DebeziumDecoder
+
+        return DebeziumDecoder(schema, primary_key, sequence_field)
+    if fmt == "avro":
+        from memwal.streaming.avro import AvroDecoder
+
+        return AvroDecoder(schema, op_field, sequence_field, avro_schema, avro_schema_id, schema_registry)
+    raise InvalidArgumentError(f"unknown value format {fmt!r}; expected one of {', '.join(FORMATS)}")
 
 
 def _json_reason(value: bytes | None, reason: str) -> str:

@@ -174,11 +174,12 @@ def ingest(
     query_name: str | None = None,
     storage_options: "Mapping[str, str] | StorageConfig | None" = None,
 ) -> IngestJob:
-    """Start a query reading JSON records from ``topic`` into the memwal table at ``table_uri``.
+    """Start a query reading records from ``topic`` into the memwal table at ``table_uri``.
 
-    Each record's value is a JSON object with the table's columns and an operation field
-    (``options.op_field``, default ``op``: ``upsert``/``delete``...). Progress is logged
-    per micro-batch and available as ``job.listener.progress``.
+    By default each record's value is a JSON object with the table's columns and an operation
+    field (``options.op_field``, default ``op``: ``upsert``/``delete``...);
+    ``options.value_format`` selects Debezium change events or Avro instead (docs/formats.md).
+    Progress is logged per micro-batch and available as ``job.listener.progress``.
 
     ``storage_options`` reach the table's object store (Lance's key names, over the driver's
     standard environment variables; see :mod:`memwal.storage`): they are resolved here, once,

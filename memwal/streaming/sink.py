@@ -53,7 +53,7 @@ from memwal.sharding import ShardingSpec, ShardValues
 from memwal.state import TableState, resolve_storage
 from memwal.storage import StorageConfig
 from memwal.streaming.dead_letters import record_json
-from memwal.streaming.decode import JsonDecoder, check_rows, json_presence, operations
+from memwal.streaming.decode import check_rows, json_presence, operations, value_decoder
 from memwal.streaming.worker import WORKER, WorkerTable
 
 log = logging.getLogger("memwal.streaming")
@@ -82,6 +82,7 @@ SUMMARY_SCHEMA = pa.schema(
         ("deletes", pa.int64()),
         ("stale_dropped", pa.int64()),
         ("dead_letters", pa.int64()),
+        ("skipped", pa.int64()),
         ("fenced_retries", pa.int64()),
         ("writer_opens", pa.int64()),
         ("flushed", pa.bool_()),
@@ -125,6 +126,16 @@ class SinkOptions:
     #: columns it carries (a JSON key it lacks keeps the stored value, ``null`` sets null;
     #: with the "columns" source, a column the DataFrame lacks), see :mod:`memwal.partial`.
     merge: str = "full"
+    #: Kafka values: "json" (objects with the table's columns and ``op_field``),
+    #: "debezium-json" (change events, :mod:`memwal.streaming.debezium`; the source position
+    #: fills ``sequence_field``) or "avro" (:mod:`memwal.streaming.avro`).
+    value_format: str = "json"
+    #: With "avro": the schema (the text of an ``.avsc``) values are written with, or read as.
+    avro_schema: str | None = None
+    #: With "avro": values carry Confluent's header with this schema id (others are dead letters).
+    avro_schema_id: int | None = None
+    #: With "avro": values carry Confluent's header; writer schemas come from this registry URL.
+    schema_registry: str | None = None
 
 
 @dataclass
@@ -137,6 +148,8 @@ class BatchReport:
     deletes: int = 0
     stale_dropped: int = 0
     dead_letters: int = 0
+    #: Records the format skips on purpose (Debezium tombstones).
+    skipped: int = 0
     shards: int = 0
     fenced_retries: int = 0
     writer_opens: int = 0
@@ -151,7 +164,8 @@ class BatchReport:
             f"batch {self.batch_id}: {self.rows} rows ({self.upserts} upserts, {self.deletes} deletes"
             + (f", {self.stale_dropped} stale" if self.stale_dropped else "")
             + f") into {self.shards} shard(s), {self.dead_letters} dead letter(s), "
-            f"{self.fenced_retries} fenced retr{'y' if self.fenced_retries == 1 else 'ies'}, "
+            + (f"{self.skipped} skipped, " if self.skipped else "")
+            + f"{self.fenced_retries} fenced retr{'y' if self.fenced_retries == 1 else 'ies'}, "
             f"{self.writer_opens} writer open(s), {self.flushes} flush(es), "
             f"stalled {self.stall_seconds_max:.3f}s, {self.seconds:.3f}s"
         )
@@ -201,6 +215,7 @@ def shard_partitions(spec: ShardingSpec, options: SinkOptions) -> int:
 COUNT_ROWS = "rows"
 COUNT_DEAD = "dead_letters"
 COUNT_DELETES = "deletes"
+COUNT_SKIPPED = "skipped"
 PAYLOAD = "payload"
 DEAD_PAYLOAD = "dead_payload"
 EXCHANGE_SCHEMA = pa.schema(
@@ -211,6 +226,7 @@ EXCHANGE_SCHEMA = pa.schema(
         pa.field(COUNT_DELETES, pa.int64()),
         pa.field(PAYLOAD, pa.binary()),
         pa.field(DEAD_PAYLOAD, pa.binary()),
+        pa.field(COUNT_SKIPPED, pa.int64()),
     ]
 )
 
@@ -264,6 +280,8 @@ class Prepared:
     shards: dict[str, ShardValues]
     #: :data:`DEAD_SCHEMA` rows.
     dead: pa.Table
+    #: Records the format skips on purpose (Debezium tombstones): counted, neither rows nor dead letters.
+    skipped: int = 0
 
 
 class Prepare:
@@ -324,9 +342,12 @@ class Prepare:
             order = (np.asarray(kpart.to_numpy(), dtype=np.int64) << _OFFSET_BITS) | np.asarray(offset.to_numpy(), dtype=np.int64)
             raw = data.column("value")
             kkey = data.column("key")
-            decoder = JsonDecoder(state.schema, opts.op_field, opts.sequence_field)
-            values = raw.to_pylist()
-            parsed, positions, errors = decoder.decode(values)
+            decoder = value_decoder(state.schema, opts.value_format, op_field=opts.op_field, sequence_field=opts.sequence_field,
+                                    primary_key=state.primary_key, avro_schema=opts.avro_schema,
+                                    avro_schema_id=opts.avro_schema_id, schema_registry=opts.schema_registry)
+            decoded = decoder.decode_batch(raw, kkey)
+            parsed, positions, errors, skipped = decoded.rows, decoded.positions, dict(decoded.errors), decoded.skipped
+            op_field = decoder.op_field
         else:
             topic = pa.nulls(count, pa.string())
             kpart = pa.nulls(count, pa.int32())
@@ -335,8 +356,9 @@ class Prepare:
             kkey = pa.nulls(count, pa.binary())
             raw = None
             parsed, positions = data, np.arange(count)
+            skipped, op_field = 0, opts.op_field
         # Operation and sequence
-        deletes_p, op_errors = operations(parsed, opts.op_field)
+        deletes_p, op_errors = operations(parsed, op_field)
         for i, reason in op_errors.items():
             errors[int(positions[i])] = reason
         if opts.sequence_field:
@@ -352,8 +374,8 @@ class Prepare:
         deletes_p = deletes_p[keep]
         ptype = presence_type(state.write_schema, state.primary_key) if opts.merge == "partial" else None
         if ptype is not None:
-            if raw is not None:
-                present = json_presence(values, parsed, positions, ptype)
+            if raw is not None and opts.value_format == "json":
+                present = json_presence(raw.to_pylist(), parsed, positions, ptype)
             else:  # a DataFrame of columns: a column it lacks is absent in every row
                 present = presence_of_columns(parsed.num_rows, ptype, parsed.schema.names)
         rows, good, row_errors = check_rows(parsed, state.write_schema, state.primary_key, opts.max_row_bytes)
@@ -397,7 +419,7 @@ class Prepare:
             ],
             schema=DEAD_SCHEMA,
         )
-        return Prepared(good_rows, shards, dead)
+        return Prepared(good_rows, shards, dead, skipped)
 
 
 def exchange_rows(prepared: Prepared) -> list[dict[str, Any]]:
@@ -417,10 +439,13 @@ def exchange_rows(prepared: Prepared) -> list[dict[str, Any]]:
             COUNT_DELETES: pc.sum(mine.column(DELETE).cast(pa.int64())).as_py() or 0,
             PAYLOAD: to_payload(mine.replace_schema_metadata(meta)),
             DEAD_PAYLOAD: None,
+            COUNT_SKIPPED: 0,
         }
+    if dead.num_rows or prepared.skipped:
+        zero = by_part.setdefault(0, {PART: 0, COUNT_ROWS: 0, COUNT_DEAD: 0, COUNT_DELETES: 0, PAYLOAD: None, DEAD_PAYLOAD: None, COUNT_SKIPPED: 0})
+        zero[COUNT_ROWS] += dead.num_rows + prepared.skipped
+        zero[COUNT_SKIPPED] = prepared.skipped
     if dead.num_rows:
-        zero = by_part.setdefault(0, {PART: 0, COUNT_ROWS: 0, COUNT_DEAD: 0, COUNT_DELETES: 0, PAYLOAD: None})
-        zero[COUNT_ROWS] += dead.num_rows
         zero[COUNT_DEAD] = dead.num_rows
         zero[DEAD_PAYLOAD] = to_payload(dead)
     return list(by_part.values())
@@ -453,7 +478,9 @@ class Write:
         routed: list[pa.Table] = []
         dead: list[pa.Table] = []
         shards: dict[str, ShardValues] = {}
+        skipped = 0
         for b in batches:
+            skipped += pc.sum(b.column(COUNT_SKIPPED)).as_py() or 0
             for p in b.column(PAYLOAD).to_pylist():
                 if p:
                     t = from_payload(p)
@@ -464,6 +491,8 @@ class Write:
                     dead.append(from_payload(p))
         if dead:
             yield self._dead_letters(pa.concat_tables(dead))
+        if skipped:
+            yield _summary("", skipped=skipped)
         if not routed:
             return
         data = pa.concat_tables(routed)
@@ -524,12 +553,12 @@ class Write:
         drop_stale = bool(seq and self.options.drop_stale_across_batches)
         if self.options.merge == "partial":
             if drop_stale:  # per record, before folding: a stale record must not set any column
-                rows, stale = _drop_stale(worker, shard_id, rows, str(seq))
+                rows, stale = _drop_stale(worker, shard_id, rows, str(seq), self.storage)
             dels, ups = _fold_partial(worker, shard_id, rows)
         else:
             newest = newest_per_key(rows, pk)
             if drop_stale:
-                newest, stale = _drop_stale(worker, shard_id, newest, str(seq))
+                newest, stale = _drop_stale(worker, shard_id, newest, str(seq), self.storage)
             deletes_mask = newest.column(DELETE)
             dels = newest.filter(deletes_mask)
             ups = newest.filter(pc.invert(deletes_mask))
@@ -539,6 +568,10 @@ class Write:
         if ups.num_rows:
             worker.writers.write(trusted_batch(shard_id, values, ups.select(state.write_schema.names), ups.column(SHARD), state.write_schema))
         if drop_stale:
+            if dels.num_rows:
+                from memwal.streaming.deleted import deleted_sequences_uri, record_deletes
+
+                record_deletes(deleted_sequences_uri(self.uri), dels.select(pk + [str(seq)]), shard_id, self.storage)
             _remember_written(worker, shard_id, dels, ups, str(seq))
         failpoint(f"sink.wrote.batch-{self.batch_id}")  # crash tests: some shards written, not all
         flushed = False
@@ -583,15 +616,20 @@ def _key_tuples(rows: pa.Table, pk: list[str]) -> list[tuple[Any, ...]]:
     return list(zip(*(rows.column(c).to_pylist() for c in pk)))
 
 
-def _drop_stale(worker: WorkerTable, shard_id: str, rows: pa.Table, seq: str) -> tuple[pa.Table, int]:
+def _drop_stale(worker: WorkerTable, shard_id: str, rows: pa.Table, seq: str, storage: StorageConfig | None = None) -> tuple[pa.Table, int]:
     """Rows (one per key) whose sequence is not older than the stored version of their key.
 
     Stored sequences come from what this worker wrote to the shard (see
     :class:`~memwal.streaming.worker.StoredSequences`); only keys it does not know are read
-    from the table, in this shard.
+    from the table, in this shard, and from the deletes recorded beside it
+    (:mod:`memwal.streaming.deleted`): the newer of the live row and the last delete counts.
     """
+    from memwal.streaming.deleted import deleted_sequences_uri, read_deletes
+
     pk = list(worker.state.primary_key)
-    cache = worker.sequences(shard_id)
+    cache = worker.sequences(shard_id, check_owner=True)
+    if cache.deleted is None:
+        cache.deleted = read_deletes(deleted_sequences_uri(worker.state.uri), shard_id, pk, seq, storage)
     keys = _key_tuples(rows, pk)
     stored = {k: cache.known[k] for k in keys if k in cache.known}
     missing = [i for i, k in enumerate(keys) if k not in stored]
@@ -599,7 +637,8 @@ def _drop_stale(worker: WorkerTable, shard_id: str, rows: pa.Table, seq: str) ->
         found = worker.stored_sequences(shard_id, rows.take(pa.array(missing, pa.int64())).select(pk), seq)
         looked_up = dict(zip(_key_tuples(found, pk), found.column(seq).to_pylist()))
         for i in missing:
-            stored[keys[i]] = looked_up.get(keys[i])
+            live, gone = looked_up.get(keys[i]), cache.deleted.get(keys[i])
+            stored[keys[i]] = live if gone is None else gone if live is None else max(live, gone)
     keep = [i for i, (k, s) in enumerate(zip(keys, rows.column(seq).to_pylist())) if stored[k] is None or s >= stored[k]]
     if len(keep) == rows.num_rows:
         return rows, 0
@@ -612,7 +651,12 @@ def _remember_written(worker: WorkerTable, shard_id: str, dels: pa.Table, ups: p
     what was just written is known."""
     cache = worker.sequences(shard_id)
     pk = list(worker.state.primary_key)
-    cache.remember(_key_tuples(dels, pk), [None] * dels.num_rows)
+    # A delete's sequence too: a replay older than the delete is stale like one older than an
+    # upsert. The table keeps no row for it; the deletes recorded beside the table
+    # (memwal.streaming.deleted) carry it over to the next writer generation.
+    cache.remember(_key_tuples(dels, pk), dels.column(seq).to_pylist())
+    if cache.deleted is not None:
+        cache.deleted.update(zip(_key_tuples(dels, pk), dels.column(seq).to_pylist()))
     cache.remember(_key_tuples(ups, pk), ups.column(seq).to_pylist())
 
 
@@ -664,6 +708,19 @@ class MemwalSink:
             raise ValueError("drop_stale_across_batches needs a sequence_field")
         if check_merge(self.options.merge) == "partial" and not table.metadata.writer.durable_write:
             raise ValueError("merge='partial' reads stored rows from the WAL; the table's writers are not durable (durable_write=False)")
+        if self.options.drop_stale_across_batches:
+            from memwal.streaming.deleted import deleted_sequences_uri, ensure_table
+
+            ensure_table(deleted_sequences_uri(self.uri), table.write_schema, list(table.primary_key), str(seq), self.storage)
+        if self.options.source == "kafka-json":
+            from memwal.streaming.decode import value_decoder
+
+            # Fail early, on the driver: an unknown format, an Avro schema that does not parse.
+            value_decoder(table.schema, self.options.value_format, op_field=self.options.op_field, sequence_field=seq,
+                          primary_key=table.primary_key, avro_schema=self.options.avro_schema,
+                          avro_schema_id=self.options.avro_schema_id, schema_registry=self.options.schema_registry)
+            if self.options.value_format == "debezium-json" and seq is not None and not pa.types.is_integer(table.schema.field(seq).type):
+                raise ValueError(f"with debezium-json the sequence field {seq!r} holds the source position: it must be an integer column")
         self.schema = table.schema
         self.partitions = shard_partitions(table.spec, self.options)
         self.dead_letter_uri = self.options.dead_letter_uri or dead_letter_uri(self.uri)
@@ -713,13 +770,14 @@ class MemwalSink:
         that Spark reports in every ``StreamingQueryProgress.observedMetrics[name]``."""
         from pyspark.sql import functions as F
 
-        rows, dead, deletes = F.col(COUNT_ROWS), F.col(COUNT_DEAD), F.col(COUNT_DELETES)
+        rows, dead, deletes, skipped = F.col(COUNT_ROWS), F.col(COUNT_DEAD), F.col(COUNT_DELETES), F.col(COUNT_SKIPPED)
         return prepared.observe(
             name,
             F.coalesce(F.sum(rows), F.lit(0)).alias("rows"),
             F.coalesce(F.sum(dead), F.lit(0)).alias("dead_letters"),
             F.coalesce(F.sum(deletes), F.lit(0)).alias("deletes"),
-            F.coalesce(F.sum(rows - dead - deletes), F.lit(0)).alias("upserts"),
+            F.coalesce(F.sum(rows - dead - deletes - skipped), F.lit(0)).alias("upserts"),
+            F.coalesce(F.sum(skipped), F.lit(0)).alias("skipped"),
         )
 
     def __call__(self, df, batch_id: int) -> None:
@@ -741,6 +799,7 @@ class MemwalSink:
             report.deletes += s.deletes
             report.stale_dropped += s.stale_dropped
             report.dead_letters += s.dead_letters
+            report.skipped += s.skipped
             report.fenced_retries += s.fenced_retries
             report.writer_opens += s.writer_opens
             report.flushes += int(s.flushed)
@@ -748,7 +807,7 @@ class MemwalSink:
             report.stall_seconds_max = max(report.stall_seconds_max, s.stall_seconds or 0.0)
             if s.shard:
                 report.shards += 1
-        report.rows += report.dead_letters
+        report.rows += report.dead_letters + report.skipped
         report.seconds = time.perf_counter() - t0
         with self._report_lock:
             self.reports.append(report)

@@ -25,7 +25,8 @@ from memwal.writer import ShardWriterPool
 @dataclass
 class StoredSequences:
     """The stored sequence (``SinkOptions.sequence_field``) of keys of one shard, as far as
-    this worker knows: key tuple -> sequence, None for a key with no live row.
+    this worker knows: key tuple -> sequence of its newest version (a delete's too, as this
+    worker wrote it), None for a key with no live row in the table.
 
     Invariant: an entry is the sequence of the key's newest stored version. It holds because
     only this worker's writer writes the shard while the writer stays open (a writer that
@@ -42,10 +43,15 @@ class StoredSequences:
     opens: int = -1
     known: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     reader: Any = None
+    #: Key tuple -> newest delete sequence of keys deleted in the shard (read once per writer
+    #: generation, then kept up to date by this worker; :mod:`memwal.streaming.deleted`).
+    deleted: dict[tuple[Any, ...], Any] | None = None
 
     def restart(self, opens: int) -> None:
         self.opens = opens
         self.known.clear()
+        self.deleted = None
+        self.reader = None  # its snapshot may predate another writer's writes
 
     def remember(self, keys: Sequence[tuple[Any, ...]], sequences: Sequence[Any]) -> None:
         if len(self.known) + len(keys) > self.MAX_KEYS:
@@ -69,14 +75,23 @@ class WorkerTable:
         state = TableState.load(uri, storage)
         return cls(state, ShardWriterPool(state))
 
-    def sequences(self, shard_id: str) -> StoredSequences:
-        """The shard's stored sequences, started over if its writer was (re)opened since."""
+    def sequences(self, shard_id: str, check_owner: bool = False) -> StoredSequences:
+        """The shard's stored sequences, started over if its writer was (re)opened since.
+
+        ``check_owner`` (before deciding from them): also start over if the shard's writer
+        lease names another pool. Another worker that wrote the shard since fenced this
+        worker's writer, but this worker finds out only at its next write, after the
+        decision: the lease, written by every claim, tells it before."""
         with self._guard:
             cache = self._sequences.setdefault(shard_id, StoredSequences())
         opens = self.writers.shard_stats(shard_id).opens
-        if cache.opens != opens:
+        if cache.opens != opens or (check_owner and not self._owns(shard_id)):
             cache.restart(opens)
         return cache
+
+    def _owns(self, shard_id: str) -> bool:
+        held = self.writers.lease(shard_id)
+        return held is not None and held.owner == self.writers.owner
 
     def stored_sequences(self, shard_id: str, keys: pa.Table, sequence_field: str) -> pa.Table:
         """Key columns and ``sequence_field`` of the live rows of ``keys`` in ``shard_id``

@@ -1,0 +1,238 @@
+"""Avro record values (schemaless binary encoding, optionally in Confluent's wire format) as
+rows of a table.
+
+**Bulk decoding.** Kafka carries each record as the bare binary encoding of one Avro datum;
+Avro's object container format is exactly such encodings concatenated in a block behind a
+header. So a batch of values becomes one in-memory container (header, one block, no copy of
+a record apart from the concatenation) that fastavro's compiled reader decodes in one call,
+and Arrow builds the columns from its output in one more (``Table.from_pylist`` into the
+table's schema). A batch that fails as a whole is bisected to find the records at fault; a
+record decoded alone must also use up exactly its bytes, so trailing garbage is caught.
+
+**Wire format.** With a schema id (``avro_schema_id``) or a registry, every value must start
+with Confluent's header: magic byte 0, then the writer schema's id (4 bytes, big-endian).
+With a fixed id, a value with another id is a dead letter; with a registry
+(``schema_registry``: its URL), the writer schema of each id is fetched once per process
+(``GET /schemas/ids/{id}``, through confluent-kafka's ``SchemaRegistryClient`` when its
+optional dependencies are installed, else that one REST call) and the record is resolved to
+the configured reader schema (``--avro-schema``, else the writer schema) by Avro's schema
+resolution rules. Without either, values are bare Avro encodings of ``--avro-schema``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import threading
+import urllib.error
+import urllib.request
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memwal.errors import InvalidArgumentError, MemwalError
+from memwal.streaming.decode import Binaries, Decoded, _json_type, _reason, binary_array, bisect_failures
+
+#: Confluent wire format: magic byte 0, 4-byte big-endian schema id, then the Avro datum.
+MAGIC = 0
+HEADER_BYTES = 5
+
+
+def _fastavro():
+    try:
+        import fastavro
+    except ImportError as e:  # pragma: no cover - a dependency of memwal
+        raise InvalidArgumentError("--format avro needs the fastavro package (pip install fastavro)") from e
+    return fastavro
+
+
+def _zigzag(n: int) -> bytes:
+    """Avro's long encoding (zig-zag, then base-128 varint)."""
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n & ~0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _container_header(schema_json: str, sync: bytes) -> bytes:
+    meta = {b"avro.schema": schema_json.encode(), b"avro.codec": b"null"}
+    out = bytearray(b"Obj\x01") + _zigzag(len(meta))
+    for k, v in meta.items():
+        out += _zigzag(len(k)) + k + _zigzag(len(v)) + v
+    return bytes(out + _zigzag(0) + sync)
+
+
+def _concatenated(arr: pa.BinaryArray) -> bytes:
+    """The values of a binary array back to back: the slice of its data buffer they occupy."""
+    if len(arr) == 0:
+        return b""
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=len(arr) + 1, offset=4 * arr.offset)
+    data = arr.buffers()[2]
+    return data[int(offsets[0]):int(offsets[-1])].to_pybytes() if data is not None else b""
+
+
+class WriterSchema:
+    """One writer schema, parsed, with what decoding a batch of its records needs."""
+
+    def __init__(self, schema_json: str, reader: Any | None) -> None:
+        fastavro = _fastavro()
+        self.json = schema_json
+        self.parsed = fastavro.parse_schema(json.loads(schema_json))
+        self.reader = reader  # parsed reader schema, None: the writer schema itself
+        self.sync = os.urandom(16)
+        self.header = _container_header(schema_json, self.sync)
+
+    def read(self, bodies: pa.BinaryArray) -> list[dict[str, Any]]:
+        """Decode every value of ``bodies`` (bare Avro data) in one call."""
+        fastavro = _fastavro()
+        n = len(bodies)
+        data = _concatenated(bodies)
+        block = self.header + _zigzag(n) + _zigzag(len(data)) + data + self.sync
+        records = list(fastavro.reader(io.BytesIO(block), reader_schema=self.reader))
+        if len(records) != n:
+            raise MemwalError(f"expected {n} Avro record(s), decoded {len(records)}")
+        if n == 1:
+            # Alone, a record must use up exactly its bytes (in a block, a misfit shifts the
+            # next record and fails there; the last one has no next record).
+            buf = io.BytesIO(data)
+            fastavro.schemaless_reader(buf, self.parsed, self.reader)
+            if buf.tell() != len(data):
+                raise MemwalError(f"{len(data) - buf.tell()} byte(s) left over after the Avro record")
+        return records
+
+
+_REGISTRY: dict[tuple[str, int], str] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def registry_schema(url: str, schema_id: int, timeout: float = 30.0) -> str:
+    """The schema text of ``schema_id`` in the registry at ``url``, fetched once per process.
+
+    Uses confluent-kafka's ``SchemaRegistryClient`` when its optional dependencies are
+    installed (it adds authentication and its own caching), else the registry's REST call
+    ``GET {url}/schemas/ids/{id}`` directly. Raises :class:`MemwalError` if it is unknown."""
+    key = (url.rstrip("/"), schema_id)
+    with _REGISTRY_LOCK:
+        if key in _REGISTRY:
+            return _REGISTRY[key]
+    try:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+    except ImportError:  # its httpx/authlib/attrs extras are not installed
+        SchemaRegistryClient = None  # noqa: N806
+    if SchemaRegistryClient is not None:
+        try:
+            found = SchemaRegistryClient({"url": key[0]}).get_schema(schema_id)
+        except Exception as e:  # noqa: BLE001 - the client's errors, as a reason
+            raise MemwalError(f"schema id {schema_id} is not in the registry: {_reason(e)}") from e
+        kind, text = found.schema_type or "AVRO", found.schema_str
+    else:
+        try:
+            with urllib.request.urlopen(f"{key[0]}/schemas/ids/{schema_id}", timeout=timeout) as r:
+                body = json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            raise MemwalError(f"schema id {schema_id} is not in the registry (HTTP {e.code})") from e
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            raise MemwalError(f"schema id {schema_id}: the registry did not answer: {_reason(e)}") from e
+        kind, text = body.get("schemaType", "AVRO"), body.get("schema")
+    if kind != "AVRO" or not isinstance(text, str):
+        raise MemwalError(f"schema id {schema_id} is a {kind} schema, not Avro")
+    with _REGISTRY_LOCK:
+        _REGISTRY[key] = text
+    return text
+
+
+class AvroDecoder:
+    """Decodes Avro values into a table's schema plus an operation field and, optionally, a
+    sequence field (record fields of those names), like :class:`~memwal.streaming.decode.JsonDecoder`."""
+
+    def __init__(self, schema: pa.Schema, op_field: str | None = "op", sequence_field: str | None = None,
+                 avro_schema: str | None = None, schema_id: int | None = None, registry: str | None = None) -> None:
+        if avro_schema is None and registry is None:
+            raise InvalidArgumentError("--format avro needs --avro-schema FILE.avsc or --schema-registry URL")
+        if schema_id is not None and registry is not None:
+            raise InvalidArgumentError("give --avro-schema-id or --schema-registry, not both")
+        self.schema = schema
+        self.op_field = op_field
+        self.sequence_field = sequence_field
+        self.schema_id = schema_id
+        self.registry = registry
+        self.with_header = schema_id is not None or registry is not None
+        fields = [pa.field(f.name, _json_type(f.type), nullable=True) for f in schema]
+        if op_field and op_field not in schema.names:
+            fields.append(pa.field(op_field, pa.string()))
+        self.parse_schema = pa.schema(fields)
+        fastavro = _fastavro()
+        try:
+            self.reader = fastavro.parse_schema(json.loads(avro_schema)) if avro_schema is not None else None
+        except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as e:
+            raise InvalidArgumentError(f"the Avro schema does not parse: {_reason(e)}") from e
+        self.avro_schema = avro_schema
+        self._writers: dict[int | None, WriterSchema] = {}
+
+    def _writer(self, schema_id: int | None) -> WriterSchema:
+        w = self._writers.get(schema_id)
+        if w is None:
+            if self.registry is not None and schema_id is not None:
+                w = WriterSchema(registry_schema(self.registry, schema_id), self.reader)
+            else:
+                w = WriterSchema(str(self.avro_schema), None)
+            self._writers[schema_id] = w
+        return w
+
+    def decode_batch(self, values: Binaries, keys: Binaries) -> Decoded:
+        arr = binary_array(values)
+        n = len(arr)
+        errors: dict[int, str] = {int(i): "the record has no value (null)" for i in np.flatnonzero(np.asarray(arr.is_null()))}
+        if self.with_header:
+            lengths = np.asarray(pc.binary_length(arr).fill_null(0), dtype=np.int64)
+            for i in np.flatnonzero(lengths < HEADER_BYTES):
+                errors.setdefault(int(i), f"the value has {int(lengths[i])} byte(s), too short for the Confluent header")
+            ok = np.array([i for i in range(n) if i not in errors], dtype=np.int64)
+            heads = pc.cast(pc.binary_slice(arr.take(pa.array(ok, pa.int64())), 0, HEADER_BYTES), pa.binary(HEADER_BYTES))
+            raw = np.frombuffer(heads.buffers()[1], dtype=np.uint8, count=len(ok) * HEADER_BYTES).reshape(-1, HEADER_BYTES)
+            ids = (raw[:, 1:].astype(np.int64) * np.array([1 << 24, 1 << 16, 1 << 8, 1])).sum(axis=1)
+            for j in np.flatnonzero(raw[:, 0] != MAGIC):
+                errors[int(ok[j])] = f"the value does not start with the Confluent magic byte 0 (found {int(raw[j, 0])})"
+            if self.schema_id is not None:
+                for j in np.flatnonzero((ids != self.schema_id) & (raw[:, 0] == MAGIC)):
+                    errors[int(ok[j])] = f"schema id {int(ids[j])} does not match the configured schema id {self.schema_id}"
+            bodies = pc.binary_slice(arr, HEADER_BYTES, 2**31 - 1)  # (no stop: an Arrow error in 26.0)
+            schema_of = np.full(n, -1, np.int64)
+            schema_of[ok] = ids
+        else:
+            bodies = arr
+            schema_of = np.full(n, -1, np.int64)
+        tables, positions = [], []
+        for sid in np.unique(schema_of):
+            group = np.array([i for i in np.flatnonzero(schema_of == sid) if int(i) not in errors], dtype=np.int64)
+            if not len(group):
+                continue
+            try:
+                writer = self._writer(None if sid < 0 else int(sid))
+            except MemwalError as e:
+                errors.update({int(i): _reason(e) for i in group})
+                continue
+            group_bodies = bodies.take(pa.array(group, pa.int64()))
+
+            def attempt(idx: np.ndarray, writer=writer, group_bodies=group_bodies) -> pa.Table:
+                records = writer.read(group_bodies.take(pa.array(idx, pa.int64())))
+                return pa.Table.from_pylist(records, schema=self.parse_schema)
+
+            try:
+                tables.append(attempt(np.arange(len(group))))
+                positions.append(group)
+            except Exception:  # noqa: BLE001 - isolate the records at fault
+                good, bad = bisect_failures(len(group), attempt)
+                errors.update({int(group[j]): f"the value is not an Avro record of the schema: {reason}" for j, reason in bad.items()})
+                if len(good):
+                    tables.append(attempt(good))
+                    positions.append(group[good])
+        rows = pa.concat_tables(tables) if tables else self.parse_schema.empty_table()
+        pos = np.concatenate(positions) if positions else np.zeros(0, np.int64)
+        return Decoded(rows, pos, errors)

@@ -1,0 +1,451 @@
+"""Debezium JSON change events and Avro values: the decoders alone, then end to end through a
+real Kafka-protocol broker and Spark into real tables."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import fastavro
+import pyarrow as pa
+import pytest
+from brokers import produce
+
+from memwal import Table, readers
+from memwal.errors import InvalidArgumentError
+from memwal.streaming import SinkOptions, ingest
+from memwal.streaming.avro import AvroDecoder
+from memwal.streaming.dead_letters import dead_letter_uri, read_dead_letters
+from memwal.streaming.debezium import DebeziumDecoder
+from memwal.streaming.decode import value_decoder
+
+SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.float64()), ("pos", pa.int64())])
+AVRO_SCHEMA = {
+    "type": "record",
+    "name": "user",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "name", "type": ["null", "string"], "default": None},
+        {"name": "score", "type": ["null", "double"], "default": None},
+        {"name": "vec", "type": ["null", {"type": "array", "items": "float"}], "default": None},
+        {"name": "op", "type": ["null", "string"], "default": None},
+    ],
+}
+AVRO_TABLE = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.float64()), ("vec", pa.list_(pa.float32(), 4))])
+
+
+# -- Debezium: the decoder ---------------------------------------------------------------------------
+
+
+def change(op: str, before: dict | None, after: dict | None, *, lsn: int | None = None, ts_ms: int = 1000, wrap: bool = False) -> bytes:
+    payload = {"before": before, "after": after, "op": op, "ts_ms": ts_ms + 5,
+               "source": {"connector": "postgresql", "db": "shop", "table": "users", "ts_ms": ts_ms, "lsn": lsn}}
+    if wrap:  # the JSON converter's schemas.enable=true form
+        return json.dumps({"schema": {"type": "struct", "fields": [], "name": "users.Envelope"}, "payload": payload}).encode()
+    return json.dumps(payload).encode()
+
+
+def key(k: int, wrap: bool = False) -> bytes:
+    return json.dumps({"schema": {"type": "struct"}, "payload": {"id": k}} if wrap else {"id": k}).encode()
+
+
+def decode_debezium(values, keys=None, sequence_field="pos"):
+    keys = keys if keys is not None else [None] * len(values)
+    d = DebeziumDecoder(SCHEMA, ["id"], sequence_field).decode_batch(values, keys)
+    rows = d.rows.to_pylist()
+    return [(int(p), r) for p, r in zip(d.positions, rows)], d.errors, d.skipped
+
+
+def test_debezium_ops_wrapped_or_bare_with_the_source_position_as_sequence():
+    values = [
+        change("r", None, {"id": 1, "name": "a", "score": 1.0}, lsn=10),
+        change("c", None, {"id": 2, "name": "b", "score": 2.0}, lsn=11, wrap=True),
+        change("u", {"id": 1, "name": "a", "score": 1.0}, {"id": 1, "name": "a2", "score": 1.5}, lsn=12),
+        change("d", {"id": 2, "name": "b", "score": 2.0}, None, lsn=13, wrap=True),
+        None,  # the tombstone after the delete
+        change("u", None, {"id": 3, "name": "c", "score": 3.0}, lsn=None, ts_ms=777),  # no LSN: source.ts_ms
+    ]
+    rows, errors, skipped = decode_debezium(values)
+    assert errors == {} and skipped == 1
+    got = {p: (r["id"], r["name"], r["__memwal_debezium_op"], r["pos"]) for p, r in rows}
+    assert got == {0: (1, "a", "r", 10), 1: (2, "b", "c", 11), 2: (1, "a2", "u", 12), 3: (2, "b", "d", 13), 5: (3, "c", "u", 777)}
+
+
+def test_debezium_key_columns_come_from_the_kafka_key_when_the_value_lacks_them():
+    values = [
+        change("d", None, None, lsn=20),  # before is null (no replica identity): the key says which row
+        change("d", {"id": None, "name": None, "score": None}, None, lsn=21, wrap=True),
+        change("u", None, {"name": "x"}, lsn=22),
+        change("d", None, None, lsn=23),  # no usable key at all
+    ]
+    rows, errors, _ = decode_debezium(values, [key(7), key(8, wrap=True), key(9), b"{not json"])
+    assert {p: (r["id"], r["__memwal_debezium_op"]) for p, r in rows} == {0: (7, "d"), 1: (8, "d"), 2: (9, "u"), 3: (None, "d")}
+    assert errors == {}  # a null key is the sink's check (check_rows), with the column's name
+
+
+def test_malformed_debezium_envelopes_get_reasons():
+    values = [
+        b"{not json",
+        json.dumps([1, 2]).encode(),
+        json.dumps({"after": {"id": 1}}).encode(),  # no op: not a change event
+        change("t", None, None, lsn=5),  # truncate: not a row change
+        change("c", None, None, lsn=6),  # create without after
+        change("c", None, {"id": "seven"}, lsn=7),  # wrong type
+        json.dumps({"before": None, "after": {"id": 8}, "op": "c", "source": {}}).encode(),  # no position at all
+        change("c", None, {"id": 9, "name": "good"}, lsn=9),
+    ]
+    rows, errors, skipped = decode_debezium(values)
+    assert [p for p, _ in rows] == [7] and skipped == 0
+    assert "not valid JSON" in errors[0]
+    assert "not a Debezium envelope" in errors[1]
+    assert "no 'op'" in errors[2]
+    assert "'t' is not a row change" in errors[3]
+    assert "without an 'after'" in errors[4]
+    assert "does not match the table schema" in errors[5]
+    assert "no source position" in errors[6]
+    # without a sequence column the position is not needed
+    rows, errors, _ = decode_debezium(values[6:], sequence_field=None)
+    assert errors == {} and [r["id"] for _, r in rows] == [8, 9]
+
+
+# -- Avro: the decoder --------------------------------------------------------------------------------
+
+
+def avro_bytes(record: dict, schema=AVRO_SCHEMA, schema_id: int | None = None) -> bytes:
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), record)
+    body = buf.getvalue()
+    return body if schema_id is None else b"\x00" + schema_id.to_bytes(4, "big") + body
+
+
+def avro_rows(decoded):
+    return {int(p): r for p, r in zip(decoded.positions, decoded.rows.to_pylist())}
+
+
+def test_avro_values_decode_in_bulk_with_and_without_the_confluent_header():
+    records = [{"id": i, "name": f"n{i}", "score": i / 2, "vec": [float(i)] * 4, "op": "delete" if i == 3 else None} for i in range(6)]
+    text = json.dumps(AVRO_SCHEMA)
+    plain = AvroDecoder(AVRO_TABLE, "op", None, text).decode_batch([avro_bytes(r) for r in records], [None] * 6)
+    framed = AvroDecoder(AVRO_TABLE, "op", None, text, schema_id=42).decode_batch([avro_bytes(r, schema_id=42) for r in records], [None] * 6)
+    for d in (plain, framed):
+        assert d.errors == {}
+        got = avro_rows(d)
+        assert [got[i]["name"] for i in range(6)] == [f"n{i}" for i in range(6)]
+        assert got[3]["op"] == "delete" and got[5]["vec"] == [5.0] * 4
+
+
+def test_corrupt_avro_records_and_foreign_schema_ids_are_isolated_with_reasons():
+    text = json.dumps(AVRO_SCHEMA)
+    good = [avro_bytes({"id": i, "name": f"n{i}"}, schema_id=42) for i in range(8)]
+    values = list(good)
+    values[1] = avro_bytes({"id": 1, "name": "x"}, schema_id=7)  # another schema's id
+    values[2] = good[2][:7]  # truncated
+    values[3] = good[3] + b"\x02\x04"  # trailing garbage
+    values[4] = b"\x01" + good[4][1:]  # not the magic byte
+    values[5] = b"\x00\x00"  # shorter than the header
+    values[6] = None
+    d = AvroDecoder(AVRO_TABLE, "op", None, text, schema_id=42).decode_batch(values, [None] * 8)
+    assert sorted(avro_rows(d)) == [0, 7]
+    assert "schema id 7 does not match the configured schema id 42" in d.errors[1]
+    assert "not an Avro record" in d.errors[2] and "not an Avro record" in d.errors[3]
+    assert "magic byte" in d.errors[4] and "too short" in d.errors[5] and "no value" in d.errors[6]
+    with pytest.raises(InvalidArgumentError):
+        value_decoder(AVRO_TABLE, "avro")  # neither a schema nor a registry
+    with pytest.raises(InvalidArgumentError):
+        value_decoder(AVRO_TABLE, "avro", avro_schema="{not a schema")
+
+
+class Registry:
+    """A schema registry's read API (``GET /schemas/ids/{id}``) over real HTTP on 127.0.0.1:
+    what a registry client asks to decode Confluent-framed values."""
+
+    def __init__(self, schemas: dict[int, dict]) -> None:
+        self.schemas = schemas
+        self.requests: list[str] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                outer.requests.append(self.path)
+                parts = self.path.strip("/").split("/")
+                if len(parts) == 3 and parts[:2] == ["schemas", "ids"] and parts[2].isdigit() and int(parts[2]) in outer.schemas:
+                    body = json.dumps({"schema": json.dumps(outer.schemas[int(parts[2])])}).encode()
+                    self.send_response(200)
+                else:
+                    body = json.dumps({"error_code": 40403, "message": "Schema not found"}).encode()
+                    self.send_response(404)
+                self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def registry():
+    # id 1: an older writer schema without "score"; id 2: the current one
+    old = {**AVRO_SCHEMA, "fields": [f for f in AVRO_SCHEMA["fields"] if f["name"] != "score"]}
+    r = Registry({1: old, 2: AVRO_SCHEMA})
+    yield r
+    r.close()
+
+
+def test_writer_schemas_come_from_the_registry_by_id(registry):
+    old = registry.schemas[1]
+    values = [
+        avro_bytes({"id": 1, "name": "old"}, schema=old, schema_id=1),
+        avro_bytes({"id": 2, "name": "new", "score": 2.5}, schema_id=2),
+        avro_bytes({"id": 3, "name": "unknown"}, schema_id=99),
+        avro_bytes({"id": 4, "name": "new2", "score": 4.5}, schema_id=2),
+    ]
+    d = AvroDecoder(AVRO_TABLE, "op", None, json.dumps(AVRO_SCHEMA), registry=registry.url).decode_batch(values, [None] * 4)
+    got = avro_rows(d)
+    assert {p: (r["id"], r["name"], r["score"]) for p, r in got.items()} == {0: (1, "old", None), 1: (2, "new", 2.5), 3: (4, "new2", 4.5)}
+    assert "schema id 99 is not in the registry" in d.errors[2]
+    # once per id and process
+    AvroDecoder(AVRO_TABLE, "op", None, None, registry=registry.url).decode_batch(values[1:2], [None])
+    assert sorted(set(registry.requests)) == ["/schemas/ids/1", "/schemas/ids/2", "/schemas/ids/99"]
+    assert registry.requests.count("/schemas/ids/2") == 1
+
+
+# -- end to end: a Debezium stream over 3 partitions, with one restart ------------------------------
+
+
+def debezium_stream(n: int, seed: int, partitions: int = 3):
+    """Change events of a source table as Debezium emits them (snapshot reads, creates,
+    updates, deletes each followed by a tombstone), in LSN order; every event goes to a
+    random partition (so a key's changes come from any partition, each partition in LSN
+    order); some events are replayed later (at-least-once redelivery). Returns the Kafka
+    records, the source table's final state (the model) and the number of tombstones."""
+    rng = random.Random(seed)
+    db: dict[int, dict] = {}
+    sent: list[tuple[bytes, bytes | None, int]] = []
+    records: list[tuple[bytes, bytes | None, int]] = []
+    tombstones = 0
+    lsn = 10_000
+    next_id = 0
+
+    def emit(op, k, before, after):
+        nonlocal lsn
+        lsn += rng.randrange(1, 20)
+        wrap = rng.random() < 0.5
+        if op == "d" and rng.random() < 0.5:
+            before = None if rng.random() < 0.5 else {"id": k}  # replica identity: nothing, or the key only
+        value = change(op, before, after, lsn=lsn, ts_ms=1_700_000_000_000 + lsn, wrap=wrap)
+        rec = (key(k, wrap), value, rng.randrange(partitions))
+        records.append(rec)
+        sent.append(rec)
+        return lsn
+
+    for _ in range(150):  # the snapshot
+        row = {"id": next_id, "name": f"s{next_id}", "score": float(next_id)}
+        db[next_id] = {**row, "pos": emit("r", next_id, None, row)}
+        next_id += 1
+    for i in range(n):
+        r = rng.random()
+        if r < 0.25 or not db:
+            row = {"id": next_id, "name": f"c{i}", "score": rng.random()}
+            db[next_id] = {**row, "pos": emit("c", next_id, None, row)}
+            next_id += 1
+        elif r < 0.8:
+            k = rng.choice(list(db))
+            before = {c: db[k][c] for c in ("id", "name", "score")}
+            row = {**before, "name": f"u{i}", "score": rng.random()}
+            db[k] = {**row, "pos": emit("u", k, before, row)}
+        else:
+            k = rng.choice(list(db))
+            emit("d", k, {c: db[k][c] for c in ("id", "name", "score")}, None)
+            del db[k]
+            records.append((key(k), None, records[-1][2]))  # the tombstone, behind its delete
+            tombstones += 1
+        if rng.random() < 0.06:  # an old event delivered again, later, from any partition
+            k, v, _ = rng.choice(sent)
+            records.append((k, v, rng.randrange(partitions)))
+    return records, db, tombstones
+
+
+def wait_for_batches(job, n: int, timeout: float = 300) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while len(job.sink.reports) < n:
+        assert job.query.exception() is None and job.query.isActive, job.query.exception()
+        assert time.monotonic() < deadline, "the query did not reach its batches"
+        time.sleep(0.2)
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+def test_a_debezium_stream_over_three_partitions_with_a_restart_equals_the_source(spark, noida, tmp_path):
+    topic = f"dbz-{random.randrange(1 << 30)}"
+    noida.create_topic(topic, 3)
+    records, model, tombstones = debezium_stream(2000, seed=5)
+    produce(noida, topic, records)
+    uri, ckpt = str(tmp_path / "users"), str(tmp_path / "ckpt")
+    Table.create(uri, SCHEMA, ["id"], "bucket(id, 2)").close()
+    options = SinkOptions(source="kafka-json", value_format="debezium-json", sequence_field="pos", drop_stale_across_batches=True)
+    run = dict(bootstrap=noida.bootstrap, topic=topic, table_uri=uri, checkpoint=ckpt, max_offsets_per_trigger=400, options=options)
+    first = ingest(spark, **run)  # a continuous query, stopped mid-way
+    wait_for_batches(first, 2)
+    first.stop()
+    half = {r["id"]: r for r in readers.open(uri, consistency="strong").scan().to_pylist()}
+    assert half != model
+    second = ingest(spark, available_now=True, **run)  # resumes from the checkpoint
+    second.await_termination()
+    assert second.query.exception() is None
+    got = {r["id"]: r for r in readers.open(uri).scan().to_pylist()}
+    assert got == model
+    totals = [job.sink.totals() for job in (first, second)]
+    assert sum(t.get("stale_dropped", 0) for t in totals) > 0  # replays really were older than what was stored
+    assert sum(t.get("skipped", 0) for t in totals) >= tombstones  # (a batch replayed after the stop counts twice)
+    assert read_dead_letters(dead_letter_uri(uri)).num_rows == 0  # tombstones are not dead letters
+
+
+# -- end to end: Avro values, bare and Confluent-framed, with corrupt records --------------------------
+
+
+def avro_workload(n: int, keys: int, seed: int, partitions: int = 3):
+    """Keyed records (upserts and deletes, several per key) and the model they produce, as in
+    tests/test_streaming.py, but as Avro datums."""
+    rng = random.Random(seed)
+    model: dict[int, dict] = {}
+    records = []
+    for i in range(n):
+        k = rng.randrange(keys)
+        if rng.random() < 0.15:
+            rec = {"id": k, "op": "delete"}
+            model.pop(k, None)
+        else:
+            row = {"id": k, "name": f"n{i}", "score": round(rng.random() * 100, 3), "vec": [float(i % 7)] * 4}
+            rec = {**row, "op": "upsert"}
+            model[k] = row
+        records.append((str(k).encode(), rec, k % partitions))
+    return records, model
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+@pytest.mark.parametrize("framing", ["bare", "registry"])
+def test_avro_values_end_to_end_with_corrupt_records_in_the_dead_letter_table(spark, noida, tmp_path, registry, framing):
+    topic = f"avro-{framing}-{random.randrange(1 << 30)}"
+    noida.create_topic(topic, 3)
+    plain, model = avro_workload(3000, 500, seed=7)
+    schema_id = 2 if framing == "registry" else None
+    records = [(k, avro_bytes(rec, schema_id=schema_id), p) for k, rec, p in plain]
+    good = avro_bytes({"id": 1, "name": "x"}, schema_id=schema_id)
+    bad = [(b"b1", good[:-3], 0), (b"b2", b"\xff\xfe\xfd garbage", 1), (b"b3", None, 2)]
+    if framing == "registry":
+        bad.append((b"b4", avro_bytes({"id": 1, "name": "x"}, schema_id=77), 0))  # an id the registry lacks
+    mixed = records[:1000] + bad[:2] + records[1000:2000] + bad[2:] + records[2000:]
+    produce(noida, topic, mixed)
+    uri = str(tmp_path / "users")
+    Table.create(uri, AVRO_TABLE, ["id"], "bucket(id, 4)").close()
+    avsc = json.dumps(AVRO_SCHEMA)
+    options = SinkOptions(source="kafka-json", value_format="avro", avro_schema=avsc,
+                          schema_registry=registry.url if framing == "registry" else None)
+    job = ingest(spark, bootstrap=noida.bootstrap, topic=topic, table_uri=uri, checkpoint=str(tmp_path / "ckpt"),
+                 available_now=True, max_offsets_per_trigger=1000, options=options)
+    job.await_termination()
+    assert job.query.exception() is None
+    got = {r["id"]: r for r in readers.open(uri).scan().to_pylist()}
+    rounded = {k: {**v, "vec": [round(x, 3) for x in v["vec"]]} for k, v in got.items()}
+    assert rounded == model  # every good record arrived
+    dlq = {d["key"]: d["error"] for d in read_dead_letters(dead_letter_uri(uri)).to_pylist()}
+    assert set(dlq) == {k for k, _, _ in bad}
+    assert "not an Avro record" in dlq[b"b1"] and "no value" in dlq[b"b3"]
+    if framing == "registry":
+        assert "magic byte" in dlq[b"b2"] and "schema id 77 is not in the registry" in dlq[b"b4"]
+    else:
+        assert "not an Avro record" in dlq[b"b2"]
+
+
+def test_ingest_format_flags_are_checked_before_spark_starts(tmp_path):
+    import subprocess
+    import sys
+
+    base = ["--bootstrap", "127.0.0.1:1", "--topic", "t", "--table", str(tmp_path / "t"), "--checkpoint", str(tmp_path / "c")]
+    for extra in (["--avro-schema-id", "3"], ["--format", "avro", "--avro-schema", str(tmp_path / "missing.avsc")]):
+        p = subprocess.run([sys.executable, "-m", "memwal", "ingest", *base, *extra], capture_output=True, text=True)
+        assert p.returncode == 2, (p.returncode, p.stderr)
+        assert "Traceback" not in p.stderr and p.stderr.count("memwal: error:") == 1
+
+
+def test_a_delete_keeps_its_sequence_for_the_next_writer(tmp_path):
+    """--drop-stale across a delete: the delete's sequence is recorded beside the table, so a
+    later writer of the shard (another worker, a restarted query: here the worker cache is
+    cleared) still drops a change older than the delete, and takes a newer one."""
+    from memwal.streaming.deleted import deleted_sequences_uri, read_deletes
+    from memwal.streaming.sink import Prepare, Write
+    from memwal.streaming.worker import WORKER
+
+    uri = str(tmp_path / "t")
+    Table.create(uri, SCHEMA, ["id"], "bucket(id, 2)").close()
+    options = SinkOptions(source="columns", sequence_field="pos", drop_stale_across_batches=True, max_write_tasks=1,
+                          flush_interval_seconds=None)
+
+    def run(batch_id: int, rows: list[dict]) -> list[dict]:
+        data = pa.Table.from_pylist(rows, schema=SCHEMA.append(pa.field("op", pa.string())))
+        exchange = list(Prepare(uri, options)(iter(data.to_batches())))
+        try:
+            return pa.Table.from_batches(list(Write(uri, options, batch_id, dead_letter_uri(uri))(iter(exchange)))).to_pylist()
+        finally:
+            WORKER.clear()  # the next batch's writers are new ones
+
+    run(0, [{"id": k, "name": f"v{k}", "pos": 10, "op": "upsert"} for k in range(6)])
+    run(1, [{"id": k, "pos": 20, "op": "delete"} for k in (0, 1, 2)])
+    summaries = run(2, [{"id": 0, "name": "older than the delete", "pos": 15, "op": "upsert"},
+                        {"id": 1, "name": "newer than the delete", "pos": 25, "op": "upsert"},
+                        {"id": 3, "name": "older than the row", "pos": 5, "op": "upsert"}])
+    assert sum(s["stale_dropped"] for s in summaries) == 2
+    got = {r["id"]: r["name"] for r in readers.open(uri, consistency="strong").scan().to_pylist()}
+    assert got == {1: "newer than the delete", 3: "v3", 4: "v4", 5: "v5"}
+    recorded = {}
+    for shard in Table.open(uri).manifests.list_shards():
+        recorded.update(read_deletes(deleted_sequences_uri(uri), str(shard), ["id"], "pos", None))
+    assert recorded == {(0,): 20, (1,): 20, (2,): 20}
+
+
+def test_a_worker_whose_shard_another_worker_wrote_does_not_trust_what_it_remembers(tmp_path, monkeypatch):
+    """Two worker processes (two worker caches) take turns writing one shard with --drop-stale:
+    the first one's memory of a key is stale once the second wrote it, and the first one learns
+    so before deciding (the shard's lease names the other), not at its next (fenced) write."""
+    from memwal.streaming import sink
+    from memwal.streaming.sink import Prepare, Write
+    from memwal.streaming.worker import WorkerCache
+
+    uri = str(tmp_path / "t")
+    Table.create(uri, SCHEMA, ["id"], "unsharded").close()
+    options = SinkOptions(source="columns", sequence_field="pos", drop_stale_across_batches=True, max_write_tasks=1,
+                          flush_interval_seconds=None)
+    workers = [WorkerCache(), WorkerCache()]
+
+    def run(worker: int, batch_id: int, rows: list[dict]) -> int:
+        monkeypatch.setattr(sink, "WORKER", workers[worker])
+        data = pa.Table.from_pylist(rows, schema=SCHEMA.append(pa.field("op", pa.string())))
+        exchange = list(Prepare(uri, options)(iter(data.to_batches())))
+        out = pa.Table.from_batches(list(Write(uri, options, batch_id, dead_letter_uri(uri))(iter(exchange)))).to_pylist()
+        return sum(s["stale_dropped"] for s in out)
+
+    try:
+        assert run(0, 0, [{"id": 1, "name": "a", "pos": 10, "op": "upsert"}, {"id": 2, "name": "a", "pos": 10, "op": "upsert"}]) == 0
+        assert run(1, 1, [{"id": 1, "name": "b", "pos": 20, "op": "upsert"}, {"id": 2, "pos": 20, "op": "delete"}]) == 0
+        # worker 0 remembers both keys at 10; worker 1 has since written them at 20
+        assert run(0, 2, [{"id": 1, "name": "late", "pos": 15, "op": "upsert"}, {"id": 2, "name": "late", "pos": 15, "op": "upsert"}]) == 2
+    finally:
+        for w in workers:
+            w.clear()
+    got = {r["id"]: r["name"] for r in readers.open(uri, consistency="strong").scan().to_pylist()}
+    assert got == {1: "b"}
