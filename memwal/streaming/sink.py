@@ -47,6 +47,7 @@ import pyarrow.compute as pc
 
 from memwal.failpoints import failpoint
 from memwal.lsm import newest_per_key
+from memwal.metadata import check_durability
 from memwal.routing import shard_codes, trusted_batch
 from memwal.sharding import ShardingSpec, ShardValues
 from memwal.state import TableState, resolve_storage
@@ -119,6 +120,12 @@ class SinkOptions:
     max_write_tasks: int | None = None
     #: Dead-letter table; default ``{table}_dead_letters``.
     dead_letter_uri: str | None = None
+    #: "os" or "fsync" (``WriterConfig.durability``) for this sink's writes; None: the table's default.
+    durability: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.durability is not None:
+            check_durability(self.durability)
 
 
 @dataclass
@@ -493,6 +500,7 @@ class Write:
         the shard's writer counters before and after are this write's alone."""
         t0 = time.perf_counter()
         worker = WORKER.table(self.uri, self.storage)
+        worker.writers.durability = self.options.durability
         state = worker.state
         pk = list(state.primary_key)
         seq = self.options.sequence_field
