@@ -44,6 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from memwal.runtime import configure_process  # noqa: E402
+
+configure_process()  # Lance's log filter, before lance is imported here or in the fork server
 
 KEYS = 400
 SHARDING = "bucket(id, 2)"
@@ -225,9 +228,6 @@ def run(trials: int, seed: int, workdir: Path, maintain_every: int = 25, max_run
 
     from memwal import Table, WriterConfig
 
-    from memwal.runtime import configure_process
-
-    configure_process()  # before the fork server starts: its children inherit Lance's log filter
     # The fork server imports lance but never starts its runtime, so its forks are safe; lance warns anyway.
     os.environ["PYTHONWARNINGS"] = "ignore:lance is not fork-safe"
     rng = random.Random(seed)
