@@ -152,6 +152,7 @@ class ShardWriterPool:
     durability: str | None = None
     #: Per shard, the highest WAL position this pool has fsynced (durability "fsync").
     _synced: dict[str, int] = field(default_factory=dict, repr=False)
+    _dirs_synced: set[str] = field(default_factory=set, repr=False)
 
     @property
     def config(self) -> WriterConfig:
@@ -248,8 +249,15 @@ class ShardWriterPool:
         io, uri = self.state.io, self.state.uri
         positions = wal_positions(io, uri, shard_id, self._synced.get(shard_id, 0))
         if positions:
+            if shard_id not in self._dirs_synced:
+                # The first sync of this shard here: the directories holding the WAL directory may
+                # be new too (a new shard's first write), and a lost directory entry loses its files.
+                io.sync([], paths.shard_dir(uri, shard_id))
+                io.sync([], paths.mem_wal_root(uri))
+                self._dirs_synced.add(shard_id)
             io.sync([paths.wal_entry_path(uri, shard_id, p) for p in positions], paths.wal_dir(uri, shard_id))
-            self._synced[shard_id] = positions[-1]
+            # Threads writing the same shard may finish their syncs out of order; never go back.
+            self._synced[shard_id] = max(positions[-1], self._synced.get(shard_id, 0))
 
     def _sync_flushed(self, shard_id: str) -> None:
         """fsync what a flush wrote: the shard's newest manifest and its newest SSTable."""
@@ -292,7 +300,7 @@ class ShardWriterPool:
                         f"another writer keeps claiming this shard{who}. Make sure one pipeline writes each shard"
                     ) from e
                 time.sleep(min(0.01 * 2**attempt, 0.5))
-        self._synced[shard_id] = flushed_position
+        self._synced[shard_id] = max(flushed_position, self._synced.get(shard_id, 0))
         self._renew(shard_id, force=True)
         self._count(shard_id, opens=1, open_seconds=time.perf_counter() - t0)
         log.debug("opened writer for shard %s in %.3fs", shard_id, time.perf_counter() - t0)
