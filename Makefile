@@ -1,6 +1,7 @@
 # The two commands of the README's Quick start, and what they need.
 #   make demo   end-to-end demo on a local embedded setup
 #   make test   lint (ruff, the import-layer contract) and the whole test suite
+#   make crash  1000 randomized writer/maintenance SIGKILL trials (bench/crash.py; TRIALS=N to change)
 # Both create .venv/ and install memwal with its pinned dependencies; both install Java
 # (Spark needs it) and Node.js/npm (the Apache Kafka test broker comes from npm) via apt
 # when missing.
@@ -10,7 +11,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test system-deps clean
+.PHONY: demo test crash system-deps clean
 
 system-deps:
 	@command -v java >/dev/null 2>&1 || { echo "installing Java (for Spark)"; \
@@ -31,6 +32,10 @@ test: system-deps $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest
+
+TRIALS ?= 1000
+crash: $(VENV)/.installed
+	$(PY) bench/crash.py --trials $(TRIALS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

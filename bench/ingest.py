@@ -16,7 +16,12 @@ Phases:
    carries its send time, and a reader polling the table records when each probe becomes
    visible: producer send -> visible, p50/p99.
 
-Run: ``python bench/ingest.py`` (add ``--base-rows 3000000`` to see the trend with size).
+3. durability: memwal's Python write path (``Table.write``, 4 shards) with ``durability="os"``
+   against ``"fsync"`` (each write acknowledged only once its WAL entries are fsynced), same
+   process, same data, alternating: rows/s and the fsync/os ratio per batch size.
+
+Run: ``python bench/ingest.py`` (add ``--base-rows 3000000`` to see the trend with size);
+``--durability-only`` runs phase 3 alone (no Spark, no broker).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import pyarrow as pa  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import DIM, SCHEMA, base_rows, batch_rows, git_rev, machine, pct, report, today, work_dir  # noqa: E402
 
-from memwal import Table, readers  # noqa: E402
+from memwal import Table, WriterConfig, readers  # noqa: E402
 from memwal.streaming import SinkOptions, ingest, kafka_stream, local_session  # noqa: E402
 from memwal.streaming.local_broker import start_local_broker  # noqa: E402
 
@@ -229,6 +234,30 @@ def merge_modes(work: str, base: int, batches: int, size: int, flush_every: int 
     return out
 
 
+def durability_cost(work: str, batch_sizes: tuple[int, ...] = (100, 10_000), rows: int = 100_000, rounds: int = 3) -> list[dict]:
+    """rows/s of ``Table.write`` with durability os and fsync; the two alternate within each round so
+    that the machine's load drifts over both alike. Prints and returns one record per batch size."""
+    print(f"\ndurability: Table.write of {rows:,} rows per run, 4 shards, {rounds} rounds (os and fsync alternating)")
+    print(f"{'batch rows':>10} {'os rows/s':>12} {'fsync rows/s':>13} {'fsync / os':>11}")
+    out = []
+    for size in batch_sizes:
+        batches = [pa.Table.from_pylist(batch_rows(b, size, rows), schema=SCHEMA) for b in range(max(1, rows // size))]
+        seconds: dict[str, float] = {"os": 0.0, "fsync": 0.0}
+        for r in range(rounds):
+            for durability in ("os", "fsync"):
+                uri = os.path.join(work, f"durability-{size}-{r}-{durability}")
+                with Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)", writer=WriterConfig(durability=durability)) as t:
+                    t0 = time.perf_counter()
+                    for b in batches:
+                        t.write(b)
+                    seconds[durability] += time.perf_counter() - t0
+        n = rounds * sum(b.num_rows for b in batches)
+        os_rate, fsync_rate = n / seconds["os"], n / seconds["fsync"]
+        print(f"{size:>10,} {os_rate:12,.0f} {fsync_rate:13,.0f} {fsync_rate / os_rate:11.2f}")
+        out.append({"batch_rows": size, "os_rows_per_s": os_rate, "fsync_rows_per_s": fsync_rate, "fsync_over_os": fsync_rate / os_rate})
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base-rows", type=int, default=1_000_000)
@@ -239,12 +268,17 @@ def main() -> None:
     p.add_argument("--workdir")
     p.add_argument("--json", help="write the results here too")
     p.add_argument("--merge-modes-only", action="store_true", help="only measure partial updates against full upserts (no Spark)")
+    p.add_argument("--durability-only", action="store_true", help="only phase 3: the cost of durability fsync (no Spark)")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     results: dict = {"date": today(), "machine": machine(), "commit": git_rev(), "args": vars(args)}
-    if args.merge_modes_only:
-        with work_dir(args.workdir, "memwal-bench-merge-") as work:
-            results["merge_modes"] = merge_modes(work, args.base_rows, args.batches, args.batch_rows)
+    if args.merge_modes_only or args.durability_only:
+        if args.merge_modes_only:
+            with work_dir(args.workdir, "memwal-bench-merge-") as work:
+                results["merge_modes"] = merge_modes(work, args.base_rows, args.batches, args.batch_rows)
+        if args.durability_only:
+            with work_dir(args.workdir, "memwal-bench-durability-") as work:
+                results["durability"] = durability_cost(work)
         report(results, args.json)
         return
     with work_dir(args.workdir, "memwal-bench-ingest-") as work:
@@ -333,6 +367,7 @@ def main() -> None:
                     results["freshness"].append({"reader": name, "p50_ms": pct(samples, 50) * 1000, "p99_ms": pct(samples, 99) * 1000, "probes": len(samples)})
             results["merge_modes"] = merge_modes(work, args.base_rows, args.batches, args.batch_rows)
         spark.stop()
+        results["durability"] = durability_cost(work)
     report(results, args.json)
 
 

@@ -45,7 +45,7 @@ from memwal.errors import (  # noqa: E402
 from memwal.gc import GcConfig  # noqa: E402
 from memwal.lance_errors import classify, lance_message  # noqa: E402
 from memwal.maintenance import MaintenanceConfig  # noqa: E402
-from memwal.metadata import IndexConfig, WriterConfig  # noqa: E402
+from memwal.metadata import DURABILITY_LEVELS, IndexConfig, WriterConfig  # noqa: E402
 from memwal.render import render_check, render_plan, render_repair, render_rows, render_status  # noqa: E402
 from memwal.state import TableState  # noqa: E402
 from memwal.storage import StorageConfig  # noqa: E402
@@ -93,7 +93,9 @@ def _setup_logging(verbosity: int) -> None:
 def cmd_init(args: argparse.Namespace) -> int:
     # Everything is checked before anything is created: a table half-created by a refused
     # argument would make every later init of the same URI fail with "table exists".
-    writer = WriterConfig(max_memtable_rows=args.max_memtable_rows, max_wal_flush_interval_ms=args.wal_flush_interval_ms)
+    writer = WriterConfig(
+        max_memtable_rows=args.max_memtable_rows, max_wal_flush_interval_ms=args.wal_flush_interval_ms, durability=args.durability
+    )
     if file_io_for(args.uri, _storage(args)).is_file(paths.normalize_uri(args.uri)):  # before reading any input
         raise InvalidArgumentError(f"{args.uri} is a file, not a directory; a table is a directory: pick another URI")
     schema = formats.read_schema(args.schema_from)
@@ -108,6 +110,14 @@ def cmd_init(args: argparse.Namespace) -> int:
     )
     print(f"created {table.uri}: primary key {', '.join(table.primary_key)}; sharding {table.spec.render()}")
     return 0
+
+
+def _durability_flag(s: argparse.ArgumentParser, default: str | None = None, what: str = "durability of this command's writes") -> None:
+    s.add_argument(
+        "--durability", choices=DURABILITY_LEVELS, default=default,
+        help=f"{what}: 'fsync' acknowledges a write once its WAL entry is fsynced (survives power loss on local disk), "
+        "'os' once it is in the OS page cache; the same on object stores" + ("" if default else " (default: the table's)"),
+    )
 
 
 def _storage(args: argparse.Namespace) -> StorageConfig:
@@ -145,7 +155,8 @@ def _partial_batches(path: str, schema: pa.Schema) -> Iterator[Any]:
         yield chunk
 
 
-def _apply_file(uri: str, path: str, deletes: bool, storage: StorageConfig, merge: str = "full") -> tuple[int, int]:
+def _apply_file(uri: str, path: str, deletes: bool, storage: StorageConfig, merge: str = "full",
+                durability: str | None = None) -> tuple[int, int]:
     """Upsert (or delete) every row of a file, streaming it in batches; returns (rows, shards).
 
     The file is read twice: first every batch is checked against the table (so a bad row
@@ -157,6 +168,7 @@ def _apply_file(uri: str, path: str, deletes: bool, storage: StorageConfig, merg
     """
     what = "delete" if deletes else "put"
     with Table.open(uri, storage) as table:
+        table.writers.durability = durability
         total = 0
         last = time.monotonic()
         batches = (lambda: _partial_batches(path, table.schema)) if merge == "partial" else (
@@ -186,13 +198,13 @@ def _apply_file(uri: str, path: str, deletes: bool, storage: StorageConfig, merg
 
 
 def cmd_put(args: argparse.Namespace) -> int:
-    rows, shards = _apply_file(args.uri, args.file, False, _storage(args), args.merge)
+    rows, shards = _apply_file(args.uri, args.file, False, _storage(args), args.merge, args.durability)
     print(f"upserted {rows} rows into {shards} shard(s)")
     return 0
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    rows, shards = _apply_file(args.uri, args.file, True, _storage(args))
+    rows, shards = _apply_file(args.uri, args.file, True, _storage(args), durability=args.durability)
     print(f"deleted {rows} key(s) in {shards} shard(s)")
     return 0
 
@@ -338,6 +350,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         sequence_field=args.sequence_field,
         drop_stale_across_batches=args.drop_stale,
         merge=args.merge,
+        durability=args.durability,
         **_given(flush_interval_seconds=args.flush_interval, max_write_tasks=args.max_write_tasks),
         # '' on the command line: records carry no operation field (all upserts)
         **({} if args.op_field is None else {"op_field": args.op_field or None}),
@@ -492,6 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--wal-flush-interval-ms", type=int, default=WriterConfig.max_wal_flush_interval_ms, help="WAL flush tick; a durable write waits for it")
     s.add_argument("--vector-column", help="build and maintain an IVF_PQ index on this column")
     s.add_argument("--fts-column", help="build and maintain a full-text index on this column")
+    _durability_flag(s, WriterConfig.durability, "the table's default durability of acknowledged writes")
     s.set_defaults(func=cmd_init)
 
     s = sub.add_parser("put",
@@ -501,6 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--merge", choices=("full", "partial"), default="full",
         help="full: a row replaces its key's row (default); partial: a row changes only the columns it carries "
         "(a JSON-lines key it lacks, or a column the file lacks, keeps the stored value; null sets null)")
+    _durability_flag(s)
     s.set_defaults(func=cmd_put)
 
     s = sub.add_parser("delete",
@@ -508,6 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Delete the primary keys listed in a Parquet, CSV or JSON-lines file (other columns are ignored). Returns when flushed.")
     s.add_argument("uri", metavar="URI")
     s.add_argument("file", metavar="FILE")
+    _durability_flag(s)
     s.set_defaults(func=cmd_delete)
 
     s = sub.add_parser("get", help="look up one key", description="Print the live row of one primary key; exit code 1 when it is absent.")
@@ -594,6 +610,7 @@ def build_parser() -> argparse.ArgumentParser:
         "PYSPARK_SUBMIT_ARGS or spark-defaults.conf name, else local[--cores]")
     s.add_argument("--cores", type=int, help="cores of the default local[N] master (default: the local session's)")
     s.add_argument("--maintain", action="store_true", help="also run the maintenance service in this process")
+    _durability_flag(s)
     s.set_defaults(func=cmd_ingest)
 
     s = sub.add_parser("view", help="materialized views", description="Materialized views over a table, refreshed incrementally.")

@@ -46,6 +46,10 @@ class ObjectInfo(NamedTuple):
 class FileIO(Protocol):
     """Storage operations memwal performs outside Lance."""
 
+    #: True where a completed write is already durable (an object store), so :meth:`sync` is a no-op
+    #: and callers can skip finding what to sync.
+    durable_on_write: bool
+
     def read(self, path: str) -> bytes: ...
 
     def exists(self, path: str) -> bool: ...
@@ -98,9 +102,17 @@ class FileIO(Protocol):
         """Every file under ``prefix`` (recursively), sorted by relative path; empty if none."""
         ...
 
+    def sync(self, paths: "list[str]", directory: str | None = None) -> None:
+        """Make the files ``paths`` and the entries of ``directory`` durable (survive an OS crash
+        or power loss) before returning. A no-op where a completed write is already durable
+        (an object store acknowledges a PUT only once it is stored)."""
+        ...
+
 
 class LocalFileIO:
     """:class:`FileIO` on a POSIX file system."""
+
+    durable_on_write = False
 
     def read(self, path: str) -> bytes:
         with open(path, "rb") as f:
@@ -186,6 +198,27 @@ class LocalFileIO:
                 out.append(ObjectInfo(rel, st.st_size, st.st_mtime))
         return sorted(out)
 
+    def sync(self, paths: list[str], directory: str | None = None) -> None:
+        """fsync each file, then the directory: a file's data is durable once it is fsynced, but
+        its name (the directory entry) only once its directory is, and a WAL entry nobody can
+        find is as good as lost. A file removed meanwhile (by GC, after a flush covered it) has
+        nothing left to protect and is skipped."""
+        for path in paths:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        if directory is not None:
+            fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
 
 # One MemoryStore per process and bucket name: two FileIOs on memory://b/... see the same objects, as
 # two clients of one bucket do. It is not Lance's memory store, so it serves memwal-only tests.
@@ -219,6 +252,8 @@ class ObjectStoreFileIO:
 
     Picklable: the clients are rebuilt on the other side from the config.
     """
+
+    durable_on_write = True
 
     def __init__(self, storage: StorageConfig | None = None) -> None:
         self.storage = storage or StorageConfig()
@@ -333,6 +368,9 @@ class ObjectStoreFileIO:
         skip = len(key) + 1 if key else 0
         out = [ObjectInfo(m["path"][skip:], int(m["size"]), m["last_modified"].timestamp()) for m in self._list(store, key)]
         return sorted(out)
+
+    def sync(self, paths: list[str], directory: str | None = None) -> None:
+        """Nothing to do: an object store acknowledges a PUT only once the object is durably stored."""
 
     @staticmethod
     def _list(store: Any, key: str) -> list[dict[str, Any]]:

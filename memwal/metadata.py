@@ -22,6 +22,17 @@ CONFIG_KEY = "memwal.table"
 FORMAT_VERSION = 1
 
 
+#: The settings of ``WriterConfig.durability``, weakest first.
+DURABILITY_LEVELS = ("os", "fsync")
+
+
+def check_durability(value: object) -> str:
+    """``value`` if it is a durability level, else :class:`InvalidArgumentError`."""
+    if value not in DURABILITY_LEVELS:
+        raise InvalidArgumentError(f"durability must be one of {', '.join(DURABILITY_LEVELS)}, got {value!r}")
+    return value  # type: ignore[return-value]
+
+
 @dataclass(frozen=True)
 class WriterConfig:
     """ShardWriter settings memwal applies to every writer of the table.
@@ -29,11 +40,19 @@ class WriterConfig:
     ``max_wal_flush_interval_ms`` bounds a durable put's latency: a put waits for the next
     WAL flush tick. Lance's default is 100 ms; memwal defaults to 10 ms, which measured
     ~5x the single-writer throughput here (docs/benchmarks.md).
+
+    ``durability`` is what an acknowledged write survives on local disk (docs/deploy.md,
+    "Durability"): ``"os"`` (the default) returns once Lance has written the WAL entry, which
+    then sits in the OS page cache and survives a crash of the process but not of the machine;
+    ``"fsync"`` returns only once the entry and its directory are fsynced, so it survives power
+    loss too. On object stores both are the same: a PUT is durable when it returns. memwal
+    applies it (Lance 14.0.2 never fsyncs), so it is not passed to Lance.
     """
 
     max_memtable_rows: int = 100_000
     max_wal_flush_interval_ms: int = 10
     durable_write: bool = True
+    durability: str = "os"
 
     def __post_init__(self) -> None:
         # Checked here, before a table is created with them: Lance takes unsigned 64-bit
@@ -43,9 +62,12 @@ class WriterConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not least <= v < 1 << 63:
                 raise InvalidArgumentError(f"{name} must be an integer of at least {least}, got {v!r}")
+        check_durability(self.durability)
 
     def lance_kwargs(self) -> dict[str, Any]:
-        return asdict(self)
+        kwargs = asdict(self)
+        del kwargs["durability"]  # memwal's, not Lance's
+        return kwargs
 
     @classmethod
     def stored(cls, d: Mapping[str, Any]) -> "WriterConfig":

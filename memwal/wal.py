@@ -42,9 +42,15 @@ GAP_RECHECK_SECONDS = (0.05, 0.2, 0.5)
 
 
 def wal_positions(io: FileIO, table_uri: str, shard_id: str, after: int = 0) -> list[int]:
-    """The positions of the shard's WAL entries on disk above ``after``, ascending (one listing)."""
+    """The positions of the shard's WAL entries on disk above ``after``, ascending (one listing).
+
+    Only complete entries count (``{bitrev64}.arrow``): a writer killed while writing an entry
+    leaves a staging file behind (``{bitrev64}.arrow.tmp.{uuid}#1``), which is no entry, and
+    taking its position twice would look like a gap."""
     out = []
     for name in io.list_dir(paths.wal_dir(table_uri, shard_id)):
+        if not name.endswith(paths.WAL_SUFFIX) or name.count(".") != 1:
+            continue
         try:
             pos = paths.parse_bitrev64(name)
         except ValueError:

@@ -34,6 +34,13 @@ table. The compacted generation only grows, so a stale one overestimates: while 
 is below the slowdown bound no storage is read at all, and only near the bounds is it
 re-read (at most every ``recheck_seconds``). Between the bounds a write is delayed; at the
 stop bound it waits for compaction, then raises :class:`WriteStalledError`.
+
+With ``durability="fsync"`` (:class:`~memwal.metadata.WriterConfig`) a put or delete returns
+only after the WAL entries it wrote, and the WAL directory, are fsynced (:meth:`FileIO.sync`):
+Lance 14.0.2 writes them without fsync. Positions only grow, so the entries above the last
+position this pool synced are exactly the unsynced ones (the first put after a claim also syncs
+the replayed entries of the previous writer, which may have been written with ``"os"``). A flush
+likewise syncs the SSTable and shard manifest it wrote before returning.
 """
 
 from __future__ import annotations
@@ -60,7 +67,7 @@ from memwal.metadata import Bounds, WriterConfig
 from memwal.routing import RoutedBatch
 from memwal.sharding import ShardValues, field_entries
 from memwal.state import TableState
-from memwal.wal import WalTailReader, check_contiguous, first_unreadable_entry
+from memwal.wal import WalTailReader, check_contiguous, first_unreadable_entry, wal_positions
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +177,11 @@ class ShardWriterPool:
     _compacted: dict[str, tuple[int, float]] = field(default_factory=dict, repr=False)
     #: Shards whose writes are waiting at the stop bound right now.
     stalled_shards: set[str] = field(default_factory=set, repr=False)
+    #: Overrides the table's ``WriterConfig.durability`` for this pool's writes (None: the table's).
+    durability: str | None = None
+    #: Per shard, the highest WAL position this pool has fsynced (durability "fsync").
+    _synced: dict[str, int] = field(default_factory=dict, repr=False)
+    _dirs_synced: set[str] = field(default_factory=set, repr=False)
 
     @property
     def config(self) -> WriterConfig:
@@ -247,13 +259,58 @@ class ShardWriterPool:
         held = self.lease(shard_id)
         return held.owner if held is not None and held.owner != self.owner else None
 
-    def _check_wal(self, shard_id: str) -> None:
-        """Raise :class:`WalGapError` if the shard's WAL after its last flushed position has a gap."""
+    def _check_wal(self, shard_id: str) -> int:
+        """Raise :class:`WalGapError` if the shard's WAL after its last flushed position has a gap;
+        return that position (0 for a shard never flushed)."""
         manifests = self.state.manifests
         version = manifests.latest_version(shard_id)
         m = manifests.read_shard(shard_id, version) if version is not None else None
-        if m is not None:
-            check_contiguous(self.state.io, self.state.uri, shard_id, m.replay_after_wal_entry_position)
+        if m is None:
+            return 0
+        check_contiguous(self.state.io, self.state.uri, shard_id, m.replay_after_wal_entry_position)
+        return m.replay_after_wal_entry_position
+
+    # -- durability -------------------------------------------------------------------------------
+
+    @property
+    def fsync(self) -> bool:
+        """Whether this pool's writes are acknowledged only once fsynced."""
+        return (self.durability or self.config.durability) == "fsync" and not self.state.io.durable_on_write
+
+    def _sync_wal(self, shard_id: str) -> None:
+        """fsync the shard's WAL entries above the last synced position, then the WAL directory."""
+        io, uri = self.state.io, self.state.uri
+        positions = wal_positions(io, uri, shard_id, self._synced.get(shard_id, 0))
+        if positions:
+            if shard_id not in self._dirs_synced:
+                # The first sync of this shard here: the directories holding the WAL directory may
+                # be new too (a new shard's first write), and a lost directory entry loses its files.
+                io.sync([], paths.shard_dir(uri, shard_id))
+                io.sync([], paths.mem_wal_root(uri))
+                self._dirs_synced.add(shard_id)
+            io.sync([paths.wal_entry_path(uri, shard_id, p) for p in positions], paths.wal_dir(uri, shard_id))
+            # Threads writing the same shard may finish their syncs out of order; never go back.
+            self._synced[shard_id] = max(positions[-1], self._synced.get(shard_id, 0))
+
+    def _sync_flushed(self, shard_id: str) -> None:
+        """fsync what a flush wrote: the shard's newest manifest and its newest SSTable."""
+        io, uri = self.state.io, self.state.uri
+        manifests = self.state.manifests
+        version = manifests.latest_version(shard_id)
+        if version is None:
+            return
+        m = manifests.read_shard(shard_id, version)
+        if m is not None and m.sstables:
+            newest = max(m.sstables, key=lambda t: t.generation)
+            root = paths.sstable_path(uri, shard_id, newest.path)
+            by_dir: dict[str, list[str]] = {}
+            for info in io.list_prefix(root):
+                full = paths.join(root, info.path)
+                by_dir.setdefault(full.rsplit("/", 1)[0], []).append(full)
+            for directory, files in by_dir.items():
+                io.sync(files, directory)
+            io.sync([], paths.shard_dir(uri, shard_id))
+        io.sync([paths.shard_manifest_path(uri, shard_id, version)], paths.shard_manifest_dir(uri, shard_id))
 
     def _unreadable_wal(self, shard_id: str) -> TableDamagedError:
         """The error for a claim whose WAL replay failed on an entry Lance could not parse,
@@ -269,7 +326,7 @@ class ShardWriterPool:
     def _open(self, shard_id: str) -> lance.mem_wal.ShardWriter:
         t0 = time.perf_counter()
         # One manifest read and one listing: opens are rare (first write, after a fence).
-        self._check_wal(shard_id)
+        flushed_position = self._check_wal(shard_id)
         for attempt in range(_CLAIM_ATTEMPTS):
             try:
                 w = self.state.dataset().mem_wal_writer(shard_id, **self.config.lance_kwargs())
@@ -289,6 +346,7 @@ class ShardWriterPool:
                         f"another writer keeps claiming this shard{who}. Make sure one pipeline writes each shard"
                     ) from e
                 time.sleep(min(0.01 * 2**attempt, 0.5))
+        self._synced[shard_id] = max(flushed_position, self._synced.get(shard_id, 0))
         self._renew(shard_id, force=True)
         self._count(shard_id, opens=1, open_seconds=time.perf_counter() - t0)
         log.debug("opened writer for shard %s in %.3fs", shard_id, time.perf_counter() - t0)
@@ -402,6 +460,8 @@ class ShardWriterPool:
         for part in split_rows(rows, self.config.max_memtable_rows):
             self._admit(shard_id)
             self._run(shard_id, lambda w, p=part: w.put(p), "put")
+            if self.fsync:
+                self._sync_wal(shard_id)
             self._count(shard_id, puts=1, rows_put=part.num_rows)
         self._renew(shard_id)
 
@@ -410,6 +470,8 @@ class ShardWriterPool:
         for part in split_rows(keys, self.config.max_memtable_rows):
             self._admit(shard_id)
             self._run(shard_id, lambda w, p=part: w.delete(p), "delete")
+            if self.fsync:
+                self._sync_wal(shard_id)
             self._count(shard_id, deletes=1, rows_deleted=part.num_rows)
         self._renew(shard_id)
 
@@ -427,6 +489,8 @@ class ShardWriterPool:
                 try:
                     try:
                         w.close()
+                        if self.fsync:
+                            self._sync_flushed(shard_id)
                         continue
                     except OSError as e:
                         if not is_fenced(e):
@@ -435,6 +499,8 @@ class ShardWriterPool:
                     log.info("writer of shard %s was fenced before its flush; reopening to flush", shard_id)
                     try:
                         self._open(shard_id).close()
+                        if self.fsync:
+                            self._sync_flushed(shard_id)
                     except OSError as e:
                         if not is_fenced(e):
                             raise
@@ -447,6 +513,8 @@ class ShardWriterPool:
         with self._lock(shard_id):
             try:
                 self._open(shard_id).close()
+                if self.fsync:
+                    self._sync_flushed(shard_id)
             finally:
                 self._release(shard_id)
 

@@ -47,6 +47,7 @@ import pyarrow.compute as pc
 
 from memwal.failpoints import failpoint
 from memwal.lsm import newest_per_key
+from memwal.metadata import check_durability
 from memwal.partial import PRESENT, check_merge, fold, presence_of_columns, presence_type, resolve
 from memwal.routing import shard_codes, trusted_batch
 from memwal.sharding import ShardingSpec, ShardValues
@@ -136,6 +137,12 @@ class SinkOptions:
     avro_schema_id: int | None = None
     #: With "avro": values carry Confluent's header; writer schemas come from this registry URL.
     schema_registry: str | None = None
+    #: "os" or "fsync" (``WriterConfig.durability``) for this sink's writes; None: the table's default.
+    durability: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.durability is not None:
+            check_durability(self.durability)
 
 
 @dataclass
@@ -541,6 +548,7 @@ class Write:
         the shard's writer counters before and after are this write's alone."""
         t0 = time.perf_counter()
         worker = WORKER.table(self.uri, self.storage)
+        worker.writers.durability = self.options.durability
         state = worker.state
         pk = list(state.primary_key)
         seq = self.options.sequence_field
