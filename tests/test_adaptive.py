@@ -51,7 +51,7 @@ def test_the_byte_bound_wins_when_it_is_the_smaller():
 def test_a_timing_splits_the_whole_batch_into_phases():
     from memwal.streaming.sink import BatchReport
 
-    report = BatchReport(batch_id=3, job_seconds=0.2, read_seconds=0.05, prepare_seconds=0.04, exchange_seconds=0.12, write_seconds=0.01)
+    report = BatchReport(batch_id=3, job_seconds=0.2, read_seconds=0.05, prepare_seconds=0.04, exchange_seconds=0.03, write_seconds=0.01)
     spark = {"latestOffset": 10, "getBatch": 1, "queryPlanning": 9, "addBatch": 230, "walCommit": 15, "commitOffsets": 15, "triggerExecution": 300}
     t = BatchTiming.join(3, 10_000, spark, report)
     assert (t.planning_ms, t.commit_ms, t.sink_driver_ms) == (20, 30, 30)

@@ -10,10 +10,11 @@ fractions add up to 1 with ``other_ms`` taking what neither side attributes:
 
 - ``planning_ms``: the driver plans the batch (source offsets, partitions, query plan);
 - ``read_ms``, ``decode_ms``: the read tasks read Kafka and decode/validate/route;
-- ``exchange_ms``: the write task waits for its input beyond what the read tasks reported
-  (the shuffle, JVM <-> Python transfer, task scheduling);
+- ``exchange_ms``: the write task waits for its input (shuffle read, JVM -> Python transfer,
+  the payloads' Arrow IPC decoding);
 - ``write_ms``: the shard writes;
-- ``job_other_ms``: the rest of the Spark job (task launch, results back to the driver);
+- ``job_other_ms``: the rest of the Spark job (task launch and scheduling, Python worker
+  hand-off, the read stage's shuffle write, results back to the driver);
 - ``sink_driver_ms``: ``foreachBatch`` on the driver outside the job (building the write plan);
 - ``commit_ms``: Spark's offset log and commit log writes.
 
@@ -59,8 +60,9 @@ class BatchTiming:
         job = report.job_seconds * 1000
         left = job
         parts = {}
-        # Exchange wait as the write task saw it includes the read stage of the same wave.
-        exchange = max(0.0, report.exchange_seconds * 1000 - (report.read_seconds + report.prepare_seconds) * 1000)
+        # The write stage starts after the read stage (a shuffle boundary), so the write
+        # task's wait for its input is the shuffle read and the payloads' decoding alone.
+        exchange = report.exchange_seconds * 1000
         for name, ms in (("read_ms", report.read_seconds * 1000), ("decode_ms", report.prepare_seconds * 1000),
                          ("exchange_ms", exchange), ("write_ms", report.write_seconds * 1000)):
             parts[name] = min(ms, left)
