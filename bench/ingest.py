@@ -248,7 +248,7 @@ def run_axes(args, spark, broker, work: str) -> dict:
     os.makedirs(cache, exist_ok=True)
     for n in args.bases:
         naive_base, mem_base = cached_base(cache, n)
-        for size in args.sizes:
+        for size in [] if args.catch_up_only else args.sizes:
             batches = max(3, args.records_per_cell // size)
             topic = f"axes-{n}-{size}"
             broker.create_topic(topic, 3)
@@ -267,8 +267,11 @@ def run_axes(args, spark, broker, work: str) -> dict:
                   f"x{mem_rate / naive_rate:.2f}  ({sent:,} records)")
             timings = [job.listener.timings[b] for b in sorted(job.listener.timings)]
             breakdown = print_breakdown("memwal per batch", timings)
+            totals = job.sink.totals()
+            print(f"  writers: {int(totals['writer_opens'])} open(s), {int(totals['fenced_retries'])} fenced retr(ies) in {int(totals['batches'])} batches")
             out["cells"].append({"base_rows": n, "batch_rows": size, "naive_rows_per_s": naive_rate, "memwal_rows_per_s": mem_rate,
-                                 "x_naive": mem_rate / naive_rate, "breakdown": breakdown})
+                                 "x_naive": mem_rate / naive_rate, "breakdown": breakdown,
+                                 "writer_opens": totals["writer_opens"], "fenced_retries": totals["fenced_retries"]})
             import shutil
 
             for d in (naive_uri, mem_uri):
@@ -373,6 +376,7 @@ def main() -> None:
     p.add_argument("--adaptive-max-rows", type=int, default=400_000, help="--axes: the catch-up's largest micro-batch")
     p.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/memwal-bench"), help="--axes: where the bases are kept")
     p.add_argument("--plot", help="--axes: draw rows/s against both axes into this PNG")
+    p.add_argument("--catch-up-only", action="store_true", help="--axes: only the backlog catch-up")
     args = p.parse_args()
     if args.axes:
         logging.basicConfig(level=logging.WARNING)
@@ -383,7 +387,7 @@ def main() -> None:
             with start_local_broker(os.path.join(work, "broker")) as broker:
                 results["axes"] = run_axes(args, spark, broker, work)
             spark.stop()
-        if args.plot:
+        if args.plot and results["axes"]["cells"]:
             plot(results["axes"], args.plot)
         report(results, args.json)
         return
