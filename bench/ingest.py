@@ -249,7 +249,7 @@ def run_axes(args, spark, broker, work: str) -> dict:
     for n in args.bases:
         naive_base, mem_base = cached_base(cache, n)
         for size in [] if args.catch_up_only else args.sizes:
-            batches = max(3, args.records_per_cell // size)
+            batches = max(2, args.records_per_cell // size)  # the first is the warm-up
             topic = f"axes-{n}-{size}"
             broker.create_topic(topic, 3)
             sent = produce_batches(broker, topic, batches, size, n)
@@ -371,7 +371,7 @@ def main() -> None:
     p.add_argument("--axes", action="store_true", help="run the base size x micro-batch size grid and the catch-up (see the docstring)")
     p.add_argument("--bases", type=lambda v: [int(x) for x in v.split(",")], default=[1_000_000], help="--axes: base sizes, e.g. 1000000,10000000")
     p.add_argument("--sizes", type=lambda v: [int(x) for x in v.split(",")], default=[10_000, 50_000, 200_000], help="--axes: micro-batch sizes")
-    p.add_argument("--records-per-cell", type=int, default=300_000, help="--axes: records per cell (at least 3 micro-batches)")
+    p.add_argument("--records-per-cell", type=int, default=300_000, help="--axes: records per cell (at least 2 micro-batches; the first is warm-up)")
     p.add_argument("--backlog-records", type=int, default=1_000_000, help="--axes: records waiting for the catch-up (0: skip)")
     p.add_argument("--adaptive-max-rows", type=int, default=400_000, help="--axes: the catch-up's largest micro-batch")
     p.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/memwal-bench"), help="--axes: where the bases are kept")
