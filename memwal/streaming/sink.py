@@ -477,17 +477,17 @@ class Write:
             for p in b.column(DEAD_PAYLOAD).to_pylist():
                 if p:
                     dead.append(from_payload(p))
-        # Waiting for the exchange includes the read stage when both run in one wave; the
-        # timing module subtracts what the read tasks reported.
-        yield _summary("", read_seconds=read_s, prepare_seconds=prepare_s, exchange_seconds=time.perf_counter() - t0)
+        # The task's phase timings ride on its first summary row (one row per shard stays).
+        timing = {"read_seconds": read_s, "prepare_seconds": prepare_s, "exchange_seconds": time.perf_counter() - t0}
         if dead:
-            yield self._dead_letters(pa.concat_tables(dead))
+            yield _with_timing(self._dead_letters(pa.concat_tables(dead)), timing)
+            timing = {}
         if not routed:
             return
         data = pa.concat_tables(routed)
         ids = pc.unique(data.column(SHARD)).to_pylist()
         if len(ids) == 1:
-            yield self._write_shard(ids[0], shards[ids[0]], data)
+            yield _with_timing(self._write_shard(ids[0], shards[ids[0]], data), timing)
             return
         from concurrent.futures import ThreadPoolExecutor
 
@@ -495,7 +495,8 @@ class Write:
         with ThreadPoolExecutor(max_workers=min(8, len(ids))) as pool:
             futures = [pool.submit(self._write_shard, sid, shards[sid], data.filter(pc.equal(column, sid))) for sid in ids]
             for f in futures:
-                yield f.result()
+                yield _with_timing(f.result(), timing)
+                timing = {}
 
     def _dead_letters(self, bad: pa.Table) -> pa.RecordBatch:
         from memwal.streaming.dead_letters import SCHEMA, write_dead_letters
@@ -611,6 +612,15 @@ def _remember_written(worker: WorkerTable, shard_id: str, dels: pa.Table, ups: p
     pk = list(worker.state.primary_key)
     cache.remember(_key_tuples(dels, pk), [None] * dels.num_rows)
     cache.remember(_key_tuples(ups, pk), ups.column(seq).to_pylist())
+
+
+def _with_timing(summary: pa.RecordBatch, timing: dict[str, float]) -> pa.RecordBatch:
+    """``summary`` with the task's phase timings set (none: unchanged)."""
+    if not timing:
+        return summary
+    row = summary.to_pylist()[0]
+    row.update(timing)
+    return pa.RecordBatch.from_pylist([row], schema=SUMMARY_SCHEMA)
 
 
 def _summary(shard: str, **counters: Any) -> pa.RecordBatch:
