@@ -13,8 +13,10 @@ that was taken, not a recomputation: :func:`decision_of`.
 Invariants: the bound is always within ``[steady_rows, max(steady_rows, min(max_rows,
 max_bytes // record_bytes))]``; it only grows while the backlog exceeds the steady size,
 by ``growth`` per micro-batch, and it returns to ``steady_rows`` as soon as the backlog
-fits in one steady micro-batch. The policy depends only on its two arguments, so replaying
-a micro-batch after a restart plans the same offsets from the checkpoint regardless.
+fits in one steady micro-batch. The policy depends only on its two arguments; the previous
+bound is the source's memory and starts over (None) with the query. Exactly-once does not
+depend on it: a micro-batch replayed after a restart reuses the offsets in Spark's offset
+log and is not sized again.
 """
 
 from __future__ import annotations
