@@ -14,14 +14,20 @@ Phases:
    ``maxOffsetsPerTrigger`` = batch size): rows/s and micro-batch latency p50/p99;
 2. freshness: a producer sends at a fixed rate while the query runs; a probe record
    carries its send time, and a reader polling the table records when each probe becomes
-   visible: producer send -> visible, p50/p99.
-
+   visible: producer send -> visible, p50/p99;
 3. durability: memwal's Python write path (``Table.write``, 4 shards) with ``durability="os"``
    against ``"fsync"`` (each write acknowledged only once its WAL entries are fsynced), same
    process, same data, alternating: rows/s and the fsync/os ratio per batch size.
 
 Run: ``python bench/ingest.py`` (add ``--base-rows 3000000`` to see the trend with size);
 ``--durability-only`` runs phase 3 alone (no Spark, no broker).
+
+``--axes`` runs the grid instead (:func:`run_axes`): base table size (``--bases``, made once
+and kept under ``--cache-dir``) x micro-batch size (``--sizes``), memwal against the naive
+sink on the same records in one run, each memwal cell with its per-batch time breakdown
+(:class:`memwal.streaming.timing.BatchTiming`), then the backlog catch-up rate with adaptive
+micro-batches against memwal's Python write path on the same records; ``--plot FILE``
+draws rows/s against both axes (matplotlib, the ``bench`` extra).
 """
 
 from __future__ import annotations
@@ -258,6 +264,166 @@ def durability_cost(work: str, batch_sizes: tuple[int, ...] = (100, 10_000), row
     return out
 
 
+# -- axes: base size x micro-batch size, per-batch breakdown, backlog catch-up ------------------
+
+
+def cached_base(cache: str, n: int) -> tuple[str, str]:
+    """A naive (plain Lance) and a memwal table of the ``n``-row base under ``cache``, made
+    once: cells copy them (a file copy is much cheaper than writing 1M-10M rows again)."""
+    import shutil
+
+    naive, mem = os.path.join(cache, f"naive-{n}"), os.path.join(cache, f"memwal-{n}")
+    if not (os.path.exists(os.path.join(naive, ".done")) and os.path.exists(os.path.join(mem, ".done"))):
+        for d in (naive, mem):
+            shutil.rmtree(d, ignore_errors=True)
+        t0 = time.perf_counter()
+        base = base_rows(n)
+        lance.write_dataset(base, naive)
+        Table.create(mem, SCHEMA, ["id"], "bucket(id, 4)", initial_data=base).close()
+        del base
+        for d in (naive, mem):
+            open(os.path.join(d, ".done"), "w").close()
+        print(f"base of {n:,} rows made in {time.perf_counter() - t0:.0f}s (cached in {cache})")
+    return naive, mem
+
+
+def _copy(src: str, dst: str) -> str:
+    import shutil
+
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".done"))
+    return dst
+
+
+def print_breakdown(label: str, timings: list) -> dict:
+    """Mean per-batch phases of ``timings`` (warm-up batch dropped), ms and fraction."""
+    from memwal.streaming.timing import PHASES, mean_timing
+
+    m = mean_timing(timings[1:] if len(timings) > 1 else timings)
+    if m is None:
+        return {}
+    f = m.fractions()
+    cells = "  ".join(f"{p[:-3]} {getattr(m, p):.0f} ({f[p]:.0%})" for p in PHASES)
+    print(f"  {label}: {m.rows:,} rows/batch, {m.total_ms:.0f} ms/batch: {cells}")
+    return {"rows": m.rows, "total_ms": m.total_ms, **{p: getattr(m, p) for p in PHASES}}
+
+
+def run_axes(args, spark, broker, work: str) -> dict:
+    out: dict = {"cells": [], "catch_up": None}
+    cache = args.cache_dir
+    os.makedirs(cache, exist_ok=True)
+    for n in args.bases:
+        naive_base, mem_base = cached_base(cache, n)
+        for size in [] if args.catch_up_only else args.sizes:
+            batches = max(2, args.records_per_cell // size)  # the first is the warm-up
+            topic = f"axes-{n}-{size}"
+            broker.create_topic(topic, 3)
+            sent = produce_batches(broker, topic, batches, size, n)
+            cell = os.path.join(work, topic)
+            naive_uri = _copy(naive_base, cell + "-naive")
+            mem_uri = _copy(mem_base, cell + "-memwal")
+            naive, _ = run_naive(spark, broker, topic, naive_uri, cell + "-ckpt-naive", size)
+            job, _ = run_memwal(spark, broker, topic, mem_uri, cell + "-ckpt-memwal", size, None)
+            # steady-state rate: the first batch of each (JVM/worker warm-up) left out
+            nd = naive.durations[1:]
+            md = [r.seconds for r in job.sink.reports][1:]
+            naive_rate = size * len(nd) / sum(nd)
+            mem_rate = sum(r.rows for r in job.sink.reports[1:]) / sum(md)
+            print(f"base {n:>10,}  batch {size:>7,}: naive {naive_rate:9,.0f} rows/s  memwal {mem_rate:9,.0f} rows/s  "
+                  f"x{mem_rate / naive_rate:.2f}  ({sent:,} records)")
+            timings = [job.listener.timings[b] for b in sorted(job.listener.timings)]
+            breakdown = print_breakdown("memwal per batch", timings)
+            totals = job.sink.totals()
+            print(f"  writers: {int(totals['writer_opens'])} open(s), {int(totals['fenced_retries'])} fenced retr(ies) in {int(totals['batches'])} batches")
+            out["cells"].append({"base_rows": n, "batch_rows": size, "naive_rows_per_s": naive_rate, "memwal_rows_per_s": mem_rate,
+                                 "x_naive": mem_rate / naive_rate, "breakdown": breakdown,
+                                 "writer_opens": totals["writer_opens"], "fenced_retries": totals["fenced_retries"]})
+            import shutil
+
+            for d in (naive_uri, mem_uri):
+                shutil.rmtree(d, ignore_errors=True)
+    if args.backlog_records:
+        out["catch_up"] = catch_up(args, spark, broker, work)
+    return out
+
+
+def catch_up(args, spark, broker, work: str) -> dict:
+    """``--backlog-records`` waiting, drained with adaptive micro-batches; memwal's Python
+    write path (Table.write of the same rows, decoded) on the same records as the yardstick."""
+    from memwal.streaming.adaptive import AdaptiveSizing
+
+    n = args.bases[0]
+    naive_base, mem_base = cached_base(args.cache_dir, n)
+    topic = "backlog"
+    broker.create_topic(topic, 3)
+    size = 10_000
+    sent = produce_batches(broker, topic, args.backlog_records // size, size, n)
+    uri = _copy(mem_base, os.path.join(work, "backlog-memwal"))
+    policy = AdaptiveSizing(steady_rows=size, max_rows=args.adaptive_max_rows)
+    job = ingest(spark, bootstrap=broker.bootstrap, topic=topic, table_uri=uri, checkpoint=os.path.join(work, "ckpt-backlog"),
+                 available_now=True, adaptive=policy, options=SinkOptions(source="kafka-json", op_field=None))
+    t0 = time.perf_counter()
+    job.await_termination()
+    elapsed = time.perf_counter() - t0
+    sizes = [job.listener.sizes[b] for b in sorted(job.listener.sizes)]
+    spark_rate = sent / elapsed
+    sink_rate = sum(r.rows for r in job.sink.reports) / sum(r.seconds for r in job.sink.reports)
+    print(f"\nbacklog catch-up, {sent:,} records waiting, adaptive micro-batches: {spark_rate:,.0f} rows/s through Spark "
+          f"({len(sizes)} batches: " + ", ".join(f"{d.rows:,} {d.kind}" for d in sizes[:6]) + (" ..." if len(sizes) > 6 else "") + ")")
+    timings = [job.listener.timings[b] for b in sorted(job.listener.timings)]
+    breakdown = print_breakdown("catch-up per batch", timings)
+    # The yardstick: memwal's Python write path on the same records, decoded once up front.
+    py_uri = _copy(mem_base, os.path.join(work, "backlog-python"))
+    rows = [batch_rows(b, size, n) for b in range(args.backlog_records // size)]
+    tables = [pa.Table.from_pylist(r, schema=SCHEMA) for r in rows]
+    del rows
+    table = Table.open(py_uri)
+    t0 = time.perf_counter()
+    for t in tables:
+        table.write(t)
+    table.close()
+    py_rate = sent / (time.perf_counter() - t0)
+    print(f"memwal's Python write path on the same records: {py_rate:,.0f} rows/s; Spark catch-up = {spark_rate / py_rate:.2f}x of it "
+          f"(query wall time, start-up included; in the sink: {sink_rate:,.0f} rows/s = {sink_rate / py_rate:.2f}x)")
+    return {"records": sent, "spark_rows_per_s": spark_rate, "sink_rows_per_s": sink_rate, "python_rows_per_s": py_rate, "ratio": spark_rate / py_rate,
+            "sizes": [(d.rows, d.kind) for d in sizes], "breakdown": breakdown}
+
+
+def plot(result: dict, path: str) -> None:
+    """rows/s against micro-batch size (one line per base and sink) and against base size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = result["cells"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for n in sorted({c["base_rows"] for c in cells}):
+        mine = sorted((c for c in cells if c["base_rows"] == n), key=lambda c: c["batch_rows"])
+        xs = [c["batch_rows"] for c in mine]
+        a.plot(xs, [c["memwal_rows_per_s"] for c in mine], "o-", label=f"memwal, base {n:,}")
+        a.plot(xs, [c["naive_rows_per_s"] for c in mine], "s--", label=f"naive, base {n:,}")
+    a.set_xscale("log")
+    a.set_xlabel("micro-batch (records)")
+    a.set_ylabel("rows/s (in the sink)")
+    a.legend(fontsize=7)
+    for size in sorted({c["batch_rows"] for c in cells}):
+        mine = sorted((c for c in cells if c["batch_rows"] == size), key=lambda c: c["base_rows"])
+        xs = [c["base_rows"] for c in mine]
+        b.plot(xs, [c["memwal_rows_per_s"] for c in mine], "o-", label=f"memwal, batch {size:,}")
+        b.plot(xs, [c["naive_rows_per_s"] for c in mine], "s--", label=f"naive, batch {size:,}")
+    b.set_xscale("log")
+    b.set_xlabel("base table (rows)")
+    b.legend(fontsize=7)
+    cu = result.get("catch_up")
+    title = "bench/ingest.py --axes (2 shared cores)"
+    if cu:
+        title += f"; backlog catch-up {cu['spark_rows_per_s']:,.0f} rows/s = {cu['ratio']:.2f}x Python write path"
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base-rows", type=int, default=1_000_000)
@@ -269,7 +435,29 @@ def main() -> None:
     p.add_argument("--json", help="write the results here too")
     p.add_argument("--merge-modes-only", action="store_true", help="only measure partial updates against full upserts (no Spark)")
     p.add_argument("--durability-only", action="store_true", help="only phase 3: the cost of durability fsync (no Spark)")
+    p.add_argument("--axes", action="store_true", help="run the base size x micro-batch size grid and the catch-up (see the docstring)")
+    p.add_argument("--bases", type=lambda v: [int(x) for x in v.split(",")], default=[1_000_000], help="--axes: base sizes, e.g. 1000000,10000000")
+    p.add_argument("--sizes", type=lambda v: [int(x) for x in v.split(",")], default=[10_000, 50_000, 200_000], help="--axes: micro-batch sizes")
+    p.add_argument("--records-per-cell", type=int, default=300_000, help="--axes: records per cell (at least 2 micro-batches; the first is warm-up)")
+    p.add_argument("--backlog-records", type=int, default=1_000_000, help="--axes: records waiting for the catch-up (0: skip)")
+    p.add_argument("--adaptive-max-rows", type=int, default=400_000, help="--axes: the catch-up's largest micro-batch")
+    p.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/memwal-bench"), help="--axes: where the bases are kept")
+    p.add_argument("--plot", help="--axes: draw rows/s against both axes into this PNG")
+    p.add_argument("--catch-up-only", action="store_true", help="--axes: only the backlog catch-up")
     args = p.parse_args()
+    if args.axes:
+        logging.basicConfig(level=logging.WARNING)
+        results = {"date": today(), "machine": machine(), "commit": git_rev(), "args": vars(args)}
+        with work_dir(args.workdir, "memwal-bench-ingest-") as work:
+            spark = local_session(app="memwal-bench")
+            spark.sparkContext.setLogLevel("ERROR")
+            with start_local_broker(os.path.join(work, "broker")) as broker:
+                results["axes"] = run_axes(args, spark, broker, work)
+            spark.stop()
+        if args.plot and results["axes"]["cells"]:
+            plot(results["axes"], args.plot)
+        report(results, args.json)
+        return
     logging.basicConfig(level=logging.WARNING)
     results: dict = {"date": today(), "machine": machine(), "commit": git_rev(), "args": vars(args)}
     if args.merge_modes_only or args.durability_only:

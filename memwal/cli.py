@@ -341,6 +341,20 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _adaptive_sizing(args: argparse.Namespace):
+    """``--adaptive-max-rows``: micro-batches sized by backlog, steady at
+    ``--max-offsets-per-trigger`` (default 10,000)."""
+    if not args.adaptive_max_rows:
+        return None
+    from memwal.streaming.adaptive import AdaptiveSizing
+
+    return AdaptiveSizing(
+        steady_rows=args.max_offsets_per_trigger or AdaptiveSizing.steady_rows,
+        max_rows=args.adaptive_max_rows,
+        **_given(max_bytes=args.adaptive_max_bytes),
+    )
+
+
 def cmd_ingest(args: argparse.Namespace) -> int:
     from memwal.streaming import SinkOptions, ingest, local_session
 
@@ -374,6 +388,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         max_offsets_per_trigger=args.max_offsets_per_trigger,
         options=options,
         storage_options=_storage(args),
+        adaptive=_adaptive_sizing(args),
     )
     try:
         job.await_termination()
@@ -594,6 +609,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --format avro: values carry the Confluent header with this schema id; other ids go to the dead-letter table")
     s.add_argument("--schema-registry", metavar="URL",
         help="with --format avro: values carry the Confluent header; writer schemas are fetched from this schema registry by id")
+    s.add_argument("--adaptive-max-rows", type=int, metavar="N",
+        help="adaptive micro-batches: --max-offsets-per-trigger records (default 10000) when caught up, doubling per micro-batch "
+        "while a backlog waits, up to N records (the batch log line says why)")
+    s.add_argument("--adaptive-max-bytes", type=int, metavar="B", help="with --adaptive-max-rows: at most B bytes per micro-batch (~1 KiB a record)")
     s.add_argument("--op-field", help="JSON field holding the operation (upsert/delete); '' for none (default: the sink's)")
     s.add_argument("--sequence-field", help="JSON field ordering versions of a key (highest wins)")
     s.add_argument("--drop-stale", action="store_true", help="with --sequence-field: drop rows older than the stored version")

@@ -10,9 +10,11 @@ from typing import Any
 
 from memwal.storage import StorageConfig
 
+from memwal.streaming.adaptive import AdaptiveSizing, SizeDecision, decision_of
 from memwal.streaming.kafka_source import SHORT_NAME, register
 from memwal.streaming.session import default_parallelism
 from memwal.streaming.sink import MemwalSink, SinkOptions
+from memwal.streaming.timing import BatchTiming
 
 log = logging.getLogger("memwal.streaming")
 
@@ -54,6 +56,10 @@ class MemwalProgressListener(_listener_base()):  # type: ignore[misc]
         self.sink = sink
         self.query_name = query_name
         self.progress: dict[int, dict[str, Any]] = {}
+        #: Per micro-batch: where its time went (joined with the sink's report) and, with
+        #: adaptive micro-batches, the size decision the source took.
+        self.timings: dict[int, BatchTiming] = {}
+        self.sizes: dict[int, SizeDecision] = {}
 
     def onQueryStarted(self, event) -> None:  # noqa: N802 - Spark's API names
         """Spark requires every callback; only progress carries memwal's counters."""
@@ -70,8 +76,18 @@ class MemwalProgressListener(_listener_base()):  # type: ignore[misc]
             "sink": asdict(report) if report is not None else None,
             "duration_ms": dict(p.durationMs or {}),
         }
-        while len(self.progress) > 1000:
-            self.progress.pop(min(self.progress))
+        decision = decision_of(p.sources[0].latestOffset) if p.sources and p.numInputRows else None
+        if decision is not None:
+            self.sizes[p.batchId] = decision
+            if report is not None:
+                report.size_reason = decision.reason
+            log.info("batch %d: %d records, bound %d (%s)", p.batchId, decision.rows, decision.limit, decision.reason)
+        if report is not None:
+            # The source's rows are the prepare stage's exchange rows: count the sink's.
+            self.timings[p.batchId] = BatchTiming.join(p.batchId, report.rows, p.durationMs or {}, report)
+        for kept in (self.progress, self.timings, self.sizes):
+            while len(kept) > 1000:
+                kept.pop(min(kept))
 
     def onQueryIdle(self, event) -> None:  # noqa: N802
         """Nothing to record."""
@@ -129,13 +145,16 @@ MIN_ROWS_PER_TASK = 50_000
 
 def kafka_stream(spark, bootstrap: str, topic: str, *, starting_offsets: str = "earliest",
                  max_offsets_per_trigger: int | None = None, kafka_options: dict[str, str] | None = None,
-                 prepare_for: MemwalSink | None = None, min_records_per_read_task: int | None = MIN_ROWS_PER_TASK):
+                 prepare_for: MemwalSink | None = None, min_records_per_read_task: int | None = MIN_ROWS_PER_TASK,
+                 adaptive: AdaptiveSizing | None = None):
     """The ``memwal-kafka`` source's DataFrame (the built-in kafka source's options and schema).
 
     With ``prepare_for``, the read tasks also run that sink's prepare stage, and the
     DataFrame holds prepared rows ready for ``foreachBatch(sink)``. Topic-partitions are
     grouped so each read task gets at least ``min_records_per_read_task`` records of the
     micro-batch (None: one task per topic-partition, as Spark's kafka source does).
+    With ``adaptive``, micro-batches are sized by that policy (memwal.streaming.adaptive)
+    instead of ``max_offsets_per_trigger``.
     """
     # memwal is installed where the Python workers run, so the source is imported there
     # rather than shipped by value (which would also defeat its consumer reuse).
@@ -150,6 +169,9 @@ def kafka_stream(spark, bootstrap: str, topic: str, *, starting_offsets: str = "
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     for k, v in (kafka_options or {}).items():
         reader = reader.option(k if k.startswith("kafka.") else f"kafka.{k}", v)
+    if adaptive is not None:
+        reader = reader.option("memwal.readLimitPolicy", AdaptiveSizing.FACTORY)
+        reader = reader.option("memwal.readLimitPolicyConfig", adaptive.to_json())
     if prepare_for is not None:
         for k, v in prepare_for.batch_mapper_options().items():
             reader = reader.option(k, v)
@@ -173,6 +195,7 @@ def ingest(
     options: SinkOptions | None = None,
     query_name: str | None = None,
     storage_options: "Mapping[str, str] | StorageConfig | None" = None,
+    adaptive: AdaptiveSizing | None = None,
 ) -> IngestJob:
     """Start a query reading records from ``topic`` into the memwal table at ``table_uri``.
 
@@ -184,14 +207,20 @@ def ingest(
     ``storage_options`` reach the table's object store (Lance's key names, over the driver's
     standard environment variables; see :mod:`memwal.storage`): they are resolved here, once,
     and travel with the sink to every executor, its writers and the dead-letter table.
+
+    ``adaptive``: size micro-batches by backlog (:mod:`memwal.streaming.adaptive`): its
+    ``steady_rows`` when caught up, growing while a backlog waits; each decision is in
+    ``job.listener.sizes`` and the batch's log line. It replaces ``max_offsets_per_trigger``.
     """
     options = options or SinkOptions(source="kafka-json")
     if options.source != "kafka-json":
         raise ValueError("ingest reads Kafka: options.source must be 'kafka-json'")
-    if options.max_write_tasks is None and max_offsets_per_trigger:
-        # Micro-batches are bounded: give each write task at least MIN_ROWS_PER_TASK rows.
+    bound = adaptive.steady_rows if adaptive is not None else max_offsets_per_trigger
+    if options.max_write_tasks is None and bound:
+        # Micro-batches are bounded: give each write task at least MIN_ROWS_PER_TASK rows (of
+        # a steady-state batch, with adaptive sizes: latency matters there, not in catch-up).
         slots = default_parallelism(spark)
-        options = replace(options, max_write_tasks=max(1, min(slots, max_offsets_per_trigger // MIN_ROWS_PER_TASK)))
+        options = replace(options, max_write_tasks=max(1, min(slots, bound // MIN_ROWS_PER_TASK)))
     sink = MemwalSink(table_uri, options, storage_options).bind(spark)
     name = query_name or f"memwal-ingest-{topic}"
     listener = MemwalProgressListener(sink, name)
@@ -204,6 +233,7 @@ def ingest(
         max_offsets_per_trigger=max_offsets_per_trigger,
         kafka_options=kafka_options,
         prepare_for=sink,
+        adaptive=adaptive,
     )
     writer = (
         sink.observe(stream)

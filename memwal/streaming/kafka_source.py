@@ -57,6 +57,16 @@ option keys lower-cased, so they are matched case-insensitively):
     batches and returns an iterator of batches of that schema.  The mapper's
     module must be importable where the Python workers run; this module knows
     nothing about it.
+``memwal.readLimitPolicy``, ``memwal.readLimitPolicyConfig``
+    Size micro-batches adaptively instead of by ``maxOffsetsPerTrigger`` (which
+    it replaces): ``module:callable`` naming a factory, loaded like the batch
+    mapper on the planning side only, called with the config string.  The policy
+    is called before every micro-batch with the previous bound (None at first)
+    and the records waiting, and returns a JSON-able dict with at least
+    ``limit`` (an int >= 1).  The dict is reported with the batch's latest
+    offsets under the key ``memwal:readLimit`` (never a Kafka topic name: topics
+    can not contain a colon), so the query's progress says why a batch has its
+    size.
 ``kafka.<name>``
     Any other ``kafka.``-prefixed option is passed to librdkafka as ``<name>``.
     librdkafka's property names are all lower-case, so the lower-casing of keys
@@ -269,6 +279,13 @@ class _Settings:
         # ranges spread first). Spark's source reads each topic-partition in a task of its
         # own; for a small micro-batch every extra Python read task costs more than the
         # parallel read saves (docs/benchmarks.md).
+        # Adaptive micro-batches: a policy (module:callable factory) bounds each batch.
+        self.read_limit_policy: Optional[str] = opts.get("memwal.readlimitpolicy")
+        self.read_limit_policy_config: str = opts.get("memwal.readlimitpolicyconfig", "")
+        if self.read_limit_policy is not None:
+            _split_factory(self.read_limit_policy, "memwal.readLimitPolicy")
+        elif "memwal.readlimitpolicyconfig" in opts:
+            raise ValueError("option memwal.readLimitPolicyConfig needs memwal.readLimitPolicy")
         mrec = opts.get("memwal.minrecordsperreadtask")
         self.min_records_per_read_task: Optional[int] = (
             _parse_positive_int("memwal.minRecordsPerReadTask", mrec) if mrec is not None else None)
@@ -361,11 +378,32 @@ def apportion(backlog: Mapping[TopicPart, int], limit: int) -> Dict[TopicPart, i
     return take
 
 
-def _split_factory(name: str) -> Tuple[str, List[str]]:
+def _split_factory(name: str, option: str = "memwal.batchMapper") -> Tuple[str, List[str]]:
     module, sep, attr = name.strip().partition(":")
     if not sep or not module or not attr or not all(part.isidentifier() for part in attr.split(".")):
-        raise ValueError(f"option memwal.batchMapper must be 'module:callable', got {name!r}")
+        raise ValueError(f"option {option} must be 'module:callable', got {name!r}")
     return module, attr.split(".")
+
+
+def _load_factory(name: str, option: str) -> Any:
+    module, attrs = _split_factory(name, option)
+    factory: Any = importlib.import_module(module)
+    for attr in attrs:
+        factory = getattr(factory, attr)
+    return factory
+
+
+#: Key of the read-limit policy's decision in the reported latest offsets.
+READ_LIMIT_KEY = "memwal:readLimit"
+
+
+def load_read_limit_policy(name: str, config: str) -> Any:
+    """The read-limit policy the factory ``name`` makes from ``config``: a callable
+    ``(previous_limit or None, backlog) -> {"limit": int, ...}``."""
+    policy = _load_factory(name, "memwal.readLimitPolicy")(config)
+    if not callable(policy):
+        raise TypeError(f"read-limit policy factory {name} must return a callable")
+    return policy
 
 
 def load_batch_mapper(name: str, config: str) -> Any:
@@ -432,10 +470,16 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # High watermarks at prepareForTriggerAvailableNow(); caps every later batch.
         self._available_now_target: Optional[OffsetMap] = None
         self._last_latest: Optional[OffsetMap] = None
+        # Adaptive sizing (memwal.readLimitPolicy): the policy, the last bound it chose
+        # for a batch with records, and its last decision (reported with the offsets).
+        self._policy: Any = None
+        self._policy_limit: Optional[int] = None
+        self._policy_decision: Optional[Dict[str, Any]] = None
 
     def __getstate__(self) -> Dict[str, Any]:
         state = dict(self.__dict__)
         state["_consumer"] = None  # a live librdkafka handle can not travel
+        state["_policy"] = None  # loaded again where it is needed (planning only)
         return state
 
     # -- driver side: offsets -----------------------------------------------------------
@@ -509,8 +553,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _to_json(start)
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        """``ReadMaxRows(maxOffsetsPerTrigger)`` if that option is set, else read all."""
-        if self._s.max_offsets_per_trigger is not None:
+        """``ReadMaxRows(maxOffsetsPerTrigger)`` if that option is set, else read all (with a
+        read-limit policy too: the policy bounds each batch in ``latestOffset``)."""
+        if self._s.max_offsets_per_trigger is not None and self._s.read_limit_policy is None:
             return ReadMaxRows(self._s.max_offsets_per_trigger)
         return ReadAllAvailable()
 
@@ -540,7 +585,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             first[tp] = begin.get(tp, low)
             backlog[tp] = max(0, high - first[tp])
 
-        if isinstance(limit, ReadMaxRows):
+        if self._s.read_limit_policy is not None:
+            take = self._policy_take(backlog)
+        elif isinstance(limit, ReadMaxRows):
             take = apportion(backlog, int(limit.max_rows))
         else:
             take = backlog
@@ -548,9 +595,31 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end[tp] = offset + take.get(tp, 0)
         return _to_json(end)
 
+    def _policy_take(self, backlog: Dict[TopicPart, int]) -> Dict[TopicPart, int]:
+        """Records per partition under the read-limit policy's bound for this batch. Only a
+        batch with records moves the policy on (an idle trigger plans nothing)."""
+        total = sum(backlog.values())
+        if total == 0:
+            return {}
+        if self._policy is None:
+            self._policy = load_read_limit_policy(str(self._s.read_limit_policy), self._s.read_limit_policy_config)
+        decision = dict(self._policy(self._policy_limit, total))
+        limit = int(decision["limit"])
+        if limit < 1:
+            raise ValueError(f"read-limit policy returned limit {limit}; it must be at least 1")
+        self._policy_limit = limit
+        self._policy_decision = decision
+        return apportion(backlog, limit)
+
     def reportLatestOffset(self) -> Optional[dict]:
-        """High watermarks seen by the last ``latestOffset`` call (for query progress)."""
-        return _to_json(self._last_latest) if self._last_latest is not None else None
+        """High watermarks seen by the last ``latestOffset`` call (for query progress), with
+        the read-limit policy's last decision under ``memwal:readLimit`` when one is set."""
+        if self._last_latest is None:
+            return None
+        out: Dict[str, Any] = dict(_to_json(self._last_latest))
+        if self._policy_decision is not None:
+            out[READ_LIMIT_KEY] = self._policy_decision
+        return out
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         """One input partition per topic-partition whose range ``[start, end)`` is non-empty,

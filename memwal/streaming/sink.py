@@ -90,6 +90,12 @@ SUMMARY_SCHEMA = pa.schema(
         ("seconds", pa.float64()),
         ("stall_seconds", pa.float64()),
         ("pid", pa.int64()),
+        # Task-seconds of the micro-batch's phases (see memwal.streaming.timing), carried by
+        # the write task's timing row (shard ""): reading the source and preparing (decode,
+        # validate, route) in the read tasks, waiting for the exchange in the write task.
+        ("read_seconds", pa.float64()),
+        ("prepare_seconds", pa.float64()),
+        ("exchange_seconds", pa.float64()),
     ]
 )
 
@@ -165,6 +171,16 @@ class BatchReport:
     write_seconds_max: float = 0.0
     #: the longest a shard's writes were delayed or stalled by the table's bounds (back-pressure)
     stall_seconds_max: float = 0.0
+    #: Task-seconds of the phases (summed over tasks; see memwal.streaming.timing).
+    read_seconds: float = 0.0
+    prepare_seconds: float = 0.0
+    exchange_seconds: float = 0.0
+    write_seconds: float = 0.0
+    #: Driver seconds in the Spark job that runs both stages (``collect`` of the summaries).
+    job_seconds: float = 0.0
+    #: Why the micro-batch has its size (adaptive micro-batches, memwal.streaming.adaptive);
+    #: set by the ingest query's listener, "" when sizes are fixed.
+    size_reason: str = ""
 
     def line(self) -> str:
         return (
@@ -234,6 +250,10 @@ EXCHANGE_SCHEMA = pa.schema(
         pa.field(PAYLOAD, pa.binary()),
         pa.field(DEAD_PAYLOAD, pa.binary()),
         pa.field(COUNT_SKIPPED, pa.int64()),
+        # Seconds the read task spent reading this input batch from the source and preparing
+        # it; on the batch's first exchange row only (null on the others), so sums are right.
+        pa.field("read_seconds", pa.float64()),
+        pa.field("prepare_seconds", pa.float64()),
     ]
 )
 
@@ -329,12 +349,22 @@ class Prepare:
         task_partition = ctx.partitionId() if ctx is not None else 0
         n = shard_partitions(state.spec, self.options)
         row = 0
-        for batch in batches:
+        it = iter(batches)
+        while True:
+            t0 = time.perf_counter()
+            batch = next(it, None)
+            t1 = time.perf_counter()
+            if batch is None:
+                return
             if batch.num_rows == 0:
                 continue
             prepared = self.prepare(state, pa.Table.from_batches([batch]), task_partition, row, n)
             row += batch.num_rows
-            yield pa.RecordBatch.from_pylist(exchange_rows(prepared), schema=EXCHANGE_SCHEMA)
+            out = exchange_rows(prepared)
+            if out:
+                out[0]["read_seconds"] = t1 - t0
+                out[0]["prepare_seconds"] = time.perf_counter() - t1
+            yield pa.RecordBatch.from_pylist(out, schema=EXCHANGE_SCHEMA)
 
     def prepare(self, state: TableState, data: pa.Table, task_partition: int, first_row: int, n: int) -> Prepared:
         """Decode, validate and route ``data``: every good row conformed to the table's write
@@ -486,8 +516,12 @@ class Write:
         dead: list[pa.Table] = []
         shards: dict[str, ShardValues] = {}
         skipped = 0
+        t0 = time.perf_counter()
+        read_s = prepare_s = 0.0
         for b in batches:
             skipped += pc.sum(b.column(COUNT_SKIPPED)).as_py() or 0
+            read_s += sum(x or 0.0 for x in b.column("read_seconds").to_pylist())
+            prepare_s += sum(x or 0.0 for x in b.column("prepare_seconds").to_pylist())
             for p in b.column(PAYLOAD).to_pylist():
                 if p:
                     t = from_payload(p)
@@ -496,16 +530,20 @@ class Write:
             for p in b.column(DEAD_PAYLOAD).to_pylist():
                 if p:
                     dead.append(from_payload(p))
+        # The task's phase timings ride on its first summary row (one row per shard stays).
+        timing = {"read_seconds": read_s, "prepare_seconds": prepare_s, "exchange_seconds": time.perf_counter() - t0}
         if dead:
-            yield self._dead_letters(pa.concat_tables(dead))
+            yield _with_timing(self._dead_letters(pa.concat_tables(dead)), timing)
+            timing = {}
         if skipped:
-            yield _summary("", skipped=skipped)
+            yield _with_timing(_summary("", skipped=skipped), timing)
+            timing = {}
         if not routed:
             return
         data = pa.concat_tables(routed)
         ids = pc.unique(data.column(SHARD)).to_pylist()
         if len(ids) == 1:
-            yield self._write_shard(ids[0], shards[ids[0]], data)
+            yield _with_timing(self._write_shard(ids[0], shards[ids[0]], data), timing)
             return
         from concurrent.futures import ThreadPoolExecutor
 
@@ -513,7 +551,8 @@ class Write:
         with ThreadPoolExecutor(max_workers=min(8, len(ids))) as pool:
             futures = [pool.submit(self._write_shard, sid, shards[sid], data.filter(pc.equal(column, sid))) for sid in ids]
             for f in futures:
-                yield f.result()
+                yield _with_timing(f.result(), timing)
+                timing = {}
 
     def _dead_letters(self, bad: pa.Table) -> pa.RecordBatch:
         from memwal.streaming.dead_letters import SCHEMA, write_dead_letters
@@ -668,6 +707,15 @@ def _remember_written(worker: WorkerTable, shard_id: str, dels: pa.Table, ups: p
     cache.remember(_key_tuples(ups, pk), ups.column(seq).to_pylist())
 
 
+def _with_timing(summary: pa.RecordBatch, timing: dict[str, float]) -> pa.RecordBatch:
+    """``summary`` with the task's phase timings set (none: unchanged)."""
+    if not timing:
+        return summary
+    row = summary.to_pylist()[0]
+    row.update(timing)
+    return pa.RecordBatch.from_pylist([row], schema=SUMMARY_SCHEMA)
+
+
 def _summary(shard: str, **counters: Any) -> pa.RecordBatch:
     row = {f.name: 0 for f in SUMMARY_SCHEMA}
     row.update(shard=shard, flushed=False, seconds=0.0, stall_seconds=0.0, pid=os.getpid())
@@ -799,8 +847,9 @@ class MemwalSink:
         # into partition p.
         keys = partition_keys(self.partitions)
         magic = F.element_at(F.array(*[F.lit(k) for k in keys]), F.col(PART) + 1)
+        t_job = time.perf_counter()
         summaries = prepared.repartition(self.partitions, magic).mapInArrow(write, spark_schema(SUMMARY_SCHEMA)).collect()
-        report = BatchReport(batch_id=batch_id)
+        report = BatchReport(batch_id=batch_id, job_seconds=time.perf_counter() - t_job)
         for s in summaries:
             report.rows += s.rows
             report.upserts += s.upserts
@@ -811,10 +860,14 @@ class MemwalSink:
             report.fenced_retries += s.fenced_retries
             report.writer_opens += s.writer_opens
             report.flushes += int(s.flushed)
-            report.write_seconds_max = max(report.write_seconds_max, s.seconds)
+            report.read_seconds += s.read_seconds
+            report.prepare_seconds += s.prepare_seconds
+            report.exchange_seconds += s.exchange_seconds
             report.stall_seconds_max = max(report.stall_seconds_max, s.stall_seconds or 0.0)
             if s.shard:
                 report.shards += 1
+                report.write_seconds += s.seconds
+                report.write_seconds_max = max(report.write_seconds_max, s.seconds)
         report.rows += report.dead_letters + report.skipped
         report.seconds = time.perf_counter() - t0
         with self._report_lock:
