@@ -75,12 +75,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
+import lance
 import pyarrow as pa
 
 from memwal import paths
 from memwal.errors import CommitConflictError, ConcurrencyError, MemwalError
 from memwal.holds import held_through, view_holds
-from memwal.indexes import base_indexes
+from memwal.indexes import base_indexes, covered_generation
 from memwal.manifest import MemWalIndex, ShardManifest
 from memwal.state import TableState
 
@@ -120,15 +121,18 @@ class ShardGcResult:
     bytes_reclaimed: int = 0
 
 
-def _collectable_through(index: MemWalIndex | None, indexes: list[str], shard_id: str) -> int:
-    """Highest generation of ``shard_id`` that is compacted and covered by every base index."""
-    if index is None:
+def _collectable_through(
+    base: lance.LanceDataset | None, index: MemWalIndex | None, indexes: list[str], shard_id: str
+) -> int:
+    """Highest generation of ``shard_id`` that is compacted and covered by every base index
+    (``base`` is the base table at the version ``index`` was read from)."""
+    if base is None or index is None:
         return 0
     limit = index.compacted_generation(shard_id)
     for name in indexes:
         # Lance reads "shard absent from index_catchup" as caught up; GC does not: until an
         # index has recorded its catch-up, the SSTables are what keeps reads indexed.
-        limit = min(limit, index.index_catchup.get(name, {}).get(shard_id, 0))
+        limit = min(limit, covered_generation(base, index, name, shard_id))
     return limit
 
 
@@ -185,13 +189,14 @@ class GarbageCollector:
         and the other shards are still collected; without, the error propagates.
         """
         version = self.safe_base_version()
+        base = self.state.dataset(version) if version is not None else None
         index = self.state.manifests.mem_wal_index(version) if version is not None else None
         indexes = base_indexes(self.state.dataset())
         holds = view_holds(self.state.io, self.state.uri)  # read after the index: holds only move up
         results = []
         for shard_id in self.state.manifests.list_shards() if shard_ids is None else shard_ids:
             try:
-                r = self.collect_shard(shard_id, held_through(holds, shard_id, _collectable_through(index, indexes, shard_id)))
+                r = self.collect_shard(shard_id, held_through(holds, shard_id, _collectable_through(base, index, indexes, shard_id)))
             except (MemwalError, OSError, ValueError) as e:
                 if on_shard_error is None or isinstance(e, ConcurrencyError):
                     raise

@@ -66,14 +66,32 @@ def base_indexes(ds: lance.LanceDataset) -> list[str]:
     return sorted({d.name for d in ds.describe_indices() if d.name != MEM_WAL_INDEX_NAME})
 
 
+def covered_generation(ds: lance.LanceDataset, index: MemWalIndex, name: str, shard_id: str) -> int:
+    """The highest generation of ``shard_id`` whose compacted rows base index ``name`` covers
+    in ``ds`` (the base at the version ``index`` was read from).
+
+    That is what Lance recorded in ``index_catchup`` -- or the compacted generation itself
+    when the base has no fragments: with no rows there is nothing left unindexed, and Lance's
+    ``optimize_indices`` then commits nothing, so it never records the catch-up. A shard whose
+    compacted rows were all deleted would otherwise lag for as long as the base stays empty,
+    and GC would keep its SSTables and their WAL entries all that time.
+    """
+    if not ds.get_fragments():
+        return index.compacted_generation(shard_id)
+    return index.index_catchup.get(name, {}).get(shard_id, 0)
+
+
 def index_lag(ds: lance.LanceDataset, index: MemWalIndex | None) -> list[IndexLag]:
     """Per base index and shard: compacted generation minus the generation the index covers."""
     if index is None:
         return []
     out = []
     for name in base_indexes(ds):
-        caught = index.index_catchup.get(name, {})
-        lag = {sid: gen - caught.get(sid, 0) for sid, gen in index.compacted.items() if gen > caught.get(sid, 0)}
+        lag = {
+            sid: gen - covered
+            for sid, gen in index.compacted.items()
+            if gen > (covered := covered_generation(ds, index, name, sid))
+        }
         out.append(IndexLag(name, lag))
     return out
 

@@ -20,6 +20,7 @@ from memwal.errors import (
     FencedError,
     MemwalError,
     StaleCompactionError,
+    TableDamagedError,
 )
 
 #: The exception types pylance raises for Lance errors.
@@ -47,6 +48,10 @@ _COMMIT_CONFLICT = re.compile(
 #: A writer's WAL replay (when it claims a shard) met an entry that is not an Arrow IPC stream.
 #: Lance does not name the entry; the caller finds it (``memwal.wal.first_unreadable_entry``).
 _WAL_UNREADABLE = re.compile(_PREFIX + r"(?:LanceError\(IO\): )?failed to open WAL IPC stream reader")
+
+#: Opening a dataset (an SSTable, say) whose directory holds no versions. Lance's message
+#: gives the path without its leading ``/``; memwal's messages name the path themselves.
+_DATASET_NOT_FOUND = re.compile(_PREFIX + r"Dataset at path \S+ was not found")
 
 #: ", /home/runner/work/lance/lance/rust/.../file.rs:12:34" (and any other build path).
 _SOURCE_LOCATION = re.compile(r",?\s*/[^\s,]*\.rs:\d+:\d+")
@@ -109,3 +114,26 @@ def classify(exc: BaseException) -> MemwalError | None:
     if is_commit_conflict(exc):
         return CommitConflictError(f"a concurrent commit won: {lance_message(exc)}")
     return None
+
+
+def damaged_sstable(exc: BaseException, shard_id: str, generation: int | None, path: str) -> TableDamagedError | None:
+    """The memwal error for a Lance failure to open or read an SSTable a shard manifest
+    lists, or None if ``exc`` is not such a failure (not a Lance error, or a known kind).
+
+    A listed SSTable is immutable and must exist, so whatever else stops Lance from opening
+    or reading it is damage: the directory gone ("Dataset at path ... was not found", with
+    the path missing its leading ``/``) or a file in it that does not decode (errors of many
+    shapes, none naming the SSTable). The message names the file and ``memwal repair``;
+    ``memwal check`` tells damage from a storage error that did not last.
+    """
+    if isinstance(exc, MemwalError) or _text(exc) is None or classify(exc) is not None:
+        return None
+    what = f"the SSTable of generation {generation}" if generation is not None else "an SSTable"
+    if _matches(_DATASET_NOT_FOUND, exc):
+        problem = "is missing"
+    else:
+        problem = f"cannot be read ({' '.join(lance_message(exc).split())})"
+    return TableDamagedError(
+        f"shard {shard_id}: {what} at {path} {problem}; "
+        "`memwal check` confirms the damage, `memwal repair` restores reads"
+    )

@@ -156,11 +156,11 @@ def test_put_says_how_many_rows_were_applied_when_writing_fails(tmp_path, monkey
     pq.write_table(pa.table({"id": pa.array(range(70_000), pa.int64()), "name": ["x"] * 70_000}), src)
     real_write, calls = Table.write, []
 
-    def failing_write(self, data):
+    def failing_write(self, data, **kw):
         calls.append(data.num_rows)
         if len(calls) == 2:
             raise OSError("the disk is full")
-        return real_write(self, data)
+        return real_write(self, data, **kw)
 
     monkeypatch.setattr(Table, "write", failing_write)
     assert cli.main(["put", uri, str(src)]) == 3

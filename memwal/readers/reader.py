@@ -148,7 +148,7 @@ class Reader:
             if wanted in found:
                 if found[wanted]:  # the newest version is a delete
                     return self._output_schema(columns).empty_table()
-                return self.sstables.dataset(path).to_table(columns=out, filter=predicate)
+                return self.sstables.read(path, columns=out, filter=predicate)
         # No SSTable holds the key: the base table's row (via its primary-key index), if any.
         return snap.dataset.to_table(columns=out, filter=predicate)
 
@@ -445,10 +445,10 @@ def _unindexed_sstable_rows(cache: sstables.SSTableCache, snap: Snapshot, column
             path = paths.sstable_path(snap.dataset.uri, shard.shard_id, sst.path)
             if cache.has_index(path, column, "VectorIndexDetails"):
                 continue
-            rows = cache.dataset(path).to_table(columns=[*wanted, TOMBSTONE])
+            rows = cache.read(path, columns=[*wanted, TOMBSTONE])
             rows = rows.filter(pc.invert(rows.column(TOMBSTONE))).drop_columns([TOMBSTONE])
             for newer in ssts[i + 1 :]:
-                keys = cache.dataset(paths.sstable_path(snap.dataset.uri, shard.shard_id, newer.path)).to_table(columns=pk)
+                keys = cache.read(paths.sstable_path(snap.dataset.uri, shard.shard_id, newer.path), columns=pk)
                 rows = without_keys(rows, keys, pk)
             out.append(rows)
     if not out:

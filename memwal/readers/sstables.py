@@ -9,7 +9,9 @@ none does, instead of probing every SSTable newest-first.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import lance
@@ -17,6 +19,7 @@ import pyarrow as pa
 
 from memwal import paths
 from memwal.cache import ByteLRU
+from memwal.lance_errors import damaged_sstable
 from memwal.readers.merge import newest
 from memwal.schema import TOMBSTONE
 
@@ -38,6 +41,26 @@ def lookup_key(key: dict[str, Any], primary_key: Sequence[str]) -> Any:
     return key[primary_key[0]] if len(primary_key) == 1 else tuple(key[c] for c in primary_key)
 
 
+@contextmanager
+def reading(path: str) -> Iterator[None]:
+    """Turns a Lance failure to open or read the SSTable at ``path`` into a
+    :class:`~memwal.errors.TableDamagedError` naming its shard, generation and path.
+
+    Every SSTable a reader touches is listed in a shard manifest it loaded, and GC removes
+    none a reader may still use (``reader_grace_seconds``), so a listed SSTable that does not
+    open or read is damage, not a race: the reader says which file, and that
+    ``memwal repair`` restores reads, instead of passing Lance's error on.
+    """
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - Lance raises untyped errors; lance_errors decides
+        shard_dir, _, name = path.rstrip("/").rpartition("/")
+        damaged = damaged_sstable(e, shard_dir.rpartition("/")[2], paths.sstable_generation(name), path)
+        if damaged is None:
+            raise
+        raise damaged from e
+
+
 class SSTableCache:
     """Open datasets, key sets and whole rows of SSTables, bounded by ``max_bytes``.
 
@@ -57,7 +80,8 @@ class SSTableCache:
         self._lru.clear()
 
     def _get(self, kind: str, path: str, load: Callable[[], Any], size: Callable[[Any], int]) -> Any:
-        return self._lru.get_or_load((kind, path), load, size)
+        with reading(path):
+            return self._lru.get_or_load((kind, path), load, size)
 
     def dataset(self, path: str) -> lance.LanceDataset:
         """The SSTable at ``path`` as an open Lance dataset."""
@@ -90,11 +114,17 @@ class SSTableCache:
         kind = "rows:" + ",".join(wanted)
         return self._get(kind, path, lambda: self.dataset(path).to_table(columns=wanted), lambda t: t.nbytes)
 
+    def read(self, path: str, **to_table: Any) -> pa.Table:
+        """``to_table(**to_table)`` of the SSTable at ``path``, uncached (a filtered read, say)."""
+        with reading(path):
+            return self.dataset(path).to_table(**to_table)
+
     def has_index(self, path: str, field_name: str, kind: str) -> bool:
         """Whether the SSTable has an index of ``kind`` (a details type name) on a column."""
-        ds = self.dataset(path)
-        field_id = ds.lance_schema.field(field_name).id()
-        return any(field_id in d.fields and kind in d.type_url for d in ds.describe_indices())
+        with reading(path):
+            ds = self.dataset(path)
+            field_id = ds.lance_schema.field(field_name).id()
+            return any(field_id in d.fields and kind in d.type_url for d in ds.describe_indices())
 
     def delta(
         self, snap: "Snapshot", tail: pa.Table | None, columns: Sequence[str], primary_key: Sequence[str]
