@@ -17,6 +17,7 @@ from brokers import produce, start_broker
 
 from memwal import Table, readers
 from memwal.failpoints import DIR_ENV, ENV
+from memwal.metadata import Bounds
 from memwal.streaming import SinkOptions, ingest
 from memwal.streaming.dead_letters import dead_letter_uri, read_dead_letters
 from memwal.streaming.sink import Prepare, Write, partition_keys
@@ -234,7 +235,10 @@ def test_two_concurrent_queries_on_the_same_shard(spark, noida, tmp_path):
     a row fails its query loudly (FencedError: one writer per shard); nothing acknowledged is
     lost, and the failed query, restarted from its checkpoint, completes."""
     uri = str(tmp_path / "t")
-    Table.create(uri, SCHEMA, ["id"], "unsharded").close()
+    # Each 100-record micro-batch is flushed and no maintenance runs: lift the back-pressure
+    # bounds (this test is about fencing; tests/test_bounds.py covers the stall).
+    no_stall = Bounds(max_sstables=100_000, slowdown_sstables=100_000, stop_sstables=100_000)
+    Table.create(uri, SCHEMA, ["id"], "unsharded", bounds=no_stall).close()
     topics = [f"race-a-{time.monotonic_ns()}", f"race-b-{time.monotonic_ns()}"]
     models = []
     for i, topic in enumerate(topics):
