@@ -2,7 +2,9 @@
 
 ``MEMWAL_FAILPOINTS="compactor.between_passes=pause"`` makes the process, on reaching that
 point, create the file ``$MEMWAL_FAILPOINT_DIR/<name>`` and then wait to be killed;
-``=exit`` ends it on the spot with ``os._exit(86)`` (no cleanup, like a crash). With the
+``=wait`` creates the file the same way and blocks until the test removes it (to order two
+processes' steps deterministically); ``=exit`` ends it on the spot with ``os._exit(86)`` (no
+cleanup, like a crash). With the
 variable unset (always, outside tests) a failpoint is a dictionary lookup.
 """
 
@@ -27,9 +29,16 @@ def failpoint(name: str) -> None:
     if action is None:
         return
     marker_dir = os.environ.get(DIR_ENV)
-    if marker_dir:
-        with open(os.path.join(marker_dir, name), "w") as f:
+    marker = os.path.join(marker_dir, name) if marker_dir else None
+    if marker:
+        with open(marker, "w") as f:
             f.write(str(os.getpid()))
+    if action == "wait":
+        if marker is None:
+            raise ValueError(f"failpoint {name}=wait needs {DIR_ENV}")
+        while os.path.exists(marker):  # until the test removes the marker
+            time.sleep(0.05)
+        return
     if action == "exit":
         os._exit(EXIT_CODE)
     if action == "pause":

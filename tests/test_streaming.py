@@ -249,20 +249,26 @@ def test_two_concurrent_queries_on_the_same_shard(spark, noida, tmp_path):
         models.append({key + i * 10_000: {**row, "id": key + i * 10_000} for key, row in model.items()})
         produce(noida, topic, records)
     cli_args = ("--max-offsets-per-trigger", "100", "--flush-interval", "0")
-    other = ingest_cli(uri, str(tmp_path / "ckpt-b"), noida, topics[1], None, *cli_args)
-    # Start this query once the other one writes, so the two really overlap.
+    # The two overlap deterministically, however loaded the machine: the other query stops in
+    # a write task of its micro-batch 3, after writing the shard (its writer holds the
+    # shard's epoch), until this query has written everything; then its cached writer is stale.
+    marker_dir = tmp_path / "markers"
+    marker_dir.mkdir()
+    marker = marker_dir / "sink.wrote.batch-3"
+    other = ingest_cli(uri, str(tmp_path / "ckpt-b"), noida, topics[1], {ENV: "sink.wrote.batch-3=wait", DIR_ENV: str(marker_dir)}, *cli_args)
     err_lines: list[bytes] = []
-    writing = threading.Event()
 
     def drain_stderr():
         for line in other.stderr:
             err_lines.append(line)
-            if b" fenced retr" in line:
-                writing.set()
 
     reader = threading.Thread(target=drain_stderr, daemon=True)
     reader.start()
-    assert writing.wait(300), b"".join(err_lines).decode()[-3000:]
+    deadline = time.monotonic() + 300
+    while not marker.exists():
+        assert other.poll() is None, b"".join(err_lines).decode()[-3000:]
+        assert time.monotonic() < deadline, "the other query never reached micro-batch 3"
+        time.sleep(0.1)
 
     def run_here():
         job = ingest(
@@ -276,6 +282,7 @@ def test_two_concurrent_queries_on_the_same_shard(spark, noida, tmp_path):
             return job, str(e)
 
     job, failed_here = run_here()
+    marker.unlink()  # the other query goes on, with the writer this one fenced
     other.wait(timeout=300)
     reader.join(60)
     err = b"".join(err_lines).decode()
