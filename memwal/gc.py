@@ -6,10 +6,10 @@ Per shard, GC removes
    consumed by every view fed by compaction (its hold, :mod:`memwal.holds`), judged at a
    base version at least ``reader_grace_seconds`` old, so a reader that pinned a snapshot
    shortly before keeps finding the SSTables it was told to read;
-2. **WAL entries** at or below the flushed position (``replay_after_wal_entry_position``)
-   of the newest shard manifest version that is at least ``wal_retention_seconds`` old:
-   fence sentinels, and data entries whose generation is no longer listed in the manifest
-   (see *Why collecting the WAL is safe* below);
+2. **WAL entries** at or below the shard's flushed position (``replay_after_wal_entry_position``):
+   data entries of the generations collected in 1 (when their SSTables go), and fence
+   sentinels once the flushed position of the newest shard manifest version at least
+   ``wal_retention_seconds`` old covers them (see *Why collecting the WAL is safe* below);
 3. **shard manifest versions** older than both the newest ``manifest_versions_kept`` and
    ``manifest_retention_seconds``;
 4. **orphan** ``*_gen_*`` directories listed in no manifest: from failed flush attempts,
@@ -44,9 +44,14 @@ its next put lands in the hole and is acknowledged, below the flushed position, 
 replay will ever read it (``tests/test_gc.py`` reproduces this with Lance). Two rules keep
 that from happening, and keep the gap check from taking a collected prefix for a gap:
 
-* **A manifest at least ``wal_retention_seconds`` old is the bound.** Only positions at or
-  below the flushed position of the newest manifest version written at least that long ago
-  are collected. Whatever planned from a manifest that was the latest less than
+* **Only sentinels can be collided with, and they wait.** A stale writer's next append goes
+  to the position right after its own last entry, and whoever claimed the shard after it
+  wrote its sentinel exactly there; data entries never sit at such a position, so they go
+  with their SSTables, as soon as nothing reads them (their generation is compacted at a
+  base version ``reader_grace_seconds`` old, so no reader or writer still plans from a
+  manifest older than their flush). A fence sentinel goes only once it is at or below the
+  flushed position of the newest manifest version written at least ``wal_retention_seconds``
+  ago. Whatever planned from a manifest that was the latest less than
   ``wal_retention_seconds`` ago (a reader's strong read, a writer's gap check before a
   claim) starts at or above that position, so it never sees a collected entry missing: a
   collected prefix lies below every flushed position anyone still uses, and a gap (a
@@ -61,8 +66,8 @@ that from happening, and keep the gap check from taking a collected prefix for a
   may stall (480 s with the defaults), the same kind of bound as ``reader_grace_seconds``.
   A Lance writer held outside memwal's pools is not covered; keep its handles short-lived.
 
-So only the unflushed tail, the entries flushed during the last ``wal_retention_seconds``
-and those of SSTables not yet drained stay on disk, however many claims a shard has seen; GC reads an
+So only the unflushed tail, the data entries of SSTables not yet collected and the sentinels
+of the last ``wal_retention_seconds`` stay on disk, however many claims a shard has seen; GC reads an
 entry's metadata once per collector and lists a shard's WAL only when its collectable
 position or its SSTables changed, so a drain never rereads the whole history.
 """
@@ -166,7 +171,7 @@ class GarbageCollector:
         self._last_drain: dict[str, float] = {}  # shard id -> monotonic time of its last drain
         self._wal_meta: dict[tuple[str, int], _WalMeta] = {}  # (shard, position) -> its metadata
         #: shard id -> (collectable position, listed generations) when its WAL was last collected
-        self._wal_collected: dict[str, tuple[int, frozenset[int]]] = {}
+        self._wal_collected: dict[str, tuple[int, int, int, frozenset[int]]] = {}
 
     def safe_base_version(self) -> int | None:
         """The newest base version committed at least ``reader_grace_seconds`` ago, if any."""
@@ -226,8 +231,8 @@ class GarbageCollector:
             return r
         # Drained SSTables are now listed nowhere: the orphan sweep removes their directories.
         self._sweep_orphans(manifest, r)
-        # Before old manifests go: the newest one old enough bounds what WAL may go.
-        self._remove_wal(manifest, r)
+        # Before old manifests go: the newest one old enough bounds which sentinels may go.
+        self._remove_wal(manifest, through, r)
         self._remove_old_manifests(manifest, r)
         self.bytes_reclaimed += r.bytes_reclaimed
         if r.sstables_removed or r.orphans_removed or r.wal_entries_removed:
@@ -305,14 +310,17 @@ class GarbageCollector:
         m = store.read_shard(shard_id, max(old_enough))
         return m.replay_after_wal_entry_position if m is not None else 0
 
-    def _remove_wal(self, manifest: ShardManifest, r: ShardGcResult) -> None:
+    def _remove_wal(self, manifest: ShardManifest, generations_through: int, r: ShardGcResult) -> None:
         """Remove the shard's WAL entries that nothing reads and no stale writer can collide with
-        (see the module docstring): at or below :meth:`wal_collectable_through`, fence sentinels
-        and data entries of generations no longer listed in ``manifest``."""
+        (see the module docstring): at or below the flushed position, data entries of
+        generations up to ``generations_through`` no longer listed in ``manifest``, and fence
+        sentinels at or below :meth:`wal_collectable_through`."""
         io, uri, shard_id = self.state.io, self.state.uri, manifest.shard_id
         through = self.wal_collectable_through(shard_id)
+        flushed = manifest.replay_after_wal_entry_position
         listed = frozenset(s.generation for s in manifest.sstables)
-        if through == 0 or self._wal_collected.get(shard_id) == (through, listed):
+        state = (through, flushed, generations_through, listed)
+        if flushed == 0 or self._wal_collected.get(shard_id) == state:
             return  # nothing new can be collectable: spare the listing and the reads
         wal = paths.wal_dir(uri, shard_id)
         for info in io.list_prefix(wal):
@@ -320,8 +328,8 @@ class GarbageCollector:
                 pos = paths.parse_bitrev64(info.path)
             except ValueError:
                 continue
-            if pos > through:
-                continue  # needed by replay and strong reads, or flushed too recently
+            if pos > flushed:
+                continue  # needed by replay and strong reads
             key = (shard_id, pos)
             meta = self._wal_meta.get(key)
             path = paths.join(wal, info.path)
@@ -330,13 +338,16 @@ class GarbageCollector:
                     meta = self._wal_meta[key] = _WalMeta.parse(io.read(path))
                 except FileNotFoundError:
                     continue
-            if not meta.sentinel and (meta.generation is None or meta.generation in listed):
-                continue  # rows of an SSTable still listed (or unknown): kept until it is drained
+            if meta.sentinel:
+                if pos > through:
+                    continue  # a stale writer may still collide with it
+            elif meta.generation is None or meta.generation in listed or meta.generation > generations_through:
+                continue  # rows of an SSTable not collected yet (or unknown): kept until it is
             io.remove(path)
             self._wal_meta.pop(key, None)
             r.wal_entries_removed += 1
             r.bytes_reclaimed += info.size
-        self._wal_collected[shard_id] = (through, listed)
+        self._wal_collected[shard_id] = state
 
     def _remove_old_manifests(self, manifest: ShardManifest, r: ShardGcResult) -> None:
         io, store = self.state.io, self.state.manifests
