@@ -2,8 +2,10 @@
 
 ``MEMWAL_FAILPOINTS="compactor.between_passes=pause"`` makes the process, on reaching that
 point, create the file ``$MEMWAL_FAILPOINT_DIR/<name>`` and then wait to be killed;
-``=exit`` ends it on the spot with ``os._exit(86)`` (no cleanup, like a crash). With the
-variable unset (always, outside tests) a failpoint is a dictionary lookup.
+``=exit`` ends it on the spot with ``os._exit(86)`` (no cleanup, like a crash); ``=wait``
+creates the file and waits until the test removes it, then goes on (interleaving tests: another
+writer acts while this one stands at the point). With the variable unset (always, outside
+tests) a failpoint is a dictionary lookup.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ def failpoint(name: str) -> None:
     if marker_dir:
         with open(os.path.join(marker_dir, name), "w") as f:
             f.write(str(os.getpid()))
+    if action == "wait":
+        if not marker_dir:
+            raise ValueError(f"failpoint {name}=wait needs {DIR_ENV} (the test goes on by removing the file)")
+        while os.path.exists(os.path.join(marker_dir, name)):
+            time.sleep(0.01)
+        return
     if action == "exit":
         os._exit(EXIT_CODE)
     if action == "pause":
