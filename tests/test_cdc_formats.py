@@ -297,7 +297,8 @@ def divergence(got: dict, model: dict, records: list, coordinates: list, batches
     """Why the table is not the model: per diverging key, the stored and the expected row and
     the key's Kafka records (op, source position, partition/offset) in production order."""
     bad = sorted(k for k in set(got) | set(model) if got.get(k) != model.get(k))
-    lines = [f"seed {DEBEZIUM_SEED}: {len(bad)} diverging key(s) {bad[:20]}", f"batches: {batches}"]
+    lines = [f"seed {DEBEZIUM_SEED}: {len(bad)} diverging key(s) {bad[:20]}",
+             f"batches (id, rows, deletes, stale, writer opens, fenced retries): {batches}"]
     for k in bad[:5]:
         lines.append(f"key {k}: table {got.get(k)} source {model.get(k)}")
         for (kb, v, _), (part, off) in zip(records, coordinates):
@@ -528,3 +529,35 @@ def test_a_write_task_fenced_after_deciding_decides_again(tmp_path, monkeypatch)
     assert stale == {0: 0, 1: 1, 2: 0}
     got = {r["id"]: r["name"] for r in readers.open(uri, consistency="strong").scan().to_pylist()}
     assert got == {2: "snapshot"}
+
+
+def test_the_sink_creates_the_deleted_sequences_table_before_its_tasks_append(tmp_path):
+    """A write task's shard threads append their deletes' sequences at the same time. Had they
+    to create the table, both creates could commit and one thread's entries be lost (then a
+    replay older than those deletes, in a later writer generation, brought the keys back: the
+    Debezium end-to-end test's failure before the driver created the table). The sink's driver
+    creates it; concurrent appends then all land."""
+    import lance
+
+    from memwal.streaming import sink
+    from memwal.streaming.deleted import deleted_sequences_uri, read_deletes, record_deletes
+
+    uri = str(tmp_path / "t")
+    Table.create(uri, SCHEMA, ["id"], "bucket(id, 2)").close()
+    sink.MemwalSink(uri, SinkOptions(source="columns", sequence_field="pos", drop_stale_across_batches=True))
+    deleted = deleted_sequences_uri(uri)
+    assert lance.dataset(deleted).count_rows() == 0
+    start = threading.Barrier(2)
+
+    def append(shard: str, first: int) -> None:
+        start.wait()
+        for i in range(5):
+            record_deletes(deleted, pa.table({"id": pa.array([first + i], pa.int64()), "pos": pa.array([i], pa.int64())}), shard, None)
+
+    threads = [threading.Thread(target=append, args=(f"s{j}", 100 * j)) for j in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert read_deletes(deleted, "s0", ["id"], "pos", None) == {(i,): i for i in range(5)}
+    assert read_deletes(deleted, "s1", ["id"], "pos", None) == {(100 + i,): i for i in range(5)}
