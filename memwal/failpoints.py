@@ -2,10 +2,10 @@
 
 ``MEMWAL_FAILPOINTS="compactor.between_passes=pause"`` makes the process, on reaching that
 point, create the file ``$MEMWAL_FAILPOINT_DIR/<name>`` and then wait to be killed;
-``=wait`` creates the file the same way and blocks until the test removes it (to order two
-processes' steps deterministically); ``=exit`` ends it on the spot with ``os._exit(86)`` (no
-cleanup, like a crash). With the
-variable unset (always, outside tests) a failpoint is a dictionary lookup.
+``=exit`` ends it on the spot with ``os._exit(86)`` (no cleanup, like a crash); ``=wait``
+creates the file and waits until the test removes it, then goes on (interleaving tests: another
+writer acts while this one stands at the point). With the variable unset (always, outside
+tests) a failpoint is a dictionary lookup.
 """
 
 from __future__ import annotations

@@ -372,7 +372,7 @@ class ShardWriterPool:
                 pass
             self._release(shard_id)
 
-    def _run(self, shard_id: str, op: Callable[[lance.mem_wal.ShardWriter], None], what: str) -> None:
+    def _run(self, shard_id: str, op: Callable[[lance.mem_wal.ShardWriter], None], what: str, retry_fenced: bool = True) -> None:
         with self._lock(shard_id):
             try:
                 op(self._writer(shard_id))
@@ -380,9 +380,13 @@ class ShardWriterPool:
             except OSError as e:
                 if not is_fenced(e):
                     raise
-                log.info("writer of shard %s was fenced during %s; reopening and retrying once", shard_id, what)
+                claimer = self._claimer(shard_id) if not retry_fenced else None
                 self._discard(shard_id)
                 self._count(shard_id, fenced_retries=1)
+                if not retry_fenced:
+                    who = f" by {claimer}" if claimer else ""
+                    raise FencedError(f"shard {shard_id}: the writer was fenced{who} during {what}; nothing of it was written") from e
+                log.info("writer of shard %s was fenced during %s; reopening and retrying once", shard_id, what)
             try:
                 op(self._writer(shard_id))
             except OSError as e:
@@ -450,26 +454,41 @@ class ShardWriterPool:
                 self.stalled_shards.discard(shard_id)
             self._count(shard_id, stalls=1, stall_seconds=time.monotonic() - t0)
 
-    def write(self, batch: RoutedBatch) -> None:
-        """Apply a routed batch: upserts, or deletes by key. Durable (in the WAL) on return."""
-        self.ensure_shard(batch.shard_id, batch.values)
-        (self.delete if batch.deletes else self.put)(batch.shard_id, batch.rows)
+    def claim(self, shard_id: str, values: ShardValues) -> None:
+        """Open (claim) the shard's writer now unless it is open: what is read from the table
+        after this was written by this writer or before its claim (any later claim fences it,
+        and its next write raises or retries). A caller that decides what to write from the
+        stored rows claims first, then reads, then writes with ``retry_fenced=False``."""
+        self.ensure_shard(shard_id, values)
+        with self._lock(shard_id):
+            self._writer(shard_id)
 
-    def put(self, shard_id: str, rows: pa.Table) -> None:
+    def write(self, batch: RoutedBatch, *, retry_fenced: bool = True) -> None:
+        """Apply a routed batch: upserts, or deletes by key. Durable (in the WAL) on return.
+
+        ``retry_fenced=False``: a writer fenced by another claim is discarded (reopened on next
+        use) and :class:`FencedError` raised, nothing of the failed part written, instead of
+        writing it again through a new claim. For writes decided from what was stored (drop
+        stale, partial merges): the other writer may have stored something newer since, so the
+        caller must decide again (see :meth:`claim`)."""
+        self.ensure_shard(batch.shard_id, batch.values)
+        (self.delete if batch.deletes else self.put)(batch.shard_id, batch.rows, retry_fenced=retry_fenced)
+
+    def put(self, shard_id: str, rows: pa.Table, *, retry_fenced: bool = True) -> None:
         """Upsert ``rows`` (already conformed to the table schema) into ``shard_id``."""
         for part in split_rows(rows, self.config.max_memtable_rows):
             self._admit(shard_id)
-            self._run(shard_id, lambda w, p=part: w.put(p), "put")
+            self._run(shard_id, lambda w, p=part: w.put(p), "put", retry_fenced)
             if self.fsync:
                 self._sync_wal(shard_id)
             self._count(shard_id, puts=1, rows_put=part.num_rows)
         self._renew(shard_id)
 
-    def delete(self, shard_id: str, keys: pa.Table) -> None:
+    def delete(self, shard_id: str, keys: pa.Table, *, retry_fenced: bool = True) -> None:
         """Delete ``keys`` (primary-key columns only) from ``shard_id``."""
         for part in split_rows(keys, self.config.max_memtable_rows):
             self._admit(shard_id)
-            self._run(shard_id, lambda w, p=part: w.delete(p), "delete")
+            self._run(shard_id, lambda w, p=part: w.delete(p), "delete", retry_fenced)
             if self.fsync:
                 self._sync_wal(shard_id)
             self._count(shard_id, deletes=1, rows_deleted=part.num_rows)

@@ -19,6 +19,7 @@ replay of an older change, however late it comes).
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import lance
@@ -30,6 +31,9 @@ from memwal.state import resolve_storage
 from memwal.storage import StorageConfig
 
 SHARD = "__memwal_shard"
+
+#: Serializes the fallback create of :func:`record_deletes` among this process's threads.
+_CREATE_LOCK = threading.Lock()
 
 
 def deleted_sequences_uri(table_uri: str) -> str:
@@ -59,7 +63,11 @@ def record_deletes(uri: str, deletes: pa.Table, shard_id: str, storage: StorageC
         return
     rows = deletes.append_column(SHARD, pa.array([shard_id] * deletes.num_rows, pa.string())).replace_schema_metadata(None)
     pk, seq = deletes.schema.names[:-1], deletes.schema.names[-1]
-    ensure_table(uri, deletes.schema, pk, seq, storage)  # normally there already (the sink's driver made it)
+    # Normally there already (the sink's driver made it). If not, the shard threads of one task
+    # must not create it at once: two creates can both commit, and one's rows are lost
+    # (about one race in ten on a local disk), so a delete's sequence would be forgotten.
+    with _CREATE_LOCK:
+        ensure_table(uri, deletes.schema, pk, seq, storage)
     ds = lance.dataset(uri, storage_options=resolve_storage(storage).lance_options())
     lance.write_dataset(rows.cast(ds.schema), ds, mode="append")
 

@@ -45,6 +45,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memwal.errors import FencedError
 from memwal.failpoints import failpoint
 from memwal.lsm import newest_per_key
 from memwal.metadata import check_durability
@@ -74,6 +75,10 @@ RAW = "__memwal_raw"
 
 #: Kafka offsets fit in 40 bits for a long time (10^12 records per partition).
 _OFFSET_BITS = 40
+
+#: A shard write decided from stored rows is decided again at most this often when another
+#: claim fences the writer in between (more means another process keeps claiming the shard).
+_DECIDE_ATTEMPTS = 3
 
 SUMMARY_SCHEMA = pa.schema(
     [
@@ -596,24 +601,44 @@ class Write:
         rows = rows.sort_by(sort_keys)
         stats = worker.writers.shard_stats(shard_id)
         before = stats.snapshot()
-        stale = 0
         drop_stale = bool(seq and self.options.drop_stale_across_batches)
-        if self.options.merge == "partial":
-            if drop_stale:  # per record, before folding: a stale record must not set any column
-                rows, stale = _drop_stale(worker, shard_id, rows, str(seq), self.storage)
-            dels, ups = _fold_partial(worker, shard_id, rows)
-        else:
-            newest = newest_per_key(rows, pk)
-            if drop_stale:
-                newest, stale = _drop_stale(worker, shard_id, newest, str(seq), self.storage)
-            deletes_mask = newest.column(DELETE)
-            dels = newest.filter(deletes_mask)
-            ups = newest.filter(pc.invert(deletes_mask))
+        # Writes decided from what is stored (dropping stale rows, merging partial records) are
+        # decided as the shard's owner and never written through another claim: a writer fenced
+        # since it decided (a zombie task of a stopped query, a task retried elsewhere) may
+        # find a newer version stored by the other writer, which the decision did not see.
+        # So: claim, decide, write; fenced, decide again (see ShardWriterPool.claim).
+        decided = drop_stale or self.options.merge == "partial"
         key_schema = pa.schema([state.write_schema.field(c) for c in pk])
-        if dels.num_rows:
-            worker.writers.write(trusted_batch(shard_id, values, dels.select(pk), dels.column(SHARD), key_schema, deletes=True))
-        if ups.num_rows:
-            worker.writers.write(trusted_batch(shard_id, values, ups.select(state.write_schema.names), ups.column(SHARD), state.write_schema))
+        for attempt in range(_DECIDE_ATTEMPTS if decided else 1):
+            if decided:
+                worker.writers.claim(shard_id, values)
+            written, stale = rows, 0
+            if self.options.merge == "partial":
+                if drop_stale:  # per record, before folding: a stale record must not set any column
+                    written, stale = _drop_stale(worker, shard_id, rows, str(seq), self.storage)
+                dels, ups = _fold_partial(worker, shard_id, written)
+                failpoint(f"sink.decided.batch-{self.batch_id}")  # interleaving tests: decided, not written
+            else:
+                newest = newest_per_key(rows, pk)
+                if drop_stale:
+                    newest, stale = _drop_stale(worker, shard_id, newest, str(seq), self.storage)
+                failpoint(f"sink.decided.batch-{self.batch_id}")
+                deletes_mask = newest.column(DELETE)
+                dels = newest.filter(deletes_mask)
+                ups = newest.filter(pc.invert(deletes_mask))
+            try:
+                if dels.num_rows:
+                    worker.writers.write(trusted_batch(shard_id, values, dels.select(pk), dels.column(SHARD), key_schema, deletes=True),
+                                         retry_fenced=not decided)
+                if ups.num_rows:
+                    worker.writers.write(trusted_batch(shard_id, values, ups.select(state.write_schema.names), ups.column(SHARD), state.write_schema),
+                                         retry_fenced=not decided)
+            except FencedError:
+                if attempt == _DECIDE_ATTEMPTS - 1:
+                    raise
+                log.info("shard %s: fenced after deciding what to write; deciding again", shard_id)
+                continue
+            break
         if drop_stale:
             if dels.num_rows:
                 from memwal.streaming.deleted import deleted_sequences_uri, record_deletes
@@ -632,7 +657,7 @@ class Write:
                 flushed = True
         return _summary(
             shard_id,
-            rows=rows.num_rows,
+            rows=written.num_rows,
             upserts=ups.num_rows,
             deletes=dels.num_rows,
             stale_dropped=stale,
