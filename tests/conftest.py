@@ -19,6 +19,13 @@ settings.register_profile(
 settings.load_profile("memwal")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The Spark Connect tests run first: PySpark refuses to start a Connect client in a
+    process that already runs a classic SparkSession (SESSION_ALREADY_EXIST), and the classic
+    session (the ``spark`` fixture) lives until the whole test session ends."""
+    items.sort(key=lambda item: 0 if item.path.name == "test_connect.py" else 1)
+
+
 @pytest.fixture
 def table_uri(tmp_path) -> str:
     return str(tmp_path / "table")
