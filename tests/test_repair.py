@@ -10,6 +10,8 @@ report's lost keys are only keys of the damaged file; and a new ``put`` works.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -20,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from memwal import Table, paths
+from memwal import Table, cli, paths
 from memwal.check import check_table
 from memwal.errors import TableDamagedError
 from memwal.repair import repair_table
@@ -64,7 +66,15 @@ ACKED = {i: f"n{i}" for i in range(72)}
 
 
 def memwal(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "memwal", *map(str, args)], capture_output=True, text=True)
+    """The CLI, run in this process: a fresh interpreter per call made this file the suite's
+    slowest (tests/test_cli_errors.py runs every command as a real subprocess)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main([str(a) for a in args])
+        except SystemExit as e:  # argparse's usage errors
+            code = e.code if isinstance(e.code, int) else 2
+    return subprocess.CompletedProcess(["memwal", *map(str, args)], code, out.getvalue(), err.getvalue())
 
 
 def written(uri: str) -> dict:
