@@ -19,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from memwal import StaleCompactionError, Table, WriterConfig, readers
 from memwal.compactor import Compactor
+from memwal.metadata import Bounds
 from memwal.state import TableState
 from memwal.writer import ShardWriterPool
 from memwal.gc import GarbageCollector, GcConfig
@@ -39,8 +40,10 @@ class LsmMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="memwal-stateful-")
         self.uri = f"{self.dir}/t"
-        # MemTables never fill up by themselves here: flushes happen when the test says so.
-        Table.create(self.uri, SCHEMA, ["id"], "bucket(id, 2)", writer=WriterConfig(max_memtable_rows=100_000)).close()
+        # MemTables never fill up by themselves here: flushes happen when the test says so. The
+        # machine may flush far more often than it compacts: no write stall (tests/test_bounds.py).
+        no_stall = Bounds(max_sstables=100_000, slowdown_sstables=100_000, stop_sstables=100_000)
+        Table.create(self.uri, SCHEMA, ["id"], "bucket(id, 2)", writer=WriterConfig(max_memtable_rows=100_000), bounds=no_stall).close()
         self.writers = [Table.open(self.uri), Table.open(self.uri)]
         self.crashed: list[Table] = []  # kept referenced: a crashed writer does nothing more
         self.compactors = [
