@@ -312,6 +312,7 @@ def _build(state: TableState, new_uri: str, old: lance.LanceDataset, old_index: 
         ds = lance.dataset(new_uri, storage_options=opts)
         ds.merge_insert(list(state.primary_key)).when_matched_update_all().when_not_matched_insert_all() \
             .mark_sstables_as_compacted(marks).execute(old.schema.empty_table())
+        failpoint("upgrade.mid_build")
         # Every fragment is indexed already; this commit records the index catch-up.
         lance.dataset(new_uri, storage_options=opts).optimize.optimize_indices()
     return lance.dataset(new_uri, storage_options=opts)
@@ -375,6 +376,7 @@ def _recreate_views(state: TableState, definitions: Mapping[str, str]) -> tuple[
             View.open(state, name).drop()
         except Exception:  # noqa: BLE001 - absent (dropped before a crash) or unreadable: recreated below either way
             state.io.remove_tree(View(state, d).uri)
+        failpoint("upgrade.view_dropped")
         View.create(state, name, select=d.select, where=d.where, group_by=d.group_by, udfs=d.udfs, shuffle_seed=d.shuffle_seed)
         done.append(name)
     return tuple(done)

@@ -146,10 +146,11 @@ def test_upgrade_moves_an_old_table_to_a_base_without_stable_row_ids(old_table, 
     assert upgrade(uri, dry_run=True).outcome == "dry-run"
     assert lance.dataset(uri).has_stable_row_ids  # a dry run changes nothing
 
-    report = upgrade(uri)
+    report = Table.upgrade(uri)
     assert report.outcome == "upgraded" and set(report.views_recreated) == {"rows", "groups"}
     check_upgraded(uri, before)
     assert os.path.isdir(report.moved_aside)
+    assert cli_main(["check", uri]) == 0
 
     # writes after the upgrade: through the LSM, compacted, read back; views follow exactly
     t = Table.open(uri)
@@ -196,7 +197,7 @@ def test_upgrade_refuses_while_a_writer_is_live(old_table, capsys):
     assert isinstance(e.value, ConcurrencyError)
     assert cli_main(["upgrade", uri]) == 4
     assert lance.dataset(uri).has_stable_row_ids
-    assert not os.listdir(os.path.join(uri, UPGRADE_DIR)) if os.path.isdir(os.path.join(uri, UPGRADE_DIR)) else True
+    assert not os.path.isdir(os.path.join(uri, UPGRADE_DIR)) or not os.listdir(os.path.join(uri, UPGRADE_DIR))
     t.close()
     expire_leases(uri)
     assert cli_main(["upgrade", uri, "--dry-run"]) == 0
@@ -206,7 +207,9 @@ def test_upgrade_refuses_while_a_writer_is_live(old_table, capsys):
     assert "nothing" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("point", ["upgrade.before_swap", "upgrade.mid_swap", "upgrade.before_views"])
+@pytest.mark.parametrize(
+    "point", ["upgrade.mid_build", "upgrade.before_swap", "upgrade.mid_swap", "upgrade.before_views", "upgrade.view_dropped"],
+)
 def test_a_crash_at_any_step_is_repaired_by_a_rerun(old_table, point):
     uri = old_table
     before = live_rows(uri)
@@ -215,9 +218,15 @@ def test_a_crash_at_any_step_is_repaired_by_a_rerun(old_table, point):
         env=_env(**{FAILPOINTS_ENV: f"{point}=exit"}),
     )
     assert crashed.returncode == EXIT_CODE, crashed.stderr[-3000:]
-    if point == "upgrade.before_swap":
-        # the table is as it was (flushed and compacted), plus a stray directory
+    if point in ("upgrade.mid_build", "upgrade.before_swap"):
+        # the table is as it was (flushed and compacted), plus a stray directory; it stays
+        # writable, and a rerun copies what was written since, not the stale copy
         assert lance.dataset(uri).has_stable_row_ids and base_rows(uri) == before
+        t = Table.open(uri)
+        change(t, list(range(300, 320)), "between")
+        t.close()
+        before = live_rows(uri)
+        assert base_rows(uri) == before and {r["name"] for r in before} >= {"between300"}
     assert not plan_upgrade(uri).current
     report = upgrade(uri)
     assert report.outcome == "upgraded"
