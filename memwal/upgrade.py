@@ -70,7 +70,7 @@ from memwal.metadata import TableMetadata
 from memwal.sharding import lance_init_kwargs
 from memwal.state import TableState, resolve_storage, table_exists
 from memwal.storage import StorageConfig
-from memwal.views import ROW_ID, View, ViewBusyError, ViewDefinition, list_views
+from memwal.views import ROW_ID, View, ViewBusyError, ViewDefinition, list_views, view_uri
 from memwal.views.layout import LEASE_DIR
 from memwal.views.lease import Lease
 from memwal.writer import ShardWriterPool
@@ -372,10 +372,7 @@ def _recreate_views(state: TableState, definitions: Mapping[str, str]) -> tuple[
     done = []
     for name, text in sorted(definitions.items()):
         d = ViewDefinition.from_json(text)
-        try:
-            View.open(state, name).drop()
-        except Exception:  # noqa: BLE001 - absent (dropped before a crash) or unreadable: recreated below either way
-            state.io.remove_tree(View(state, d).uri)
+        state.io.remove_tree(view_uri(state.uri, name))  # what View.drop does; absent after a crash is fine
         failpoint("upgrade.view_dropped")
         View.create(state, name, select=d.select, where=d.where, group_by=d.group_by, udfs=d.udfs, shuffle_seed=d.shuffle_seed)
         done.append(name)
@@ -430,6 +427,15 @@ def upgrade(
         _verify(new, old, old_index, io, new_uri)
         marker = _write_marker(io, uri, stamp, marker, "built")
     failpoint("upgrade.before_swap")
+    if marker["phase"] == "built":
+        now_version = TableState.load(uri, storage).dataset().version
+        if now_version != marker["base_version"]:
+            # Something committed to the old base after the copy (maintenance was not stopped):
+            # swapping would lose that commit. The table is unchanged; a rerun starts over.
+            raise UpgradeBlockedError(
+                f"the base moved from v{marker['base_version']} to v{now_version} while it was copied; stop "
+                "maintenance and writers, then rerun `memwal upgrade`"
+            )
     if marker["phase"] in ("built", "swapping"):
         marker = _write_marker(io, uri, stamp, marker, "swapping")
         _swap(uri, stamp)

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import lance
 import pyarrow as pa
@@ -20,6 +21,7 @@ from memwal import Table, paths
 from memwal.cli import main as cli_main
 from memwal.compactor import Compactor
 from memwal.errors import ConcurrencyError
+from memwal.failpoints import DIR_ENV as FAILPOINT_DIR_ENV
 from memwal.failpoints import ENV as FAILPOINTS_ENV
 from memwal.failpoints import EXIT_CODE
 from memwal.upgrade import UPGRADE_DIR, UpgradeBlockedError, plan_upgrade, purge_upgrades, upgrade
@@ -232,3 +234,32 @@ def test_a_crash_at_any_step_is_repaired_by_a_rerun(old_table, point):
     assert report.outcome == "upgraded"
     check_upgraded(uri, before)
     assert upgrade(uri).outcome == "noop"
+
+
+def test_a_commit_to_the_old_base_during_the_copy_stops_the_swap(old_table, tmp_path):
+    """Maintenance left running: a compaction that commits to the old base while the copy is
+    built would be lost by the swap, so the upgrade stops with the table unchanged."""
+    uri = old_table
+    points = tmp_path / "points"
+    points.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memwal", "upgrade", uri], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=_env(**{FAILPOINTS_ENV: "upgrade.before_swap=wait", FAILPOINT_DIR_ENV: str(points)}),
+    )
+    reached = points / "upgrade.before_swap"
+    deadline = time.monotonic() + 600
+    while not reached.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the upgrade never reached the swap"
+        time.sleep(0.1)
+    t = Table.open(uri)
+    change(t, list(range(300, 320)), "during")  # flushed and compacted into the old base
+    t.close()
+    expire_leases(uri)
+    before = live_rows(uri)
+    reached.unlink()
+    _, err = proc.communicate()
+    assert proc.returncode == 4, err
+    assert lance.dataset(uri).has_stable_row_ids and base_rows(uri) == before
+    assert upgrade(uri).outcome == "upgraded"
+    check_upgraded(uri, before)
