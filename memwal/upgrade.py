@@ -54,7 +54,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 import lance
@@ -152,7 +152,6 @@ class UpgradeReport:
     views_recreated: tuple[str, ...] = ()
     purged: tuple[str, ...] = ()
     seconds: float = 0.0
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         d = asdict(self)
