@@ -301,6 +301,19 @@ def cmd_repair(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_ERROR
 
 
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    from memwal.render import render_upgrade
+    from memwal.upgrade import purge_upgrades, upgrade
+
+    storage = _storage(args)
+    if args.purge:
+        report = purge_upgrades(args.uri, grace_seconds=args.grace, dry_run=args.dry_run, storage_options=storage)
+    else:
+        report = upgrade(args.uri, dry_run=args.dry_run, storage_options=storage)
+    print(report.to_json() if args.json else render_upgrade(report))
+    return EXIT_OK
+
+
 def cmd_maintain(args: argparse.Namespace) -> int:
     from memwal.maintenance import Maintenance
 
@@ -690,6 +703,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-gc", action="store_true")
     s.add_argument("--no-views", action="store_true", help="do not refresh the table's views")
     s.set_defaults(func=cmd_maintain)
+
+    s = sub.add_parser(
+        "upgrade",
+        help="move a table made by the previous version to the current layout",
+        description="Rewrite a base table that has stable row ids (tables made before 2026-11-24) into one without "
+        "them, offline: refuses while a writer or view refresh is live; flushes and compacts every shard, copies the "
+        "base, swaps it in (the old one is kept under {table}/_memwal/upgrade/{time}/old) and recreates every view. "
+        "A rerun finishes an interrupted upgrade; on a current table it does nothing. Local tables only.",
+    )
+    s.add_argument("uri", metavar="URI")
+    s.add_argument("--dry-run", action="store_true", help="say what would be done; change nothing")
+    s.add_argument("--purge", action="store_true", help="remove old bases of upgrades finished more than --grace seconds ago")
+    s.add_argument("--grace", type=float, default=7 * 24 * 3600.0, metavar="S", help="with --purge (default %(default)s)")
+    s.add_argument("--json", action="store_true", help="one JSON object")
+    s.set_defaults(func=cmd_upgrade)
 
     # Every command that opens a table takes storage options (credentials, endpoint, ...).
     view_actions = sub.choices["view"]._subparsers._group_actions[0].choices  # noqa: SLF001 - argparse keeps them here

@@ -15,6 +15,8 @@ memwal's own files live next to Lance's, never inside Lance's directories::
     {table}/_memwal/views/{name}/                     materialized view metadata
     {table}/_memwal/views/{name}/_memwal_hold.json    generations the view still has to read (GC keeps them)
     {table}/_memwal/quarantine/{stamp}/...            files ``memwal repair`` moved aside
+    {table}/_memwal/upgrade/{stamp}/                  ``memwal upgrade``: its marker, the new base
+                                                      while built, the old base after (until purged)
     {table}_dead_letters/                             dead-letter Lance table (sibling)
     {table}_deleted_sequences/                        sequences of deleted keys, for --drop-stale (sibling)
 

@@ -20,6 +20,7 @@ from memwal.metrics import CycleReport, MaintenanceMetrics
 from memwal.readers.reader import ReadPlan
 from memwal.repair import RepairReport
 from memwal.status import MaintenanceStatus, TableStatus
+from memwal.upgrade import UpgradeReport
 
 
 def render_rows(table: pa.Table, max_width: int = 40) -> str:
@@ -214,3 +215,21 @@ def render_repair(report: RepairReport) -> str:
         lines.append("check after repair: " + ("clean" if report.after.clean else f"{len(report.after.damage)} damaged file(s) left"))
         lines += [_damage_line(d) for d in report.after.damage]
     return "\n".join(lines)
+
+
+def render_upgrade(report: UpgradeReport) -> str:
+    """What ``memwal upgrade`` did (or would do)."""
+    if report.outcome == "noop":
+        return f"{report.uri} is current: nothing to upgrade"
+    if report.outcome == "purged" or (report.outcome == "dry-run" and report.plan is None):
+        verb = "removed" if report.outcome == "purged" else "would remove"
+        names = ", ".join(report.purged) or "nothing (none finished longer ago than the grace period)"
+        return f"{verb} old bases of upgrade(s): {names}"
+    if report.outcome == "dry-run" and report.plan is not None:
+        return "\n".join([f"would upgrade {report.uri}:"] + [f"  {i}. {s}" for i, s in enumerate(report.plan.steps(), 1)])
+    return "\n".join([
+        f"upgraded {report.uri} in {report.seconds:.1f}s: base v{report.base_version_before} -> "
+        f"v{report.base_version_after} without stable row ids, {report.rows} rows",
+        f"views recreated: {', '.join(report.views_recreated) or 'none'}",
+        f"old base kept in {report.moved_aside} (remove with `memwal upgrade --purge`)",
+    ])

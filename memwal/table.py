@@ -38,6 +38,7 @@ from memwal.writer import ShardWriterPool
 if TYPE_CHECKING:
     from memwal.maintenance import Maintenance, MaintenanceConfig
     from memwal.readers.reader import Consistency, Reader
+    from memwal.upgrade import UpgradeReport
     from memwal.views import View
 
 log = logging.getLogger(__name__)
@@ -200,6 +201,14 @@ class Table:
     def open(cls, uri: str, storage_options: "Mapping[str, str] | StorageConfig | None" = None) -> "Table":
         """Open an existing memwal table (``storage_options``: see :meth:`TableState.load`)."""
         return cls(TableState.load(uri, storage_options))
+
+    @staticmethod
+    def upgrade(uri: str, *, dry_run: bool = False, storage_options: "Mapping[str, str] | StorageConfig | None" = None) -> "UpgradeReport":
+        """Move a table made by the previous version (base with stable row ids) to the current
+        layout, offline; a no-op on a current table (see :mod:`memwal.upgrade`)."""
+        from memwal.upgrade import upgrade
+
+        return upgrade(uri, dry_run=dry_run, storage_options=storage_options)
 
     def __enter__(self) -> "Table":
         return self
