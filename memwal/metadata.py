@@ -88,6 +88,11 @@ class WriterConfig:
             return cls(**fixed)
 
 
+#: A bound no table reaches (:meth:`Bounds.unbounded`); an int, so it round-trips through the
+#: table metadata's JSON like any other bound.
+NO_BOUND = 2**62
+
+
 @dataclass(frozen=True)
 class Bounds:
     """What a long-lived table may accumulate, and what happens at each bound.
@@ -148,6 +153,27 @@ class Bounds:
             return 0.0
         span = self.stop_sstables - self.slowdown_sstables
         return self.max_slowdown_seconds * (pending - self.slowdown_sstables + 1) / (span + 1)
+
+    @classmethod
+    def unbounded(cls) -> "Bounds":
+        """Bounds that never act: writes are never slowed or stalled however many SSTables wait
+        in a shard, and maintenance never merges base fragments or removes base versions for
+        the bounds' sake (compaction and GC still run on their own rules).
+
+        For tables whose flushes are not followed by maintenance on purpose (tests of fencing
+        or of the LSM against a model, benchmarks piling up SSTables); a streaming table
+        wants the defaults. Every bound is :data:`NO_BOUND`, a count no table reaches, rather
+        than a special case the writer and maintenance would each have to know about.
+        """
+        return cls(
+            max_sstables=NO_BOUND,
+            slowdown_sstables=NO_BOUND,
+            stop_sstables=NO_BOUND,
+            max_base_fragments=NO_BOUND,
+            max_manifest_bytes=NO_BOUND,
+            max_base_versions=NO_BOUND,
+            max_disk_ratio=None,
+        )
 
     @classmethod
     def stored(cls, d: Mapping[str, Any]) -> "Bounds":

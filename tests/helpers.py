@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import random
+
 import lance
 import lance.mem_wal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal import paths
+from memwal import paths, readers
 from memwal.manifest import SsTable
 
 PEOPLE = pa.schema(
@@ -42,3 +45,43 @@ def compact_by_hand(uri: str, shard_id: str, sst: SsTable) -> None:
     ds.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().mark_sstables_as_compacted(
         marker
     ).execute(rows)
+
+
+def keyed_changes(n: int, keys: int, seed: int, partitions: int = 3) -> tuple[list[tuple[bytes, dict, int]], dict[int, dict]]:
+    """Keyed changes (upserts and deletes, several per key) as ``(key, value, partition)``
+    with the value a dict for the caller to encode (JSON, Avro), and the model they produce.
+
+    Keyed by id, like a real producer: one key's history stays in one partition, in order, so
+    the model (last change per key wins) is what any exactly-once ingest must store. The
+    same seed gives the same changes whatever the encoding."""
+    rng = random.Random(seed)
+    model: dict[int, dict] = {}
+    records = []
+    for i in range(n):
+        k = rng.randrange(keys)
+        if rng.random() < 0.15:
+            value = {"id": k, "op": "delete"}
+            model.pop(k, None)
+        else:
+            row = {"id": k, "name": f"n{i}", "score": round(rng.random() * 100, 3), "vec": [float(i % 7)] * 4}
+            value = {**row, "op": "upsert"}
+            model[k] = row
+        records.append((str(k).encode(), value, k % partitions))
+    return records, model
+
+
+def workload(n: int, keys: int, seed: int, partitions: int = 3) -> tuple[list[tuple[bytes, bytes, int]], dict[int, dict]]:
+    """:func:`keyed_changes` as JSON Kafka records, and the model they produce."""
+    changes, model = keyed_changes(n, keys, seed, partitions)
+    return [(k, json.dumps(value).encode(), p) for k, value, p in changes], model
+
+
+def table_rows(uri: str, consistency: str = "eventual") -> dict[int, dict]:
+    """A table's rows by id, as a reader of that consistency sees them."""
+    rows = readers.open(uri, consistency=consistency).scan().to_pylist()
+    return {r["id"]: r for r in rows}
+
+
+def approx(rows: dict[int, dict]) -> dict[int, dict]:
+    """Rows with their float32 vectors rounded, comparable with a model's float64 lists."""
+    return {k: {**v, "vec": [round(x, 3) for x in v["vec"]] if v.get("vec") is not None else None} for k, v in rows.items()}

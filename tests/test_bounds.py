@@ -127,6 +127,25 @@ def test_status_shows_a_stalled_shard_and_maintenance_releases_it(table_uri):
     assert "STALLED" not in render_status(status)
 
 
+def test_a_table_with_unbounded_bounds_never_stalls(table_uri):
+    """More SSTables wait in the shard than the default stop bound allows, and no maintenance
+    runs: every write still goes through, none slowed or stalled."""
+    table = _stalling_table(table_uri, Bounds.unbounded())
+    assert TableState.load(table_uri).metadata.bounds == Bounds.unbounded()
+    waiting = Bounds().stop_sstables + 1
+    _flushes(table, waiting)
+    table.write(people([10_000], tag="late"))
+    shard = table.state.manifests.list_shards()[0]
+    stats = table.writers.shard_stats(shard)
+    assert (stats.slowdowns, stats.stalls) == (0, 0)
+    status = table_status(TableState.load(table_uri))
+    assert [(s.pending_sstables, s.slowed, s.stalled) for s in status.shards] == [(waiting, False, False)]
+    table.flush()
+    strong = readers.open(table_uri, consistency="strong")
+    assert strong.get(10_000)["name"] == "late10000"
+    assert strong.count() == 5 * waiting + 1
+
+
 def test_compaction_takes_the_shards_over_their_bound_first():
     b = Bounds(max_sstables=4, slowdown_sstables=8, stop_sstables=9)
     assert compaction_order({"a": 2, "b": 9, "c": 5, "d": 0}, b) == ["b", "c", "a", "d"]

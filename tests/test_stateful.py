@@ -42,8 +42,7 @@ class LsmMachine(RuleBasedStateMachine):
         self.uri = f"{self.dir}/t"
         # MemTables never fill up by themselves here: flushes happen when the test says so. The
         # machine may flush far more often than it compacts: no write stall (tests/test_bounds.py).
-        no_stall = Bounds(max_sstables=100_000, slowdown_sstables=100_000, stop_sstables=100_000)
-        Table.create(self.uri, SCHEMA, ["id"], "bucket(id, 2)", writer=WriterConfig(max_memtable_rows=100_000), bounds=no_stall).close()
+        Table.create(self.uri, SCHEMA, ["id"], "bucket(id, 2)", writer=WriterConfig(max_memtable_rows=100_000), bounds=Bounds.unbounded()).close()
         self.writers = [Table.open(self.uri), Table.open(self.uri)]
         self.crashed: list[Table] = []  # kept referenced: a crashed writer does nothing more
         self.compactors = [

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import time
 import pyarrow as pa
 import pytest
 from brokers import produce, start_broker
+from helpers import approx, table_rows, workload
 
 from memwal import Table, readers
 from memwal.failpoints import DIR_ENV, ENV
@@ -26,34 +26,6 @@ from memwal.streaming.worker import WORKER
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.float64()), ("vec", pa.list_(pa.float32(), 4))])
-
-
-def workload(n: int, keys: int, seed: int, partitions: int = 3):
-    """Keyed JSON records (upserts and deletes, several per key) and the model they produce."""
-    rng = random.Random(seed)
-    model: dict[int, dict] = {}
-    records = []
-    for i in range(n):
-        k = rng.randrange(keys)
-        if rng.random() < 0.15:
-            value = {"id": k, "op": "delete"}
-            model.pop(k, None)
-        else:
-            row = {"id": k, "name": f"n{i}", "score": round(rng.random() * 100, 3), "vec": [float(i % 7)] * 4}
-            value = {**row, "op": "upsert"}
-            model[k] = row
-        # keyed by id, like a real producer: one key's history stays in one partition, in order
-        records.append((str(k).encode(), json.dumps(value).encode(), k % partitions))
-    return records, model
-
-
-def table_rows(uri: str, consistency: str = "eventual") -> dict[int, dict]:
-    rows = readers.open(uri, consistency=consistency).scan().to_pylist()
-    return {r["id"]: r for r in rows}
-
-
-def approx(rows: dict[int, dict]) -> dict[int, dict]:
-    return {k: {**v, "vec": [round(x, 3) for x in v["vec"]] if v.get("vec") is not None else None} for k, v in rows.items()}
 
 
 @pytest.mark.parametrize("kind", ["noida", "kafka09"])
@@ -237,8 +209,7 @@ def test_two_concurrent_queries_on_the_same_shard(spark, noida, tmp_path):
     uri = str(tmp_path / "t")
     # Each 100-record micro-batch is flushed and no maintenance runs: lift the back-pressure
     # bounds (this test is about fencing; tests/test_bounds.py covers the stall).
-    no_stall = Bounds(max_sstables=100_000, slowdown_sstables=100_000, stop_sstables=100_000)
-    Table.create(uri, SCHEMA, ["id"], "unsharded", bounds=no_stall).close()
+    Table.create(uri, SCHEMA, ["id"], "unsharded", bounds=Bounds.unbounded()).close()
     topics = [f"race-a-{time.monotonic_ns()}", f"race-b-{time.monotonic_ns()}"]
     models = []
     for i, topic in enumerate(topics):
