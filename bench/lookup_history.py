@@ -42,6 +42,7 @@ from memwal import Table  # noqa: E402
 from memwal.compactor import Compactor  # noqa: E402
 from memwal.indexes import IndexMaintainer  # noqa: E402
 from memwal.maintenance import Maintenance, MaintenanceConfig  # noqa: E402
+from memwal.readers.reader import base_point_read  # noqa: E402
 from memwal.views import changes  # noqa: E402
 from memwal.views.refresh import Delta  # noqa: E402
 
@@ -66,12 +67,14 @@ def make(uri: str, base: int, stable_row_ids: bool) -> Table:
         lance.write_dataset = write  # type: ignore[assignment]
 
 
-def lookups(uri: str, keys: np.ndarray) -> list[float]:
+def lookups(uri: str, keys: np.ndarray, memwal_path: bool = False) -> list[float]:
+    """Point lookups through the BTREE: Lance's own live read, or (``memwal_path``) the read
+    memwal's readers make of the base, which drops deleted versions itself."""
     ds = lance.dataset(uri)
     out = []
     for k in keys:
         t0 = time.perf_counter()
-        got = ds.to_table(filter=f"id = {int(k)}")
+        got = base_point_read(ds, SCHEMA.names, f"id = {int(k)}") if memwal_path else ds.to_table(filter=f"id = {int(k)}")
         out.append(time.perf_counter() - t0)
         assert got.num_rows == 1
     return out
@@ -145,6 +148,16 @@ def main() -> None:
             results[f"{name}_manifest_bytes"] = manifest_bytes(t.uri)
             results[f"{name}_fragments"], results[f"{name}_max_deleted"] = deletions(t.uri)
             results[f"{name}_commit_s"] = commit_seconds[name]
+        # the yardstick: the same live rows written fresh into a plain Lance table with a BTREE;
+        # and memwal's own base read on the table made now (it drops deleted versions itself)
+        fresh = lance.write_dataset(lance.dataset(tables["plain"].uri).to_table(), os.path.join(work, "fresh"))
+        fresh.create_scalar_index("id", "BTREE")
+        lookups(fresh.uri, probe[:20])
+        lookups(tables["plain"].uri, probe[:20], memwal_path=True)
+        results["fresh_lookup"], results["plain_memwal_lookup"] = [], []
+        for i in range(0, len(probe), 50):  # alternating, so load changes hit both alike
+            results["fresh_lookup"] += lookups(fresh.uri, probe[i:i + 50])
+            results["plain_memwal_lookup"] += lookups(tables["plain"].uri, probe[i:i + 50], memwal_path=True)
         # the change of the last --change-commits commits, as a refresh reads it
         stable, plain = tables["stable"], tables["plain"]
         since = versions["stable"][-args.change_commits]
@@ -177,6 +190,11 @@ def main() -> None:
     print(f"lookup p50 (ms) every {args.probe_every} commits [base fragments, most deleted rows in one]:")
     for name in ("stable", "plain"):
         print(f"  {name}: " + ", ".join(f"{c}: {p50:.2f} [{nf}, {nd:,}]" for c, p50, nf, nd in results["probes"][name]))
+    a, b = results["plain_memwal_lookup"], results["fresh_lookup"]
+    print(f"| no stable row ids, memwal's base read (deleted versions dropped by memwal) | | {ms(a, 50):.2f} / {ms(a, 99):.2f} ms | | | |")
+    print(f"| the same live rows written fresh, BTREE | | {ms(b, 50):.2f} / {ms(b, 99):.2f} ms | | | |")
+    print(f"lookup p50 after the commits: memwal's base read / fresh table = {ms(a, 50) / ms(b, 50):.2f}x (target <= 2x); "
+          f"Lance's live read / fresh = {ms(results['plain_lookup_n'], 50) / ms(b, 50):.2f}x")
     ratio = ms(results["stable_lookup_n"], 50) / ms(results["plain_lookup_n"], 50)
     print(f"lookup p50 after the commits: stable row ids / none = {ratio:.1f}x")
     print(
