@@ -32,11 +32,17 @@ sink on the same records in one run, each memwal cell with its per-batch time br
 (:class:`memwal.streaming.timing.BatchTiming`), then the backlog catch-up rate with adaptive
 micro-batches against memwal's Python write path on the same records; ``--plot FILE``
 draws rows/s against both axes (matplotlib, the ``bench`` extra).
+
+``--broker`` picks the broker: ``noida`` (noida-db, the demo broker; the default) or
+``kafka09`` (Apache Kafka 0.9.0.1 from tests/brokers.py, Java). noida answers a fetch with
+everything from the offset to the end of the partition (bench/broker.py), so with a large
+backlog its reads cost the backlog behind them; Kafka honours the consumer's fetch sizes.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -59,6 +65,50 @@ from memwal.streaming.local_broker import start_local_broker  # noqa: E402
 
 PROBE = -1
 log = logging.getLogger("bench.ingest")
+
+
+class BenchBroker:
+    """The broker the bench produces to and reads from, whichever kind: its bootstrap
+    address, the librdkafka settings every client of it needs (Kafka 0.9 needs the protocol
+    version spelled out), topics and producing."""
+
+    def __init__(self, kind: str, broker) -> None:
+        self.kind = kind
+        self._broker = broker
+        self.bootstrap: str = broker.bootstrap
+        self.client_config: dict[str, str] = broker.client_config() if kind == "kafka09" else {}
+
+    @property
+    def kafka_options(self) -> dict[str, str]:
+        """The client config as the Kafka source's ``kafka.*`` options."""
+        return {f"kafka.{k}": v for k, v in self.client_config.items()}
+
+    def producer_config(self, **extra) -> dict:
+        return {"bootstrap.servers": self.bootstrap, **self.client_config, **extra}
+
+    def create_topic(self, name: str, partitions: int) -> None:
+        self._broker.create_topic(name, partitions)
+
+    def produce(self, topic: str, records) -> int:
+        if self.kind == "noida":
+            return self._broker.produce(topic, records)
+        from brokers import produce
+
+        return len(produce(self._broker, topic, records, timeout=600, **{"linger.ms": 20}))
+
+
+@contextlib.contextmanager
+def open_broker(kind: str, workdir: str):
+    """A running ``kind`` broker as a :class:`BenchBroker`, stopped on exit."""
+    if kind == "noida":
+        with start_local_broker(workdir) as b:
+            yield BenchBroker(kind, b)
+        return
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    from brokers import start_broker
+
+    with start_broker(kind, workdir) as b:
+        yield BenchBroker(kind, b)
 
 
 def produce_batches(broker, topic: str, batches: int, size: int, base: int, first: int = 0) -> int:
@@ -115,7 +165,8 @@ def run_naive(spark, broker, topic: str, uri: str, ckpt: str, batch: int, availa
     sink = NaiveSink(uri)
     if started is not None:
         started.append(sink)
-    writer = kafka_stream(spark, broker.bootstrap, topic, max_offsets_per_trigger=batch).writeStream.foreachBatch(sink).option("checkpointLocation", ckpt)
+    source = kafka_stream(spark, broker.bootstrap, topic, max_offsets_per_trigger=batch, kafka_options=broker.kafka_options)
+    writer = source.writeStream.foreachBatch(sink).option("checkpointLocation", ckpt)
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime="0 seconds")
     t0 = time.perf_counter()
     q = writer.start()
@@ -135,6 +186,7 @@ def run_memwal(spark, broker, topic: str, uri: str, ckpt: str, batch: int, tasks
         topic=topic,
         table_uri=uri,
         checkpoint=ckpt,
+        kafka_options=broker.kafka_options,
         available_now=available_now,
         max_offsets_per_trigger=batch,
         options=SinkOptions(source="kafka-json", op_field=None, max_write_tasks=tasks),
@@ -174,7 +226,7 @@ def freshness(broker, name: str, run, reader_kind: str, uri: str, rate: int, sec
     def produce():
         import confluent_kafka
 
-        producer = confluent_kafka.Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
+        producer = confluent_kafka.Producer(broker.producer_config(**{"linger.ms": 5}))
         b = 10_000  # batch numbers far from the throughput phase's
         t_end = time.time() + seconds
         next_probe = 0.0
@@ -288,7 +340,7 @@ def run_freshness_only(args) -> dict:
         spark = local_session(app="memwal-bench")
         spark.sparkContext.setLogLevel("ERROR")
         try:
-            with start_local_broker(os.path.join(work, "broker")) as broker:
+            with open_broker(args.broker, os.path.join(work, "broker")) as broker:
                 uri = os.path.join(work, "memwal")
                 t0 = time.perf_counter()
                 Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)", initial_data=base_rows(args.base_rows)).close()
@@ -462,7 +514,8 @@ def catch_up(args, spark, broker, work: str) -> dict:
     uri = _copy(mem_base, os.path.join(work, "backlog-memwal"))
     policy = AdaptiveSizing(steady_rows=size, max_rows=args.adaptive_max_rows)
     job = ingest(spark, bootstrap=broker.bootstrap, topic=topic, table_uri=uri, checkpoint=os.path.join(work, "ckpt-backlog"),
-                 available_now=True, adaptive=policy, options=SinkOptions(source="kafka-json", op_field=None))
+                 kafka_options=broker.kafka_options, available_now=True, adaptive=policy,
+                 options=SinkOptions(source="kafka-json", op_field=None))
     t0 = time.perf_counter()
     job.await_termination()
     elapsed = time.perf_counter() - t0
@@ -548,6 +601,8 @@ def main() -> None:
     p.add_argument("--catch-up-only", action="store_true", help="--axes: only the backlog catch-up")
     p.add_argument("--freshness-only", action="store_true",
                    help="only phase 2 for memwal's strong reader, on a table of --base-rows rows, with the targets' verdict")
+    p.add_argument("--broker", choices=("noida", "kafka09"), default="noida",
+                   help="noida-db (the demo broker) or Apache Kafka 0.9.0.1 (tests/brokers.py; needs Java and npm)")
     args = p.parse_args()
     if args.freshness_only:
         logging.basicConfig(level=logging.WARNING)
@@ -561,7 +616,7 @@ def main() -> None:
         with work_dir(args.workdir, "memwal-bench-ingest-") as work:
             spark = local_session(app="memwal-bench")
             spark.sparkContext.setLogLevel("ERROR")
-            with start_local_broker(os.path.join(work, "broker")) as broker:
+            with open_broker(args.broker, os.path.join(work, "broker")) as broker:
                 results["axes"] = run_axes(args, spark, broker, work)
             spark.stop()
         if args.plot and results["axes"]["cells"]:
@@ -582,7 +637,7 @@ def main() -> None:
     with work_dir(args.workdir, "memwal-bench-ingest-") as work:
         spark = local_session(app="memwal-bench")
         spark.sparkContext.setLogLevel("ERROR")
-        with start_local_broker(os.path.join(work, "broker")) as broker:
+        with open_broker(args.broker, os.path.join(work, "broker")) as broker:
             t0 = time.perf_counter()
             base = base_rows(args.base_rows)
             naive_uri = os.path.join(work, "naive")

@@ -33,7 +33,8 @@ except ImportError:  # tests/ turned into a package
     )
 
 from memwal.streaming.kafka_source import (
-    KAFKA_SCHEMA, SHORT_NAME, KafkaStreamReader, _Settings, apportion, group_ranges, register,
+    KAFKA_SCHEMA, SHORT_NAME, KafkaInputPartition, KafkaReceiveError, KafkaStreamReader, _Settings, apportion,
+    group_ranges, register,
 )
 
 QUERY_TIMEOUT_S = 120
@@ -309,6 +310,26 @@ def test_grouped_read_tasks_read_every_record_once(kafka_spark: Any, broker: Bro
     got = as_tuples(flat(batches))
     assert len(got) == len(set(got)), "a record was delivered twice"
     assert sorted(got, key=repr) == sorted(expected, key=repr)
+
+
+@pytest.mark.kafka
+def test_a_response_too_large_to_receive_fails_the_read_task_at_once(broker: Broker) -> None:
+    """4 MB of log behind a 10-record range, a 2 MB receive limit. Kafka honours the 1 MB
+    fetch size and the range reads; noida-db answers the fetch with the whole 4 MB, which
+    librdkafka can not receive: the read task fails with KafkaReceiveError at once rather
+    than with a TimeoutError after pollTimeoutMs (librdkafka would retry the same fetch
+    forever)."""
+    topic = new_topic(broker, 1)
+    produce(broker, topic, [(None, bytes(1000), 0)] * 4_000)
+    options = {**broker.spark_options(), "subscribe": topic, "kafkaConsumer.pollTimeoutMs": "30000",
+               "kafka.receive.message.max.bytes": str(2 << 20), "kafka.fetch.max.bytes": str(1 << 20)}
+    reader = KafkaStreamReader(_Settings(options))
+    read = lambda: sum(b.num_rows for b in reader.read(KafkaInputPartition(topic, 0, 0, 10)))  # noqa: E731
+    if broker.kind == "noida":
+        with pytest.raises(KafkaReceiveError, match=f"{topic}:0"):
+            read()
+    else:
+        assert read() == 10
 
 
 @given(ranges=st.lists(st.tuples(st.sampled_from("ab"), st.integers(0, 7), st.integers(0, 100), st.integers(0, 5_000)),

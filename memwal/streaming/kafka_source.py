@@ -38,7 +38,14 @@ option keys lower-cased, so they are matched case-insensitively):
     When offsets to be read are gone (retention, truncation), fail the query.
     ``false`` skips to the earliest offset still available instead.
 ``kafkaConsumer.pollTimeoutMs`` (default 120000)
-    How long a read task may go without receiving anything before failing.
+    How long a read task may go without receiving anything before failing.  A
+    response the consumer can not receive at all (librdkafka's "Invalid response
+    size": larger than ``receive.message.max.bytes``) fails the read task at once
+    with :class:`KafkaReceiveError` instead: retrying the same fetch gets the same
+    response.  Brokers that ignore fetch sizes (noida-db 0.2.3 answers a fetch
+    with everything from its offset to the end of the log) cause it once more than
+    ``receive.message.max.bytes`` (100 MB by default) waits behind a read task's
+    first offset; raise that with ``kafka.receive.message.max.bytes``.
 ``fetchOffset.numRetries`` (default 3), ``fetchOffset.retryIntervalMs`` (default 1000)
     Retries of offset look-ups on the driver.
 ``groupIdPrefix`` (default ``memwal-kafka-source``)
@@ -144,6 +151,7 @@ __all__ = [
     "KafkaDataSource",
     "KafkaStreamReader",
     "KafkaInputPartition",
+    "KafkaReceiveError",
     "apportion",
     "load_batch_mapper",
     "register",
@@ -195,6 +203,16 @@ _UNSUPPORTED = (
 _RESERVED_KAFKA = ("enable.auto.commit", "auto.offset.reset", "enable.partition.eof")
 
 _ROWS_PER_ARROW_BATCH = 10_000
+
+
+class KafkaReceiveError(RuntimeError):
+    """A read task's consumer can not receive the broker's responses (librdkafka's
+    ``_BAD_MSG``, e.g. a fetch response larger than ``receive.message.max.bytes``).
+
+    Raised at the first such error rather than after ``kafkaConsumer.pollTimeoutMs``:
+    librdkafka reconnects and repeats the same fetch, which gets the same response, so
+    waiting can not help.
+    """
 _METADATA_TIMEOUT_S = 30.0
 
 
@@ -695,7 +713,7 @@ class _ConsumerPool:
     MAX_IDLE_PER_CONF = 4
 
     def __init__(self) -> None:
-        self._idle: Dict[str, List[Tuple[float, Any]]] = {}
+        self._idle: Dict[str, List[Tuple[float, Any, List[Any]]]] = {}
         self._lock = threading.Lock()
         self._reaper: Optional[threading.Thread] = None
 
@@ -703,21 +721,29 @@ class _ConsumerPool:
     def _key(conf: Mapping[str, Any]) -> str:
         return json.dumps(conf, sort_keys=True, default=str)
 
-    def take(self, conf: Dict[str, Any]) -> Any:
+    def take(self, conf: Dict[str, Any]) -> Tuple[Any, List[Any]]:
+        """An idle consumer for ``conf`` (or a new one) and the list its ``error_cb``
+        appends librdkafka's client errors to, emptied: errors of an earlier task are not
+        this task's."""
         with self._lock:
             idle = self._idle.get(self._key(conf))
             if idle:
-                return idle.pop()[1]
-        return confluent_kafka.Consumer(conf)
+                _, consumer, errors = idle.pop()
+                errors.clear()
+                return consumer, errors
+        errors: List[Any] = []
+        # Without an error_cb librdkafka only logs connection-level errors; the read task
+        # needs to see them to fail fast on those that retrying can not cure.
+        return confluent_kafka.Consumer({**conf, "error_cb": errors.append}), errors
 
-    def give_back(self, conf: Dict[str, Any], consumer: Any) -> None:
+    def give_back(self, conf: Dict[str, Any], consumer: Any, errors: List[Any]) -> None:
         with self._lock:
             if self._reaper is None:
                 self._reaper = threading.Thread(target=self._reap, name="memwal-kafka-reaper", daemon=True)
                 self._reaper.start()
             idle = self._idle.setdefault(self._key(conf), [])
             if len(idle) < self.MAX_IDLE_PER_CONF:
-                idle.append((time.monotonic(), consumer))
+                idle.append((time.monotonic(), consumer, errors))
                 return
         consumer.close()
 
@@ -728,8 +754,8 @@ class _ConsumerPool:
             with self._lock:
                 now = time.monotonic()
                 for key, idle in self._idle.items():
-                    expired += [c for t, c in idle if now - t >= self.IDLE_S]
-                    self._idle[key] = [(t, c) for t, c in idle if now - t < self.IDLE_S]
+                    expired += [c for t, c, _ in idle if now - t >= self.IDLE_S]
+                    self._idle[key] = [e for e in idle if now - e[0] < self.IDLE_S]
             for c in expired:
                 c.close()
 
@@ -748,7 +774,7 @@ def _pool() -> _ConsumerPool:
 def _read_range(s: _Settings, topic: str, part: int, start: int, end: int
                 ) -> Iterator[pa.RecordBatch]:
     conf = s.consumer_conf()
-    consumer = _pool().take(conf)
+    consumer, errors = _pool().take(conf)
     reusable = False
     try:
         consumer.assign([confluent_kafka.TopicPartition(topic, part, start)])
@@ -757,11 +783,13 @@ def _read_range(s: _Settings, topic: str, part: int, start: int, end: int
         last_progress = time.monotonic()
         while next_offset < end:
             msgs = consumer.consume(num_messages=min(end - next_offset, 5_000), timeout=1.0)
+            _raise_receive_failure(errors, s, topic, part, next_offset)
             if not msgs:
                 if time.monotonic() - last_progress > s.poll_timeout_s:
+                    last = f"; last client error: {errors[-1].str()}" if errors else ""
                     raise TimeoutError(
                         f"{SHORT_NAME}: nothing received from {topic}:{part} at offset "
-                        f"{next_offset} for {s.poll_timeout_s:.0f}s (range end {end})")
+                        f"{next_offset} for {s.poll_timeout_s:.0f}s (range end {end}){last}")
                 continue
             last_progress = time.monotonic()
             for msg in msgs:
@@ -782,6 +810,11 @@ def _read_range(s: _Settings, topic: str, part: int, start: int, end: int
                             f"{SHORT_NAME}: offset {next_offset} of {topic}:{part} is no longer "
                             f"available ({err.str()}); data was lost. Set failOnDataLoss=false "
                             "to skip to the earliest available offset.")
+                    if err.code() == confluent_kafka.KafkaError._BAD_MSG:
+                        # The same failure, seen by a request (FindCoordinator, Fetch) on the
+                        # dropped connection, may come before the error_cb's report of it.
+                        errors.append(err)
+                        _raise_receive_failure(errors, s, topic, part, next_offset)
                     raise confluent_kafka.KafkaException(err)
                 off = msg.offset()
                 if off is None:  # only error events lack an offset
@@ -804,9 +837,25 @@ def _read_range(s: _Settings, topic: str, part: int, start: int, end: int
         if reusable:
             # unassign() drops anything prefetched, so the next task starts clean.
             consumer.unassign()
-            _pool().give_back(conf, consumer)
+            _pool().give_back(conf, consumer, errors)
         else:
             consumer.close()
+
+
+def _raise_receive_failure(errors: List[Any], s: _Settings, topic: str, part: int, offset: int) -> None:
+    """Raise :class:`KafkaReceiveError` if the consumer reported a response it could not
+    receive. Other client errors (a broker down, a refused connection) are transient:
+    librdkafka retries them, and the poll timeout bounds the wait."""
+    bad = next((e for e in errors if e.code() == confluent_kafka.KafkaError._BAD_MSG), None)
+    if bad is None:
+        return
+    limit = s.kafka_conf.get("receive.message.max.bytes", "100000000 (librdkafka's default)")
+    raise KafkaReceiveError(
+        f"{SHORT_NAME}: can not receive {topic}:{part} from offset {offset}: {bad.str()}. "
+        f"The broker answered a fetch with more than receive.message.max.bytes = {limit}; a broker "
+        "that ignores fetch sizes (noida-db) sends everything from the offset to the end of the log. "
+        "Raise the option kafka.receive.message.max.bytes (at most 2147483647) or use a broker that "
+        "honours fetch.max.bytes.")
 
 
 class _Rows:
