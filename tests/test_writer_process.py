@@ -16,6 +16,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from brokers import produce
+
 from memwal import Table, readers
 from memwal.errors import TableNotFoundError, WriterProcessError
 from memwal.failpoints import DIR_ENV as FAILPOINT_DIR_ENV
@@ -178,3 +180,44 @@ def test_an_idle_writer_process_exits_and_the_next_write_starts_another(socket_d
     write_batch(table_uri, 1, rows_of(range(10, 20), "b"), quick)
     assert server_pid() != first
     assert set(stored(table_uri)) == set(range(20))
+
+
+# -- through Spark --------------------------------------------------------------------------
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+def test_spark_write_tasks_moving_between_workers_claim_each_shard_once(spark, noida, tmp_path):
+    """Several micro-batches through a real query on local[2]: Spark hands the write tasks to
+    whichever Python worker is free, and with the writer process no shard is claimed again
+    (opens == shards) and no writer is fenced."""
+    from test_streaming import SCHEMA as USERS, approx, table_rows, workload
+
+    from memwal.streaming import ingest
+
+    topic = f"wp-{time.monotonic_ns()}"
+    noida.create_topic(topic, 3)
+    records, model = workload(6000, 800, seed=12)
+    produce(noida, topic, records)
+    uri = str(tmp_path / "users")
+    Table.create(uri, USERS, ["id"], "bucket(id, 4)").close()
+    job = ingest(
+        spark,
+        bootstrap=noida.bootstrap,
+        topic=topic,
+        table_uri=uri,
+        checkpoint=str(tmp_path / "ckpt"),
+        available_now=True,
+        max_offsets_per_trigger=1000,
+        # Two write tasks per micro-batch, on both Python workers (the server exits a minute
+        # after the test). No interval flushes: a flush closes the writer, which reopens.
+        options=SinkOptions(source="kafka-json", max_write_tasks=2, flush_interval_seconds=None, writer_process=True,
+                            writer_process_idle_seconds=60),
+    )
+    job.await_termination()
+    assert job.query.exception() is None
+    totals = job.sink.totals()
+    assert totals["batches"] >= 6
+    assert approx(table_rows(uri)) == approx(model)  # the end of the query flushed everything
+    assert totals["writer_opens"] == len(Table.open(uri).manifests.list_shards()) == 4
+    assert totals["fenced_retries"] == 0
