@@ -13,7 +13,9 @@ Per micro-batch, entirely on the executors:
    by Kafka (partition, offset), or by the sequence column, keeps the newest per key, and
    hands upserts and deletes as :class:`~memwal.routing.RoutedBatch` es, trusted after a
    cheap check, to the shard's Lance ShardWriter, kept in the Python worker process across
-   micro-batches (:mod:`memwal.streaming.worker`). A fenced writer is reopened (claimed)
+   micro-batches (:mod:`memwal.streaming.worker`), or with ``writer_process`` in the
+   executor's writer process (:mod:`memwal.streaming.writer_process`, so a task moving to
+   another worker keeps its writers). A fenced writer is reopened (claimed)
    and the write retried once. The first partition's task also records the batch's bad
    rows in the dead-letter table.
 
