@@ -13,7 +13,7 @@ into a fresh 4-shard table (``availableNow``, ``maxOffsetsPerTrigger`` = batch s
 minute of the run, flushes (a flush closes the writer, which reopens: an open that is no
 re-claim by another worker), and ms per micro-batch (the first, warm-up, left out).
 
-Run: ``python bench/writer_process.py`` (``--rounds``, ``--tasks 1``).
+Run: ``python bench/writer_process.py`` (``--rounds``, ``--tasks 1``, ``--flush-interval none``).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def run(spark, broker, topic: str, work: str, name: str, base, args, writer_proc
         spark, bootstrap=broker.bootstrap, topic=topic, table_uri=uri, checkpoint=os.path.join(work, f"{name}.ckpt"),
         available_now=True, max_offsets_per_trigger=args.batch_rows,
         options=SinkOptions(source="kafka-json", op_field=None, max_write_tasks=args.tasks, writer_process=writer_process,
-                            writer_process_idle_seconds=120),
+                            writer_process_idle_seconds=120, flush_interval_seconds=args.flush_interval),
     )
     job.await_termination()
     seconds = time.perf_counter() - t0
@@ -77,6 +77,8 @@ def main() -> None:
     p.add_argument("--batch-rows", type=int, default=10_000)
     p.add_argument("--tasks", type=int, default=2, help="write tasks per micro-batch")
     p.add_argument("--rounds", type=int, default=2, help="off/on pairs, alternating")
+    p.add_argument("--flush-interval", type=lambda v: None if v == "none" else float(v), default=2.0,
+                   help="the sink's flush interval in seconds, or 'none' (then every writer open is a claim)")
     p.add_argument("--workdir")
     p.add_argument("--json")
     args = p.parse_args()

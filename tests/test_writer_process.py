@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -63,6 +64,21 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _wait_dead(pid: int, endpoint: Endpoint) -> None:
+    """Until ``pid`` is dead and nothing answers on ``endpoint`` (a killed process's other
+    threads, its listening socket with them, can outlive its zombie main thread briefly)."""
+    while True:
+        if not _alive(pid):
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(str(endpoint.socket))
+            except (ConnectionRefusedError, FileNotFoundError):
+                return
+            finally:
+                probe.close()
+        time.sleep(0.05)
+
+
 def rows_of(ids: range, tag: str) -> pa.Table:
     return pa.table({"id": list(ids), "name": [f"{tag}{i}" for i in ids]}).cast(SCHEMA)
 
@@ -111,8 +127,7 @@ def test_a_killed_writer_process_is_replaced_and_loses_no_acknowledged_row(socke
     write_batch(table_uri, 0, rows_of(range(300), "a"))  # acknowledged, not flushed: only in the WALs
     first = server_pid()
     os.kill(first, signal.SIGKILL)
-    while _alive(first):
-        time.sleep(0.05)
+    _wait_dead(first, Endpoint.for_environment())
     summaries = write_batch(table_uri, 1, rows_of(range(300, 400), "b"))
     second = server_pid()
     assert second != first and {s["pid"] for s in summaries} == {second}
@@ -132,9 +147,11 @@ def test_a_killed_writer_process_is_replaced_and_loses_no_acknowledged_row(socke
         while not marker.exists():
             assert not pending.done(), pending.exception()
             time.sleep(0.05)
-        os.kill(int(marker.read_text()), signal.SIGKILL)
+        paused = int(marker.read_text())
+        os.kill(paused, signal.SIGKILL)
         with pytest.raises(WriterProcessError):
             pending.result()
+        _wait_dead(paused, Endpoint.for_environment())
     # the retried task (a new server in the same environment) writes the batch again
     monkeypatch.setenv(FAILPOINT_ENV, "sink.wrote.batch-99=pause")
     write_batch(table_uri, 2, rows_of(range(400, 500), "c"))
