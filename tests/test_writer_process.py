@@ -191,9 +191,9 @@ def test_an_idle_writer_process_exits_and_the_next_write_starts_another(socket_d
     write_batch(table_uri, 0, rows_of(range(10), "a"), quick)
     first = server_pid()
     ep = Endpoint.for_environment()
-    while _alive(first):
+    while _alive(first) or ep.pid_file.exists():
         time.sleep(0.1)
-    assert not ep.socket.exists()  # it removed its socket
+    assert not ep.socket.exists() and not ep.pid_file.exists()  # it removed its socket and pid file
     write_batch(table_uri, 1, rows_of(range(10, 20), "b"), quick)
     assert server_pid() != first
     assert set(stored(table_uri)) == set(range(20))

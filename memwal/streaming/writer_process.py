@@ -309,6 +309,11 @@ class WriterProcessServer:
                 finally:
                     conn.close()
             listener.close()
+            try:
+                if ep.pid_file.read_text() == str(os.getpid()):
+                    ep.pid_file.unlink()
+            except FileNotFoundError:
+                pass
             log.info("writer process %d exits after %.0f s idle", os.getpid(), self.idle_exit_seconds)
 
     def _idle(self) -> bool:
