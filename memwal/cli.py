@@ -378,6 +378,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         drop_stale_across_batches=args.drop_stale,
         merge=args.merge,
         durability=args.durability,
+        writer_process=args.writer_process,
         **_given(flush_interval_seconds=args.flush_interval, max_write_tasks=args.max_write_tasks),
         # '' on the command line: records carry no operation field (all upserts)
         **({} if args.op_field is None else {"op_field": args.op_field or None}),
@@ -642,6 +643,9 @@ def build_parser() -> argparse.ArgumentParser:
         "PYSPARK_SUBMIT_ARGS or spark-defaults.conf name, else local[--cores]")
     s.add_argument("--cores", type=int, help="cores of the default local[N] master (default: the local session's)")
     s.add_argument("--maintain", action="store_true", help="also run the maintenance service in this process")
+    s.add_argument("--writer-process", action="store_true",
+        help="write shards through one writer process per executor (kept across tasks and Python workers: shards are not "
+        "claimed again when a task moves to another worker)")
     _durability_flag(s)
     s.set_defaults(func=cmd_ingest)
 

@@ -111,3 +111,9 @@ class WalGapError(TableDamagedError):
 class InputFileError(MemwalError):
     """A file given as input (to ``put``, ``delete`` or ``init``) cannot be read: a directory,
     an unknown extension, a damaged body. Nothing was written from it."""
+
+
+class WriterProcessError(MemwalError):
+    """The executor's writer process (``SinkOptions(writer_process=True)``) could not be
+    started or reached, or ended during a write. The task fails and Spark retries it, which
+    starts a new writer process; what the old one acknowledged is durable in the WAL."""

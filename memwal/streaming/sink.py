@@ -13,7 +13,9 @@ Per micro-batch, entirely on the executors:
    by Kafka (partition, offset), or by the sequence column, keeps the newest per key, and
    hands upserts and deletes as :class:`~memwal.routing.RoutedBatch` es, trusted after a
    cheap check, to the shard's Lance ShardWriter, kept in the Python worker process across
-   micro-batches (:mod:`memwal.streaming.worker`). A fenced writer is reopened (claimed)
+   micro-batches (:mod:`memwal.streaming.worker`), or with ``writer_process`` in the
+   executor's writer process (:mod:`memwal.streaming.writer_process`, so a task moving to
+   another worker keeps its writers). A fenced writer is reopened (claimed)
    and the write retried once. The first partition's task also records the batch's bad
    rows in the dead-letter table.
 
@@ -39,7 +41,7 @@ import os
 import threading
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -150,6 +152,13 @@ class SinkOptions:
     schema_registry: str | None = None
     #: "os" or "fsync" (``WriterConfig.durability``) for this sink's writes; None: the table's default.
     durability: str | None = None
+    #: Write shards through the executor's writer process (:mod:`memwal.streaming.writer_process`)
+    #: instead of in the Python worker: a task moving between workers does not claim its
+    #: shards again. Off by default (opt-in while it is measured).
+    writer_process: bool = False
+    #: With ``writer_process``: seconds without writes after which a writer process it starts
+    #: exits (None: its default, or ``$MEMWAL_WRITER_PROCESS_IDLE_SECONDS``).
+    writer_process_idle_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.durability is not None:
@@ -547,17 +556,28 @@ class Write:
             return
         data = pa.concat_tables(routed)
         ids = pc.unique(data.column(SHARD)).to_pylist()
+        write_shard = self._shard_writer()
         if len(ids) == 1:
-            yield _with_timing(self._write_shard(ids[0], shards[ids[0]], data), timing)
+            yield _with_timing(write_shard(ids[0], shards[ids[0]], data), timing)
             return
         from concurrent.futures import ThreadPoolExecutor
 
         column = data.column(SHARD)
         with ThreadPoolExecutor(max_workers=min(8, len(ids))) as pool:
-            futures = [pool.submit(self._write_shard, sid, shards[sid], data.filter(pc.equal(column, sid))) for sid in ids]
+            futures = [pool.submit(write_shard, sid, shards[sid], data.filter(pc.equal(column, sid))) for sid in ids]
             for f in futures:
                 yield _with_timing(f.result(), timing)
                 timing = {}
+
+    def _shard_writer(self) -> "Callable[[str, ShardValues, pa.Table], pa.RecordBatch]":
+        """:meth:`_write_shard` here, or run by the executor's writer process (which keeps
+        the shards' writers whichever worker runs the next task)."""
+        if not self.options.writer_process:
+            return self._write_shard
+        from memwal.streaming.writer_process import client
+
+        remote = client(self.options.writer_process_idle_seconds)
+        return functools.partial(remote.write_shard, self)
 
     def _dead_letters(self, bad: pa.Table) -> pa.RecordBatch:
         from memwal.streaming.dead_letters import SCHEMA, write_dead_letters
