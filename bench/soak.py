@@ -53,7 +53,7 @@ from memwal.streaming.local_broker import start_local_broker  # noqa: E402
 #: CSV columns, in order; the PNG draws them in panels of like units.
 COLUMNS = [
     "t_s", "rows_per_s", "backlog", "uncompacted_sstables", "base_fragments", "manifest_bytes", "disk_bytes",
-    "live_bytes", "live_rows", "lookup_p50_ms", "lookup_p99_ms", "lookups", "scan_rows_per_s", "freshness_s", "query_restarts",
+    "live_bytes", "live_rows", "lookup_p50_ms", "lookup_p99_ms", "lookups", "scan_rows_per_s", "freshness_s", "query_restarts", "produce_failed",
 ]
 
 
@@ -68,7 +68,20 @@ class Producer(threading.Thread):
         self.bootstrap, self.topic, self.rate, self.base, self.consumed = bootstrap, topic, rate, base, consumed
         self.max_backlog = max_backlog
         self.stop = threading.Event()
+        #: Rows the broker acknowledged, and rows it refused or librdkafka gave up on. The
+        #: backlog counts acknowledged rows only: counting rows merely queued made a failed
+        #: delivery look like a backlog the sink never drained, and the producer paused for good
+        #: (what looked like an ingest hang in two runs).
         self.sent = 0
+        self.failed = 0
+        self.last_error = ""
+
+    def _delivered(self, err, msg) -> None:
+        if err is None:
+            self.sent += 1
+        else:
+            self.failed += 1
+            self.last_error = str(err)
 
     def run(self) -> None:
         import confluent_kafka
@@ -76,13 +89,15 @@ class Producer(threading.Thread):
         producer = confluent_kafka.Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 20, "queue.buffering.max.messages": 1_000_000})
         rng = random.Random(1)
         next_new = self.base
+        queued = 0
         owed = 0.0  # rows the fixed rate owes since the last tick
         last = time.monotonic()
         while not self.stop.is_set():
             now = time.monotonic()
             owed += (now - last) * self.rate
             last = now
-            room = max(0, self.max_backlog - (self.sent - int(self.consumed())))
+            # rows queued but not yet acknowledged count too, so the cap holds while they fly
+            room = max(0, self.max_backlog - (queued - self.failed - int(self.consumed())))
             n = min(int(owed), room)
             owed = min(owed - n, float(self.rate))  # time spent stalled is not made up later
             stamp = time.time()
@@ -91,14 +106,15 @@ class Producer(threading.Thread):
                     key, next_new = next_new, next_new + 1
                 else:
                     key = rng.randrange(self.base)
-                value = json.dumps({"id": key, "val": stamp, "name": f"name-{key:012d}-{self.sent + i:010d}"})
+                value = json.dumps({"id": key, "val": stamp, "name": f"name-{key:012d}-{queued + i:010d}"})
                 while True:
                     try:
-                        producer.produce(self.topic, key=str(key).encode(), value=value.encode(), partition=key % 3)
+                        producer.produce(self.topic, key=str(key).encode(), value=value.encode(), partition=key % 3,
+                                         on_delivery=self._delivered)
                         break
                     except BufferError:
                         producer.poll(0.05)
-            self.sent += n
+            queued += n
             producer.poll(0)
             self.stop.wait(max(0.0, 0.1 - (time.monotonic() - now)))
         producer.flush(60)
@@ -381,6 +397,7 @@ def main() -> None:
             start = time.time()
             last_rows, last_t = job.rows(), start
             progressed, dumped = start, False
+            failed_before = 0
             try:
                 while time.time() - start < args.minutes * 60:
                     if not job.alive():
@@ -410,6 +427,7 @@ def main() -> None:
                         "lookup_p99_ms": round(pct(took, 99) * 1000, 2),
                         "lookups": len(took),
                         "query_restarts": job.restarts,
+                        "produce_failed": producer.failed,
                         "scan_rows_per_s": round(scan[2] / scan[1]) if scan else "",
                         # scan start - the newest visible row's produce time (base rows carry no time: < 1e9)
                         "freshness_s": round(scan[0] - scan[1] - scan[3], 1) if scan and scan[3] > 1e9 else "",
@@ -419,6 +437,10 @@ def main() -> None:
                           f"{r['manifest_bytes'] / 1e3:11.1f} {r['disk_bytes'] / 1e6:8.0f} "
                           f"{r['lookup_p50_ms']:8.2f} / {r['lookup_p99_ms']:<8.2f} "
                           f"{(scan[2] / scan[1] / 1e6) if scan else float('nan'):12.2f} {r['freshness_s']:>7}", flush=True)
+                    if producer.failed > failed_before:
+                        print(f"the broker refused {producer.failed - failed_before:,} rows since the last sample: "
+                              f"{producer.last_error}", flush=True)
+                        failed_before = producer.failed
                     if rows > last_rows or r["backlog"] <= 0:
                         progressed, dumped = now, False
                     elif now - progressed >= args.stall_dump and not dumped:

@@ -717,6 +717,12 @@ class _ConsumerPool:
         self._lock = threading.Lock()
         self._reaper: Optional[threading.Thread] = None
 
+    def __reduce__(self) -> Tuple[Any, Tuple[()]]:
+        # A copy of this module shipped by value carries the module's globals, this pool among
+        # them once the driver process has read (tests do): its lock, thread and consumers can
+        # not be pickled, and the copy needs none of them. It gets an empty pool.
+        return (_ConsumerPool, ())
+
     @staticmethod
     def _key(conf: Mapping[str, Any]) -> str:
         return json.dumps(conf, sort_keys=True, default=str)
