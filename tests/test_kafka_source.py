@@ -417,3 +417,23 @@ def test_batch_mapper_options_are_checked(options: Dict[str, str], error: str) -
     base = {"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t"}
     with pytest.raises(ValueError, match=error):
         _Settings({**base, **{k.lower(): v for k, v in options.items()}})
+
+
+def test_the_source_pickles_by_value_once_this_process_has_read() -> None:
+    """Shipped by value, the module travels with its globals; once this process has read
+    (its consumer pool exists, with a lock), pickling must still work, and the copy starts
+    with an empty pool."""
+    from pyspark import cloudpickle
+
+    from memwal.streaming import kafka_source
+
+    pool = kafka_source._pool()
+    registered = kafka_source.__name__ in cloudpickle.list_registry_pickle_by_value()
+    cloudpickle.register_pickle_by_value(kafka_source)
+    try:
+        copy = cloudpickle.loads(cloudpickle.dumps(pool))
+        assert copy is not pool and copy._idle == {}
+        assert cloudpickle.loads(cloudpickle.dumps(kafka_source.KafkaDataSource)).__name__ == "KafkaDataSource"
+    finally:
+        if not registered:  # leave the process as other tests found it
+            cloudpickle.unregister_pickle_by_value(kafka_source)
