@@ -68,10 +68,9 @@ class Producer(threading.Thread):
         self.bootstrap, self.topic, self.rate, self.base, self.consumed = bootstrap, topic, rate, base, consumed
         self.max_backlog = max_backlog
         self.stop = threading.Event()
-        #: Rows the broker acknowledged, and rows it refused or librdkafka gave up on. The
-        #: backlog counts acknowledged rows only: counting rows merely queued made a failed
-        #: delivery look like a backlog the sink never drained, and the producer paused for good
-        #: (what looked like an ingest hang in two runs).
+        #: Rows the broker acknowledged, and rows it refused or librdkafka gave up on: the
+        #: backlog is what the broker holds beyond what the sink took, so a refused row must
+        #: not count as waiting (the producer would pause on a backlog nobody can drain).
         self.sent = 0
         self.failed = 0
         self.last_error = ""

@@ -137,6 +137,23 @@ def test_partition_keys_map_each_shard_to_its_own_task(spark):
         assert all(r.want == r.got for r in got)
 
 
+def test_sink_totals_count_every_batch_beyond_the_reports_it_keeps(tmp_path):
+    """A long query runs more micro-batches than the sink keeps reports of; its totals must
+    keep counting (a soak benchmark reading them saw ingest "stop" at batch 1,000)."""
+    from memwal.streaming.sink import KEPT_REPORTS, BatchReport, MemwalSink
+
+    uri = str(tmp_path / "t")
+    Table.create(uri, pa.schema([("id", pa.int64())]), ["id"], "bucket(id, 2)").close()
+    sink = MemwalSink(uri, SinkOptions(source="columns"))
+    n = KEPT_REPORTS + 5
+    for b in range(n):
+        sink._record(BatchReport(batch_id=b, rows=10, fenced_retries=b % 2))
+    assert len(sink.reports) == KEPT_REPORTS
+    totals = sink.totals()
+    assert totals["batches"] == n and totals["rows"] == 10 * n and totals["fenced_retries"] == n // 2
+    assert sink.report(0) is None and sink.report(n - 1).rows == 10
+
+
 def test_a_task_writing_several_shards_counts_each_writer_open_once(tmp_path):
     """One write task writes four shards in parallel threads (the prepare and write stages
     run here as Spark runs them in a worker): the batch reports the four real opens, not

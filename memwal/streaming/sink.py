@@ -773,6 +773,10 @@ def _summary(shard: str, **counters: Any) -> pa.RecordBatch:
 # ---------------------------------------------------------------------------------------
 
 
+#: Reports a sink keeps (for :meth:`MemwalSink.report`); totals count every batch regardless.
+KEPT_REPORTS = 1000
+
+
 class MemwalSink:
     """A ``foreachBatch`` sink writing micro-batches into a memwal table.
 
@@ -825,7 +829,11 @@ class MemwalSink:
         self.schema = table.schema
         self.partitions = shard_partitions(table.spec, self.options)
         self.dead_letter_uri = self.options.dead_letter_uri or dead_letter_uri(self.uri)
+        #: The most recent :data:`KEPT_REPORTS` micro-batches' reports, oldest first.
         self.reports: list[BatchReport] = []
+        #: Counters summed over every micro-batch this sink ran: kept apart from ``reports``,
+        #: which forgets old batches, so totals keep growing however long the query runs.
+        self._totals: dict[str, float] = {"batches": 0}
         self._report_lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -836,6 +844,7 @@ class MemwalSink:
         state = dict(self.__dict__)
         del state["_report_lock"]
         state["reports"] = []
+        state["_totals"] = {"batches": 0}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -915,10 +924,17 @@ class MemwalSink:
                 report.write_seconds_max = max(report.write_seconds_max, s.seconds)
         report.rows += report.dead_letters + report.skipped
         report.seconds = time.perf_counter() - t0
+        self._record(report)
+        log.info("%s", report.line())
+
+    def _record(self, report: BatchReport) -> None:
         with self._report_lock:
             self.reports.append(report)
-            del self.reports[:-1000]
-        log.info("%s", report.line())
+            del self.reports[:-KEPT_REPORTS]
+            for k, v in asdict(report).items():
+                if k != "batch_id" and isinstance(v, (int, float)):
+                    self._totals[k] = self._totals.get(k, 0) + v
+            self._totals["batches"] += 1
 
     def report(self, batch_id: int) -> BatchReport | None:
         with self._report_lock:
@@ -928,15 +944,10 @@ class MemwalSink:
         return None
 
     def totals(self) -> dict[str, float]:
+        """Every counter of :class:`BatchReport` summed over all the micro-batches this sink
+        ran in this process (``batches``: how many), not only the reports it still keeps."""
         with self._report_lock:
-            reports = list(self.reports)
-        out: dict[str, float] = {}
-        for r in reports:
-            for k, v in asdict(r).items():
-                if k != "batch_id" and isinstance(v, (int, float)):
-                    out[k] = out.get(k, 0) + v
-        out["batches"] = len(reports)
-        return out
+            return dict(self._totals)
 
 
 __all__ = [
