@@ -14,7 +14,7 @@ import time
 import lance
 import pyarrow as pa
 import pytest
-from test_view_changes import _previous_version
+from test_view_changes import make_previous_table
 from test_views import REGIONS, SCHEMA, change, check_groups_view, check_rows_view
 
 from memwal import Table, paths
@@ -31,19 +31,6 @@ from memwal.writer import WriterLease
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
-
-MAKE_OLD = """
-import sys
-sys.path.insert(0, sys.argv[2])
-sys.path.insert(1, sys.argv[3])
-from test_views import seeded, create_views, change
-import memwal, lance
-assert memwal.__file__.startswith(sys.argv[2]), memwal.__file__
-t = seeded(sys.argv[1], 400)
-create_views(sys.argv[1])
-change(t, list(range(0, 50)), "old")
-assert lance.dataset(sys.argv[1]).has_stable_row_ids
-"""
 
 # Writes through this version's memwal and dies without flushing: the writes are in the WAL only.
 WRITE_AND_DIE = """
@@ -71,14 +58,8 @@ def _env(**extra: str) -> dict[str, str]:
 def template(tmp_path_factory) -> str:
     """A table and two views made by the previous version's own code."""
     tmp = tmp_path_factory.mktemp("previous")
-    old = _previous_version(tmp)
-    if old is None:
-        pytest.skip("needs the repository's git history (the previous version's code)")
     uri = str(tmp / "table")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    made = subprocess.run([sys.executable, "-c", MAKE_OLD, uri, old, os.path.join(old, "tests")],
-                          capture_output=True, text=True, env=env)
-    assert made.returncode == 0, made.stderr[-3000:]
+    make_previous_table(uri, tmp, rows=400)
     return uri
 
 

@@ -122,7 +122,7 @@ sys.path.insert(1, sys.argv[3])
 from test_views import seeded, create_views, change
 import memwal, lance
 assert memwal.__file__.startswith(sys.argv[2]), memwal.__file__
-t = seeded(sys.argv[1], 500)
+t = seeded(sys.argv[1], int(sys.argv[4]))
 create_views(sys.argv[1])
 change(t, list(range(0, 50)), "old")
 assert lance.dataset(sys.argv[1]).has_stable_row_ids
@@ -142,15 +142,21 @@ def _previous_version(tmp_path) -> str | None:
     return str(dest)
 
 
-def test_table_and_views_made_by_the_previous_version_keep_refreshing(table_uri, tmp_path):
+def make_previous_table(uri: str, tmp_path, rows: int = 500) -> None:
+    """A table of ``rows`` rows and two views at ``uri``, made by the previous version's own
+    code in a process of its own (skips the test without the repository's git history)."""
     old = _previous_version(tmp_path)
     if old is None:
         pytest.skip("needs the repository's git history (the previous version's code)")
     made = subprocess.run(
-        [sys.executable, "-c", MAKE_OLD, table_uri, old, os.path.join(old, "tests")],
+        [sys.executable, "-c", MAKE_OLD, uri, old, os.path.join(old, "tests"), str(rows)],
         capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
     )
     assert made.returncode == 0, made.stderr[-3000:]
+
+
+def test_table_and_views_made_by_the_previous_version_keep_refreshing(table_uri, tmp_path):
+    make_previous_table(table_uri, tmp_path)
     rows, groups = View.open(table_uri, "rows"), View.open(table_uri, "groups")
     assert ROW_ID in rows.dataset().schema.names  # keyed by stable row id: stays on delta()
     t = Table.open(table_uri)

@@ -208,7 +208,8 @@ def test_spark_write_tasks_moving_between_workers_claim_each_shard_once(spark, n
     """Several micro-batches through a real query on local[2]: Spark hands the write tasks to
     whichever Python worker is free, and with the writer process no shard is claimed again
     (opens == shards) and no writer is fenced."""
-    from test_streaming import SCHEMA as USERS, approx, table_rows, workload
+    from helpers import approx, table_rows, workload
+    from test_streaming import SCHEMA as USERS
 
     from memwal.streaming import ingest
 
