@@ -22,7 +22,7 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Mapping
+from typing import Callable, Mapping
 
 import lance
 
@@ -104,6 +104,7 @@ class BoundsEnforcer:
         reader_grace_seconds: float,
         target_rows_per_fragment: int = 1_048_576,
         disk_check_seconds: float = 60.0,
+        before_compaction: Callable[[list[int]], object] | None = None,
     ) -> None:
         self.state = state
         self.bounds = bounds
@@ -111,6 +112,9 @@ class BoundsEnforcer:
         self.target_rows_per_fragment = target_rows_per_fragment
         self.disk_check_seconds = disk_check_seconds
         self._disk_checked = float("-inf")
+        #: Called with the ids of the fragments a compaction may merge, first: Lance merges only
+        #: fragments the same index segments cover (memwal.indexes joins them).
+        self.before_compaction = before_compaction
 
     def _over(self, f: BaseFootprint) -> list[str]:
         b = self.bounds
@@ -144,6 +148,11 @@ class BoundsEnforcer:
         over = self._over(f)
         compacted = removed = freed = 0
         if "base_fragments" in over or "manifest_bytes" in over:
+            if self.before_compaction is not None:
+                ds = self.state.dataset()
+                self.before_compaction(
+                    [f.fragment_id for f in ds.get_fragments() if f.metadata.physical_rows < self.target_rows_per_fragment]
+                )
             m = self.state.dataset().optimize.compact_files(target_rows_per_fragment=self.target_rows_per_fragment)
             compacted = m.fragments_removed
             log.info("base over its bounds (%s): compact_files removed %d fragments, added %d",
