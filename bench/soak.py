@@ -53,7 +53,7 @@ from memwal.streaming.local_broker import start_local_broker  # noqa: E402
 #: CSV columns, in order; the PNG draws them in panels of like units.
 COLUMNS = [
     "t_s", "rows_per_s", "backlog", "uncompacted_sstables", "base_fragments", "manifest_bytes", "disk_bytes",
-    "live_bytes", "live_rows", "lookup_p50_ms", "lookup_p99_ms", "lookups", "scan_rows_per_s", "freshness_s", "query_restarts", "produce_failed",
+    "live_bytes", "index_bytes", "live_rows", "lookup_p50_ms", "lookup_p99_ms", "lookups", "scan_rows_per_s", "freshness_s", "query_restarts", "produce_failed",
 ]
 
 
@@ -208,6 +208,11 @@ def newest_manifest_bytes(uri: str) -> int:
     return max(sizes)[1] if sizes else 0
 
 
+def index_bytes(ds: lance.LanceDataset) -> int:
+    """Bytes of the index files the base table's current version uses (every segment)."""
+    return sum(d.total_size_bytes or 0 for d in ds.describe_indices() if d.name != "__lance_mem_wal")
+
+
 def live_bytes(ds: lance.LanceDataset) -> int:
     """Bytes of the data files the base table's current version reads: the live data, plus the
     rows its deletion files hide (what compaction of the base has not yet dropped)."""
@@ -230,17 +235,20 @@ def plot(csv_path: str, png_path: str, title: str = "") -> None:
 
     with open(csv_path) as f:
         rows = [{k: float(v) if v not in ("", "nan") else float("nan") for k, v in r.items()} for r in csv.DictReader(f)]
+    for r in rows:  # CSVs written before the column existed
+        r.setdefault("index_bytes", float("nan"))
     t = [r["t_s"] / 60 for r in rows]
     panels = [
         ("rows/s ingested", [("rows_per_s", "rows/s")]),
         ("count", [("uncompacted_sstables", "uncompacted SSTables"), ("base_fragments", "base fragments")]),
         ("lookup ms", [("lookup_p50_ms", "p50"), ("lookup_p99_ms", "p99")]),
-        ("MB", [("disk_bytes", "table on disk"), ("live_bytes", "base version's data files")]),
+        ("MB", [("disk_bytes", "table on disk"), ("live_bytes", "base version's data files"),
+                ("index_bytes", "base version's index files")]),
         ("manifest KB", [("manifest_bytes", "base manifest")]),
         ("scan M rows/s", [("scan_rows_per_s", "full deduped scan")]),
         ("freshness s", [("freshness_s", "age of newest visible row")]),
     ]
-    scale = {"disk_bytes": 1e-6, "live_bytes": 1e-6, "manifest_bytes": 1e-3, "scan_rows_per_s": 1e-6}
+    scale = {"disk_bytes": 1e-6, "live_bytes": 1e-6, "index_bytes": 1e-6, "manifest_bytes": 1e-3, "scan_rows_per_s": 1e-6}
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.0 * len(panels)), sharex=True)
     for ax, (label, lines) in zip(axes, panels):
         for col, name in lines:
@@ -328,6 +336,9 @@ def compare_fresh(uri: str, work: str, lookups: int = 1000) -> dict[str, float]:
             assert got is not None, f"key {k} missing from the {name} table"
     out = {f"{n}_p{q}_ms": round(pct(v, q) * 1000, 2) for n, v in took.items() for q in (50, 99)}
     out["rows"] = rows.num_rows
+    # The disk target's yardstick: what the same rows take as a plain Lance table with the index.
+    out["fresh_disk_mb"] = round(disk_bytes(fresh_uri) / 1e6, 1)
+    out["memwal_disk_mb"] = round(disk_bytes(uri) / 1e6, 1)
     out["ratio_p50"] = round(out["memwal_p50_ms"] / out["fresh_p50_ms"], 2)
     return out
 
@@ -421,6 +432,7 @@ def main() -> None:
                         "manifest_bytes": newest_manifest_bytes(uri),
                         "disk_bytes": disk_bytes(uri),
                         "live_bytes": live_bytes(ds),
+                        "index_bytes": index_bytes(ds),
                         "live_rows": scan[2] if scan else "",
                         "lookup_p50_ms": round(pct(took, 50) * 1000, 2),
                         "lookup_p99_ms": round(pct(took, 99) * 1000, 2),
@@ -461,7 +473,8 @@ def main() -> None:
             c = compare_fresh(uri, work)
             print(f"\nlookups at the end, {c['rows']:,} rows: memwal p50 {c['memwal_p50_ms']} / p99 {c['memwal_p99_ms']} ms; "
                   f"fresh Lance table with a BTREE p50 {c['fresh_p50_ms']} / p99 {c['fresh_p99_ms']} ms; "
-                  f"p50 ratio {c['ratio_p50']}x (target <= 2x)", flush=True)
+                  f"p50 ratio {c['ratio_p50']}x (target <= 2x); on disk {c['memwal_disk_mb']:,} MB against "
+                  f"{c['fresh_disk_mb']:,} MB for the fresh table", flush=True)
     finally:
         if prober is not None and prober.is_alive():
             prober.terminate()
