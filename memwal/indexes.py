@@ -206,26 +206,37 @@ class IndexMaintainer:
                  time.perf_counter() - t0, merged)
         return True
 
-    def join_segments(self, fragment_ids: Collection[int]) -> int:
-        """Merge each index's newest segments until one covers all of ``fragment_ids`` that
-        any segment covers (Lance compacts together only fragments with the same index
-        segments); returns the number of segments merged away."""
+    def join_segments(self, fragment_ids: Collection[int], max_rows: int | None = None) -> int:
+        """Merge each index's newest segments so that one covers the ``fragment_ids`` they
+        hold (Lance compacts together only fragments with the same index segments); returns
+        the number of segments merged away.
+
+        With ``max_rows``, the join stops before a segment that would take the rows it merges
+        over that many: small fragments an old, large segment covers (a remainder of an
+        earlier compaction) stay where they are rather than costing a rewrite of the index.
+        """
         ds = self.state.dataset()
         wanted = set(fragment_ids)
         joined = 0
         for name in base_indexes(ds):
             segments = segment_rows(ds, name)
             holding = [i for i, (_, ids) in enumerate(segments) if ids & wanted]
-            if len(holding) < 2:
+            m, rows = 0, 0
+            for i in range(holding[-1] + 1 if holding else 0):
+                if max_rows is not None and rows + segments[i][0] > max_rows:
+                    break
+                rows += segments[i][0]
+                if i in holding:
+                    m = i + 1
+            if len([i for i in holding if i < m]) < 2:
                 continue
-            m = holding[-1] + 1
             t0 = time.perf_counter()
             ds.optimize.optimize_indices(index_names=[name], num_indices_to_merge=m)
             ds = self.state.dataset()
             self.seconds += time.perf_counter() - t0
             joined += m - 1
             log.info("joined %d segments of index %s (%d rows) for base-file compaction in %.2fs", m, name,
-                     sum(rows for rows, _ in segments[:m]), time.perf_counter() - t0)
+                     sum(r for r, _ in segments[:m]), time.perf_counter() - t0)
         return joined
 
 

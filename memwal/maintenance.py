@@ -276,7 +276,7 @@ class Maintenance:
         if len(small) < self.config.max_small_fragments and not deleted:
             return 0
         if len(small) >= self.config.max_small_fragments and self.config.indexes:
-            self.indexes.join_segments([f.id for f in small])
+            self.indexes.join_segments([f.id for f in small], max_rows=self.config.max_rows_rewritten_per_cycle)
         metrics = self.state.dataset().optimize.compact_files(
             target_rows_per_fragment=self.config.target_rows_per_fragment,
             materialize_deletions_threshold=self.config.max_deleted_fraction,

@@ -92,3 +92,35 @@ def test_maintenance_keeps_few_index_segments_and_still_merges_small_fragments(t
         assert r.get(k)["name"] == f"n{i}{k}"
         assert r.get(10_000 + k)["name"] == f"u{i}{10_000 + k}"
     assert r.get(11_999)["name"] == "v11999"
+
+
+def test_joining_segments_leaves_a_large_old_segment_alone(table_uri):
+    """Small fragments in the newest segments are joined; one a large old segment covers is not
+    (that would rewrite the whole index), unless no row budget is given."""
+    table = Table.create(
+        table_uri, PEOPLE, ["id"], "unsharded", initial_data=people(range(10_000, 13_000)),
+        writer=WriterConfig(max_memtable_rows=1000),
+    )
+    m = Maintenance(
+        table.state,
+        MaintenanceConfig(
+            flush_stranded_after_seconds=None, views=False, max_generations_per_commit=1,
+            max_small_fragments=10**6, gc_config=GcConfig(reader_grace_seconds=0.0),
+        ),
+    )
+    m.indexes.policy = SegmentPolicy(ratio=0.0, max_segments=100)  # never merge: one delta per catch-up
+    m.run_cycle()
+    for i in range(3):
+        table.write(people(range(20 * i, 20 * i + 20), tag=f"n{i}"))
+        table.flush()
+        m.run_cycle()
+    ds = table.state.dataset()
+    segments = segment_rows(ds, "id_idx")
+    assert [rows for rows, _ in segments] == [20, 20, 20, 3000]
+    every = [f.fragment_id for f in ds.get_fragments()]
+    assert m.indexes.join_segments(every, max_rows=100) == 2  # the three deltas, not the base's
+    assert [rows for rows, _ in segment_rows(table.state.dataset(), "id_idx")] == [60, 3000]
+    assert m.indexes.join_segments(every) == 1
+    assert [rows for rows, _ in segment_rows(table.state.dataset(), "id_idx")] == [3060]
+    r = readers.open(table_uri)
+    assert r.count() == 3060 and r.get(41)["name"] == "n241" and r.get(12_999)["name"] == "v12999"
