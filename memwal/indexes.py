@@ -110,6 +110,11 @@ def segment_rows(ds: lance.LanceDataset, name: str) -> list[tuple[int, frozenset
     ]
 
 
+def index_segments(ds: lance.LanceDataset) -> dict[str, int]:
+    """Base index name -> how many segments it has."""
+    return {d.name: len(d.segments) for d in ds.describe_indices() if d.name != MEM_WAL_INDEX_NAME}
+
+
 def base_indexes(ds: lance.LanceDataset) -> list[str]:
     """Names of the base table's user indexes (the MemWAL system index left out)."""
     return sorted({d.name for d in ds.describe_indices() if d.name != MEM_WAL_INDEX_NAME})

@@ -29,7 +29,7 @@ from memwal.bounds import BoundsEnforcer, compaction_order
 from memwal.compactor import CompactionResult, Compactor
 from memwal.errors import ConcurrencyError, TableDamagedError, WalGapError
 from memwal.gc import GarbageCollector, GcConfig
-from memwal.indexes import IndexMaintainer, index_lag
+from memwal.indexes import IndexMaintainer, index_lag, index_segments
 from memwal.lance_errors import lance_message
 from memwal.metadata import Bounds
 from memwal.metrics import CycleReport, MaintenanceMetrics, MaintenanceTotals, ShardDamage
@@ -173,6 +173,7 @@ class Maintenance:
             report,
             pending_sstables={s.shard_id: len(s.live_sstables) for s in snap.shards},
             index_lag={lg.index: lg.total for lg in index_lag(snap.dataset, snap.index)},
+            index_segments=index_segments(snap.dataset),
             damaged_shards=tuple(d for d, _ in damage.values()),
             seconds=time.perf_counter() - t0,
         )

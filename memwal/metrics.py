@@ -56,6 +56,8 @@ class CycleReport:
     indexes_created: tuple[str, ...] = ()
     #: base index -> generations it is behind compaction, summed over shards
     index_lag: dict[str, int] = field(default_factory=dict)
+    #: base index -> its segments after the cycle (memwal.indexes.SegmentPolicy keeps them few)
+    index_segments: dict[str, int] = field(default_factory=dict)
     sstables_removed: int = 0
     wal_entries_removed: int = 0
     bytes_reclaimed: int = 0

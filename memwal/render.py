@@ -123,6 +123,8 @@ def _maintenance_lines(m: MaintenanceStatus) -> list[str]:
             f"{last.rows_compacted} rows at {last.rows_per_second:,.0f} rows/s, "
             f"{last.bytes_reclaimed:,} bytes reclaimed"
         )
+        if last.index_segments:
+            lines.append("  index segments: " + ", ".join(f"{n} {c}" for n, c in sorted(last.index_segments.items())))
         if last.disk_bytes is not None:
             lines.append(f"  disk: {last.disk_bytes:,} bytes for {last.live_bytes:,} bytes of live base data")
         if last.bounds_exceeded:

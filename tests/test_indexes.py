@@ -13,6 +13,9 @@ from memwal import Table, WriterConfig, readers
 from memwal.gc import GcConfig
 from memwal.indexes import SegmentPolicy, index_lag, segment_rows
 from memwal.maintenance import Maintenance, MaintenanceConfig
+from memwal.render import render_status
+from memwal.state import TableState
+from memwal.status import table_status
 
 
 def _apply(policy: SegmentPolicy, segments: list[int], new_rows: int) -> list[int]:
@@ -82,9 +85,12 @@ def test_maintenance_keeps_few_index_segments_and_still_merges_small_fragments(t
         assert 1 <= len(segments) <= policy.max_segments
         assert all(not lag.total for lag in index_lag(ds, table.state.manifests.mem_wal_index(ds.version)))
         assert ds.stats.index_stats("id_idx")["num_unindexed_rows"] == 0
+        assert report.index_segments == {"id_idx": len(segments)}
         # small fragments were merged although different segments covered them
         assert len(ds.get_fragments()) <= 4 + 1
     assert max(seen_segments) > 1  # catch-ups added segments rather than rewriting the index
+    text = render_status(table_status(TableState.load(table_uri)))
+    assert "index segments: id_idx " in text
     r = readers.open(table_uri)
     assert r.count() == 2000 + 240
     for i in (0, 5, 11):
