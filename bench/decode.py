@@ -122,7 +122,7 @@ def main() -> None:
     args = ap.parse_args()
 
     old_source = _module_at(args.baseline, "memwal/streaming/kafka_source.py", "bench_old_kafka_source")
-    old_decode = _module_at(args.baseline, "memwal/streaming/decode.py", "bench_old_decode")
+    _module_at(args.baseline, "memwal/streaming/decode.py", "bench_old_decode")  # old_sink imports it
     old_sink = _module_at(args.baseline, "memwal/streaming/sink.py", "bench_old_sink",
                           {"from memwal.streaming.decode import": "from bench_old_decode import"})
 
