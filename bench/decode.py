@@ -8,12 +8,13 @@ from git into modules of their own), and prints new/old ratios:
 
 (a) **read**: the source's message -> Arrow conversion (``_read_range``'s loop over consumed
     messages and the batches it yields) on ``confluent_kafka.Message`` objects carrying the
-    catch-up's records (no broker: the broker's fetch is not the source's cost);
+    catch-up's records (no broker); with ``--broker``, also the whole read from a real Apache
+    Kafka 0.9 broker (one partition, librdkafka's fetches included);
 (b) **decode**: ``Prepare.prepare`` on the batches the source yields, as the read task calls it
     (a table of the workload's schema, 4 shards; ``op_field=None`` as in the catch-up).
 
 Records are bench/ingest.py's: ``json.dumps`` of bench/common.py's ``batch_rows`` (id, val,
-name, 64 x float). Run: ``python bench/decode.py [--records 93000] [--rounds 5]``.
+name, 64 x float). Run: ``python bench/decode.py [--records 93000] [--rounds 5] [--broker]``.
 """
 
 from __future__ import annotations
@@ -105,6 +106,30 @@ def read_all(src: types.ModuleType, msgs: list) -> list[pa.RecordBatch]:
     return list(src._read_range(s, "backlog", 0, 0, len(msgs)))
 
 
+def broker_reads(args, msgs: list, old_source: types.ModuleType) -> tuple[float, float]:
+    """(old, new) seconds to read ``msgs`` back through ``_read_range`` from a real Apache
+    Kafka 0.9 broker (tests/brokers.py), best of ``--rounds``, alternating old and new: the
+    source's whole read phase (librdkafka's fetches and messages included) on one partition."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from brokers import produce, start_broker
+
+    with tempfile.TemporaryDirectory() as work, start_broker("kafka09", work) as broker:
+        broker.create_topic("backlog", 1)
+        produce(broker, "backlog", ((m.key(), m.value(), 0) for m in msgs), timeout=600, **{"linger.ms": 20})
+        opts = {"kafka.bootstrap.servers": broker.bootstrap, "subscribe": "backlog",
+                **{f"kafka.{k}": v for k, v in broker.client_config().items()}}
+        best = {}
+        for _ in range(args.rounds):
+            for name, src in (("old", old_source), ("new", new_source)):
+                src._POOL = None
+                s = src._Settings(opts)
+                t0 = time.perf_counter()
+                n = sum(b.num_rows for b in src._read_range(s, "backlog", 0, 0, len(msgs)))
+                best[name] = min(best.get(name, float("inf")), time.perf_counter() - t0)
+                assert n == len(msgs)
+    return best["old"], best["new"]
+
+
 def timed(fn, rounds: int) -> tuple[float, object]:
     best, out = float("inf"), None
     for _ in range(rounds):
@@ -118,6 +143,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=93_000)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--broker", action="store_true", help="also read the records back from a real Kafka 0.9 broker")
     ap.add_argument("--baseline", default="0c75d42", help="git revision whose source and decode are the baseline")
     args = ap.parse_args()
 
@@ -154,8 +180,12 @@ def main() -> None:
             assert a.rows.equals(b.rows) and a.dead.equals(b.dead) and a.shards == b.shards, "prepare differs from the baseline"
 
     per = 93_000 / len(msgs) * 1000
+    phases = [("read", t_old_read, t_new_read), ("decode", t_old_dec, t_new_dec), ("both", t_old_read + t_old_dec, t_new_read + t_new_dec)]
+    if args.broker:
+        o, n = broker_reads(args, msgs, old_source)
+        phases += [("read from Kafka 0.9 (fetches included)", o, n), ("that + decode", o + t_old_dec, n + t_new_dec)]
     print(f"{'phase':<8}{'old ms/93k':>12}{'new ms/93k':>12}{'new/old':>9}")
-    for name, o, n in (("read", t_old_read, t_new_read), ("decode", t_old_dec, t_new_dec), ("both", t_old_read + t_old_dec, t_new_read + t_new_dec)):
+    for name, o, n in phases:
         print(f"{name:<8}{o * per:>12.0f}{n * per:>12.0f}{n / o:>9.2f}")
 
 
