@@ -11,7 +11,8 @@ from git into modules of their own), and prints new/old ratios:
     catch-up's records (no broker); with ``--broker``, also the whole read from a real Apache
     Kafka 0.9 broker (one partition, librdkafka's fetches included);
 (b) **decode**: ``Prepare.prepare`` on the batches the source yields, as the read task calls it
-    (a table of the workload's schema, 4 shards; ``op_field=None`` as in the catch-up).
+    (a table of the workload's schema, 4 shards; ``op_field=None`` as in the catch-up, and
+    again with the default operation field ``op``).
 
 Records are bench/ingest.py's: ``json.dumps`` of bench/common.py's ``batch_rows`` (id, val,
 name, 64 x float). Run: ``python bench/decode.py [--records 93000] [--rounds 5] [--broker]``.
@@ -166,7 +167,7 @@ def main() -> None:
         state = TableState.load(uri)
         opts = SinkOptions(source="kafka-json", op_field=None)
 
-        def prepare(sink, batches):
+        def prepare(sink, batches, opts=opts):
             out, row = [], 0
             p = sink.Prepare(uri, opts)
             for b in batches:
@@ -176,17 +177,22 @@ def main() -> None:
 
         t_old_dec, old_prep = timed(lambda: prepare(old_sink, old_batches), args.rounds)
         t_new_dec, new_prep = timed(lambda: prepare(new_sink, new_batches), args.rounds)
-        for a, b in zip(old_prep, new_prep):
+        # ``memwal ingest``'s default reads an operation field ("op"; absent here: all upserts)
+        with_op = SinkOptions(source="kafka-json")
+        t_old_op, old_op = timed(lambda: prepare(old_sink, old_batches, with_op), args.rounds)
+        t_new_op, new_op = timed(lambda: prepare(new_sink, new_batches, with_op), args.rounds)
+        for a, b in zip(old_prep + old_op, new_prep + new_op):
             assert a.rows.equals(b.rows) and a.dead.equals(b.dead) and a.shards == b.shards, "prepare differs from the baseline"
 
     per = 93_000 / len(msgs) * 1000
-    phases = [("read", t_old_read, t_new_read), ("decode", t_old_dec, t_new_dec), ("both", t_old_read + t_old_dec, t_new_read + t_new_dec)]
+    phases = [("read", t_old_read, t_new_read), ("decode", t_old_dec, t_new_dec), ("decode, op field", t_old_op, t_new_op),
+              ("both", t_old_read + t_old_dec, t_new_read + t_new_dec)]
     if args.broker:
         o, n = broker_reads(args, msgs, old_source)
         phases += [("read from Kafka 0.9 (fetches included)", o, n), ("that + decode", o + t_old_dec, n + t_new_dec)]
-    print(f"{'phase':<8}{'old ms/93k':>12}{'new ms/93k':>12}{'new/old':>9}")
+    print(f"{'phase':<40}{'old ms/93k':>12}{'new ms/93k':>12}{'new/old':>9}")
     for name, o, n in phases:
-        print(f"{name:<8}{o * per:>12.0f}{n * per:>12.0f}{n / o:>9.2f}")
+        print(f"{name:<40}{o * per:>12.0f}{n * per:>12.0f}{n / o:>9.2f}")
 
 
 if __name__ == "__main__":

@@ -282,16 +282,20 @@ def operations(rows: pa.Table, op_field: str | None, delete_values=DELETE_VALUES
     n = rows.num_rows
     if not op_field or op_field not in rows.schema.names:
         return np.zeros(n, bool), {}
-    ops = rows.column(op_field).to_pylist()
-    deletes = np.zeros(n, bool)
-    errors = {}
-    for i, op in enumerate(ops):
-        if op is None or op in upsert_values:
-            continue
-        if op in delete_values:
-            deletes[i] = True
-        else:
-            errors[i] = f"unknown operation {op!r} in {op_field!r}; expected one of {sorted(delete_values | upsert_values)}"
+    col = rows.column(op_field)
+    if pa.types.is_string(col.type):
+        # Two set look-ups in Arrow rather than a Python comparison per row; only the rows
+        # with an unknown operation (bad records) are looked at in Python, for their reason.
+        deletes = np.asarray(pc.is_in(col, value_set=pa.array(sorted(delete_values), pa.string())).fill_null(False), bool)
+        # (a missing operation is an upsert)
+        known = np.asarray(pc.is_in(col, value_set=pa.array(sorted(upsert_values), pa.string())).fill_null(True), bool) | np.asarray(col.is_null(), bool)
+        unknown = [(int(i), col[int(i)].as_py()) for i in np.flatnonzero(~(known | deletes))]
+    else:
+        ops = col.to_pylist()
+        deletes = np.array([op in delete_values for op in ops], bool)
+        unknown = [(i, op) for i, op in enumerate(ops) if not (op is None or op in upsert_values or op in delete_values)]
+    expected = sorted(delete_values | upsert_values)
+    errors = {i: f"unknown operation {op!r} in {op_field!r}; expected one of {expected}" for i, op in unknown}
     return deletes, errors
 
 
