@@ -146,6 +146,11 @@ def read_json_objects(values: Binaries, parse_schema: pa.Schema) -> pa.Table:
     blob = json_lines(values)
     if n == 0:
         return parse_schema.empty_table()
+    # A blank value makes no row, so with a value of two objects elsewhere in the batch the
+    # row count below would still match and rows would shift onto the wrong records:
+    # without blanks every value makes at least one row, and n rows means one each.
+    if pc.any(pc.match_substring_regex(binary_array(values), r"^\s*$")).as_py():
+        raise MemwalError("the record's value is empty")
     t = pajson.read_json(
         blob,
         parse_options=pajson.ParseOptions(explicit_schema=parse_schema, unexpected_field_behavior="ignore"),

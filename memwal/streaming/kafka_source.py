@@ -82,7 +82,7 @@ option keys lower-cased, so they are matched case-insensitively):
     consumer is created.  ``enable.auto.commit``, ``auto.offset.reset`` and
     ``enable.partition.eof`` are controlled by the source and rejected;
     ``isolation.level`` defaults to ``read_uncommitted`` like the Java client,
-    ``fetch.message.max.bytes`` (``max.partition.fetch.bytes``) to 8 MiB.
+    ``fetch.message.max.bytes`` to 8 MiB unless a fetch or receive size is set.
 
 Options of the built-in source that this one does not implement
 (``assign``, ``subscribePattern``, timestamp-based offsets, ``endingOffsets``,
@@ -207,6 +207,7 @@ _RESERVED_KAFKA = ("enable.auto.commit", "auto.offset.reset", "enable.partition.
 _ROWS_PER_ARROW_BATCH = 10_000
 # librdkafka's fetch.message.max.bytes unless the user sets it (see _Settings.consumer_conf).
 _FETCH_PARTITION_BYTES = 8 << 20
+_FETCH_SIZE_KEYS = ("fetch.message.max.bytes", "max.partition.fetch.bytes", "fetch.max.bytes", "receive.message.max.bytes")
 
 
 class KafkaReceiveError(RuntimeError):
@@ -322,12 +323,15 @@ class _Settings:
             # offset look-ups return the last stable offset, so plans stay readable.
             "isolation.level": "read_uncommitted",
         }
-        if "max.partition.fetch.bytes" not in self.kafka_conf:  # (its alias: setting both is ambiguous)
+        if not any(k in self.kafka_conf for k in _FETCH_SIZE_KEYS):
             # A read task reads one partition at a time from its start offset to its end, so
             # the per-partition fetch is all that bounds a round trip; librdkafka's 1 MiB
             # default took ~1.3x the time of 8 MiB to read a 93k-record catch-up range from
-            # Kafka 0.9 (bench/decode.py --broker). Brokers that ignore fetch sizes (noida-db)
-            # are unaffected; librdkafka's queue settings still bound what is prefetched.
+            # Kafka 0.9 (bench/decode.py --broker). Only when the user sets no fetch or
+            # receive size: Kafka 0.9 has no fetch.max.bytes, so a larger partition fetch
+            # could exceed a receive.message.max.bytes the user chose. Brokers that ignore
+            # fetch sizes (noida-db) are unaffected; librdkafka's queue settings still bound
+            # what is prefetched.
             conf["fetch.message.max.bytes"] = _FETCH_PARTITION_BYTES
         conf.update(self.kafka_conf)
         conf.update({
