@@ -83,26 +83,29 @@ class JsonDecoder:
             fields.append(pa.field(op_field, pa.string()))
         self.parse_schema = pa.schema(fields)
 
-    def _parse(self, values: Sequence[bytes]) -> pa.Table:
+    def _parse(self, values: Binaries) -> pa.Table:
         return read_json_objects(values, self.parse_schema)
 
-    def decode(self, values: Sequence[bytes | None]) -> tuple[pa.Table, np.ndarray, dict[int, str]]:
-        """(parsed rows of the good values, their positions, position -> error)."""
-        values = list(values)
+    def decode(self, values: Binaries) -> tuple[pa.Table, np.ndarray, dict[int, str]]:
+        """(parsed rows of the good values, their positions, position -> error).
+
+        The values stay one Arrow binary array throughout (no Python bytes object per
+        record): the bisection takes subsets of it, and only a bad record's value is
+        turned into bytes, to say what is wrong with it."""
+        arr = binary_array(values)
         try:
-            return self._parse(values), np.arange(len(values)), {}
+            return self._parse(arr), np.arange(len(arr)), {}
         except Exception:  # noqa: BLE001 - fall back to isolating the bad records
             pass
-        good, errors = bisect_failures(len(values), lambda idx: self._parse([values[i] for i in idx]))
+        good, errors = bisect_failures(len(arr), lambda idx: self._parse(arr.take(pa.array(idx, pa.int64()))))
         for i, reason in errors.items():
-            errors[i] = _json_reason(values[i], reason)
-        rows = self._parse([values[i] for i in good]) if len(good) else self.parse_schema.empty_table()
+            errors[i] = _json_reason(arr[i].as_py(), reason)
+        rows = self._parse(arr.take(pa.array(good, pa.int64()))) if len(good) else self.parse_schema.empty_table()
         return rows, good, errors
-
 
     def decode_batch(self, values: Binaries, keys: Binaries) -> "Decoded":
         """The :class:`ValueDecoder` form of :meth:`decode` (JSON values ignore the key)."""
-        rows, positions, errors = self.decode(binary_array(values).to_pylist())
+        rows, positions, errors = self.decode(values)
         return Decoded(rows, positions, errors)
 
 
@@ -119,20 +122,43 @@ def binary_array(values: Binaries) -> pa.BinaryArray:
     return values if values.type == pa.binary() else values.cast(pa.binary())
 
 
-def read_json_objects(values: Sequence[bytes | None], parse_schema: pa.Schema) -> pa.Table:
+def json_lines(values: Binaries) -> pa.Buffer:
+    """``values`` as newline-delimited JSON: each value with its newlines made spaces (JSON
+    allows a raw newline only as whitespace), followed by one newline. Built by two Arrow
+    kernels over the array's data, without a Python bytes object per value."""
+    arr = binary_array(values)
+    if arr.null_count:
+        raise MemwalError("the record has no value (null)")
+    lines = pc.binary_join_element_wise(pc.replace_substring(arr, b"\n", b" "), _EMPTY, _NEWLINE)
+    offsets = np.frombuffer(lines.buffers()[1], np.int32, len(lines) + 1, lines.offset * 4)
+    data = lines.buffers()[2]
+    return pa.py_buffer(b"") if data is None else data.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+
+
+_EMPTY = pa.scalar(b"", pa.binary())
+_NEWLINE = pa.scalar(b"\n", pa.binary())
+
+
+def read_json_objects(values: Binaries, parse_schema: pa.Schema) -> pa.Table:
     """One row per value, each one JSON object, read in one Arrow call into ``parse_schema``
     (fields outside it are ignored). Raises if any value is null or not exactly one object."""
-    if any(v is None for v in values):
-        raise MemwalError("the record has no value (null)")
-    blob = b"\n".join(v.replace(b"\n", b" ") for v in values) + b"\n"  # type: ignore[union-attr]
+    n = len(values)
+    blob = json_lines(values)
+    if n == 0:
+        return parse_schema.empty_table()
+    # A blank value makes no row, so with a value of two objects elsewhere in the batch the
+    # row count below would still match and rows would shift onto the wrong records:
+    # without blanks every value makes at least one row, and n rows means one each.
+    if pc.any(pc.match_substring_regex(binary_array(values), r"^\s*$")).as_py():
+        raise MemwalError("the record's value is empty")
     t = pajson.read_json(
-        pa.py_buffer(blob),
+        blob,
         parse_options=pajson.ParseOptions(explicit_schema=parse_schema, unexpected_field_behavior="ignore"),
-        read_options=pajson.ReadOptions(block_size=max(1 << 20, len(blob) + 1)),
+        read_options=pajson.ReadOptions(block_size=max(1 << 20, blob.size + 1)),
     )
-    if t.num_rows != len(values):
+    if t.num_rows != n:
         # A value that is not one JSON object per record (e.g. two objects, or an array)
-        raise MemwalError(f"expected {len(values)} JSON object(s), found {t.num_rows}")
+        raise MemwalError(f"expected {n} JSON object(s), found {t.num_rows}")
     return t
 
 
@@ -216,10 +242,14 @@ def check_rows(
     sizes = row_bytes(rows)
     for i in np.flatnonzero(sizes > max_row_bytes):
         errors.setdefault(int(i), f"the row has {int(sizes[i])} bytes, more than the limit of {max_row_bytes}")
-    candidates = np.array([i for i in range(n) if i not in errors], dtype=np.int64)
+    candidates = np.arange(n, dtype=np.int64)
+    if errors:
+        candidates = candidates[~np.isin(candidates, np.fromiter(errors, np.int64, len(errors)))]
     present = [c for c in rows.schema.names if c in schema.names]
 
     def attempt(idx: np.ndarray) -> pa.Table:
+        if len(idx) == n:  # every row (no take: it would copy the whole batch)
+            return conform(rows.select(present), schema)
         return conform(rows.take(pa.array(candidates[idx], pa.int64())).select(present), schema)
 
     try:
@@ -257,16 +287,20 @@ def operations(rows: pa.Table, op_field: str | None, delete_values=DELETE_VALUES
     n = rows.num_rows
     if not op_field or op_field not in rows.schema.names:
         return np.zeros(n, bool), {}
-    ops = rows.column(op_field).to_pylist()
-    deletes = np.zeros(n, bool)
-    errors = {}
-    for i, op in enumerate(ops):
-        if op is None or op in upsert_values:
-            continue
-        if op in delete_values:
-            deletes[i] = True
-        else:
-            errors[i] = f"unknown operation {op!r} in {op_field!r}; expected one of {sorted(delete_values | upsert_values)}"
+    col = rows.column(op_field)
+    if pa.types.is_string(col.type):
+        # Two set look-ups in Arrow rather than a Python comparison per row; only the rows
+        # with an unknown operation (bad records) are looked at in Python, for their reason.
+        deletes = np.asarray(pc.is_in(col, value_set=pa.array(sorted(delete_values), pa.string())).fill_null(False), bool)
+        # (a missing operation is an upsert)
+        known = np.asarray(pc.is_in(col, value_set=pa.array(sorted(upsert_values), pa.string())).fill_null(True), bool) | np.asarray(col.is_null(), bool)
+        unknown = [(int(i), col[int(i)].as_py()) for i in np.flatnonzero(~(known | deletes))]
+    else:
+        ops = col.to_pylist()
+        deletes = np.array([op in delete_values for op in ops], bool)
+        unknown = [(i, op) for i, op in enumerate(ops) if not (op is None or op in upsert_values or op in delete_values)]
+    expected = sorted(delete_values | upsert_values)
+    errors = {i: f"unknown operation {op!r} in {op_field!r}; expected one of {expected}" for i, op in unknown}
     return deletes, errors
 
 

@@ -419,10 +419,11 @@ class Prepare:
                 seq_null = np.asarray(parsed.column(opts.sequence_field).is_null())
             for i in np.flatnonzero(seq_null):
                 errors.setdefault(int(positions[i]), f"the sequence field {opts.sequence_field!r} is null or missing")
-        keep = np.array([i for i in range(parsed.num_rows) if int(positions[i]) not in errors], dtype=np.int64)
-        parsed = parsed.take(pa.array(keep, pa.int64()))
-        positions = positions[keep]
-        deletes_p = deletes_p[keep]
+        if errors:  # (a take of every row would copy the whole batch: skipped when none is bad)
+            keep = np.flatnonzero(~np.isin(positions, np.fromiter(errors, np.int64, len(errors))))
+            parsed = parsed.take(pa.array(keep, pa.int64()))
+            positions = positions[keep]
+            deletes_p = deletes_p[keep]
         ptype = presence_type(state.write_schema, state.primary_key) if opts.merge == "partial" else None
         if ptype is not None:
             if raw is not None and opts.value_format == "json":
@@ -437,7 +438,7 @@ class Prepare:
 
         # Route the good rows, once: the write task trusts this.
         parts_out = np.zeros(len(positions), np.int32)
-        shards_out: list[str] = []
+        shards_out = pa.array([], pa.string())
         shards: dict[str, ShardValues] = {}
         if len(positions):
             codes, values = shard_codes(state.spec.shard_value_arrays(rows))
@@ -445,10 +446,10 @@ class Prepare:
             shards = dict(zip(ids, values))
             parts = np.asarray([state.spec.partition_of(v, sid, n) for v, sid in zip(values, ids)], dtype=np.int32)
             parts_out = parts[codes]
-            shards_out = [ids[c] for c in codes]
+            shards_out = pa.array(ids, pa.string()).take(pa.array(codes))
         extra = [present.take(pa.array(good, pa.int64()))] if ptype is not None else []
         good_rows = pa.Table.from_arrays(
-            [pa.array(shards_out, pa.string()), pa.array(order[positions], pa.int64()), pa.array(deletes_p, pa.bool_()), *rows.columns, *extra],
+            [shards_out, pa.array(order[positions], pa.int64()), pa.array(deletes_p, pa.bool_()), *rows.columns, *extra],
             schema=routed_schema(state.write_schema, ptype),
         ).append_column(PART, pa.array(parts_out, pa.int32()))
 
