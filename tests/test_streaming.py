@@ -137,6 +137,27 @@ def test_partition_keys_map_each_shard_to_its_own_task(spark):
         assert all(r.want == r.got for r in got)
 
 
+def test_small_micro_batches_run_in_one_stage_and_equal_the_model(spark, noida, tmp_path):
+    """With one write task, a micro-batch after a small one runs prepare and write in a single
+    Spark stage (the first, with no previous, in two); the table ends equal to the model."""
+    noida.create_topic("one_stage", 3)
+    records, model = workload(5000, 700, seed=4)
+    produce(noida, "one_stage", records)
+    uri = str(tmp_path / "users")
+    Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)").close()
+    job = ingest(
+        spark, bootstrap=noida.bootstrap, topic="one_stage", table_uri=uri, checkpoint=str(tmp_path / "ckpt"),
+        available_now=True, max_offsets_per_trigger=1000, kafka_options=noida.client_config(),
+        options=SinkOptions(source="kafka-json", max_write_tasks=1, single_stage_max_rows=1000),
+    )
+    job.await_termination()
+    assert job.query.exception() is None
+    reports = job.sink.reports
+    assert [r.stages for r in reports] == [2] + [1] * (len(reports) - 1)
+    assert sum(r.rows for r in reports) == len(records) and len(reports) >= 5
+    assert approx(table_rows(uri)) == approx(model)
+
+
 def test_sink_totals_count_every_batch_beyond_the_reports_it_keeps(tmp_path):
     """A long query runs more micro-batches than the sink keeps reports of; its totals must
     keep counting (a soak benchmark reading them saw ingest "stop" at batch 1,000)."""

@@ -159,6 +159,11 @@ class SinkOptions:
     #: With ``writer_process``: seconds without writes after which a writer process it starts
     #: exits (None: its default, or ``$MEMWAL_WRITER_PROCESS_IDLE_SECONDS``).
     writer_process_idle_seconds: float | None = None
+    #: With a single write partition, a micro-batch following one of at most this many rows
+    #: runs prepare and write in one Spark stage (``coalesce(1)``: no shuffle, no second
+    #: stage to schedule), which shortens the small micro-batches that set freshness; larger
+    #: ones keep two stages, whose read tasks run in parallel. 0: always two stages.
+    single_stage_max_rows: int = 20_000
 
     def __post_init__(self) -> None:
         if self.durability is not None:
@@ -192,6 +197,9 @@ class BatchReport:
     write_seconds: float = 0.0
     #: Driver seconds in the Spark job that runs both stages (``collect`` of the summaries).
     job_seconds: float = 0.0
+    #: Spark stages the micro-batch ran: 2 (prepare, then write after a shuffle), or 1 when
+    #: prepare and write ran in one task (``SinkOptions.single_stage_max_rows``).
+    stages: int = 2
     #: Why the micro-batch has its size (adaptive micro-batches, memwal.streaming.adaptive);
     #: set by the ingest query's listener, "" when sizes are fixed.
     size_reason: str = ""
@@ -205,6 +213,7 @@ class BatchReport:
             + f"{self.fenced_retries} fenced retr{'y' if self.fenced_retries == 1 else 'ies'}, "
             f"{self.writer_opens} writer open(s), {self.flushes} flush(es), "
             f"stalled {self.stall_seconds_max:.3f}s, {self.seconds:.3f}s"
+            + (" (one stage)" if self.stages == 1 else "")
         )
 
 
@@ -518,8 +527,12 @@ def spark_schema(schema: pa.Schema):
 class Write:
     """The write stage, pickled to executors (``mapInArrow`` after ``repartition``)."""
 
-    def __init__(self, uri: str, options: SinkOptions, batch_id: int, dead_letter_uri: str, storage: StorageConfig | None = None) -> None:
+    def __init__(self, uri: str, options: SinkOptions, batch_id: int, dead_letter_uri: str, storage: StorageConfig | None = None,
+                 *, fused: bool = False) -> None:
         self.uri = uri
+        #: prepare runs in this same task (one stage): waiting for input is then reading and
+        #: preparing, already counted as such, not an exchange.
+        self.fused = fused
         self.options = options
         self.batch_id = batch_id
         self.dead_letter_uri = dead_letter_uri
@@ -546,7 +559,9 @@ class Write:
                 if p:
                     dead.append(from_payload(p))
         # The task's phase timings ride on its first summary row (one row per shard stays).
-        timing = {"read_seconds": read_s, "prepare_seconds": prepare_s, "exchange_seconds": time.perf_counter() - t0}
+        waited = time.perf_counter() - t0
+        exchange_s = max(0.0, waited - read_s - prepare_s) if self.fused else waited
+        timing = {"read_seconds": read_s, "prepare_seconds": prepare_s, "exchange_seconds": exchange_s}
         if dead:
             yield _with_timing(self._dead_letters(pa.concat_tables(dead)), timing)
             timing = {}
@@ -836,6 +851,8 @@ class MemwalSink:
         #: which forgets old batches, so totals keep growing however long the query runs.
         self._totals: dict[str, float] = {"batches": 0}
         self._report_lock = threading.Lock()
+        #: Rows of the previous micro-batch (None before the first): picks one or two stages.
+        self._last_rows: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """What travels when the sink is pickled: over Spark Connect ``foreachBatch(sink)`` runs
@@ -897,14 +914,19 @@ class MemwalSink:
         t0 = time.perf_counter()
         self.bind(df.sparkSession)
         prepared = df if PART in df.columns else self.prepare(df)
-        write = Write(self.uri, self.options, batch_id, self.dead_letter_uri, self.storage)
         # One task per write partition: Spark hash-partitions the magic key of partition p
         # into partition p.
         keys = partition_keys(self.partitions)
         magic = F.element_at(F.array(*[F.lit(k) for k in keys]), F.col(PART) + 1)
         t_job = time.perf_counter()
-        summaries = prepared.repartition(self.partitions, magic).mapInArrow(write, spark_schema(SUMMARY_SCHEMA)).collect()
-        report = BatchReport(batch_id=batch_id, job_seconds=time.perf_counter() - t_job)
+        # One write task reads every row anyway; after a small micro-batch (the steady state)
+        # the next is likely small too, and then one stage costs less than two. Every shard is
+        # still written by exactly one task (the only one).
+        single = self.partitions == 1 and self._last_rows is not None and self._last_rows <= self.options.single_stage_max_rows
+        exchanged = prepared.coalesce(1) if single else prepared.repartition(self.partitions, magic)
+        write = Write(self.uri, self.options, batch_id, self.dead_letter_uri, self.storage, fused=single)
+        summaries = exchanged.mapInArrow(write, spark_schema(SUMMARY_SCHEMA)).collect()
+        report = BatchReport(batch_id=batch_id, job_seconds=time.perf_counter() - t_job, stages=1 if single else 2)
         for s in summaries:
             report.rows += s.rows
             report.upserts += s.upserts
@@ -925,6 +947,7 @@ class MemwalSink:
                 report.write_seconds_max = max(report.write_seconds_max, s.seconds)
         report.rows += report.dead_letters + report.skipped
         report.seconds = time.perf_counter() - t0
+        self._last_rows = report.rows
         self._record(report)
         log.info("%s", report.line())
 
