@@ -179,7 +179,7 @@ def run_naive(spark, broker, topic: str, uri: str, ckpt: str, batch: int, availa
 
 
 def run_memwal(spark, broker, topic: str, uri: str, ckpt: str, batch: int, tasks: int | None, available_now: bool = True, stop: threading.Event | None = None,
-               started: list | None = None):
+               started: list | None = None, **sink_options):
     job = ingest(
         spark,
         bootstrap=broker.bootstrap,
@@ -189,7 +189,7 @@ def run_memwal(spark, broker, topic: str, uri: str, ckpt: str, batch: int, tasks
         kafka_options=broker.kafka_options,
         available_now=available_now,
         max_offsets_per_trigger=batch,
-        options=SinkOptions(source="kafka-json", op_field=None, max_write_tasks=tasks),
+        options=SinkOptions(source="kafka-json", op_field=None, max_write_tasks=tasks, **sink_options),
     )
     if started is not None:
         started.append(job)
@@ -349,7 +349,8 @@ def run_freshness_only(args) -> dict:
                       "(producer send -> visible to a strong reader in another process)")
 
                 def run(topic, stop, started):
-                    return run_memwal(spark, broker, topic, uri, os.path.join(work, f"ckpt-{topic}"), args.batch_rows, None, False, stop, started)
+                    return run_memwal(spark, broker, topic, uri, os.path.join(work, f"ckpt-{topic}"), args.batch_rows, None, False, stop, started,
+                                      writer_process=args.writer_process, single_stage_max_rows=args.single_stage_max_rows)
 
                 f = freshness(broker, "memwal", run, "strong", uri, args.freshness_rate, args.freshness_seconds, args.base_rows)
                 return {"freshness": [print_freshness("memwal, strong reader", f, args.freshness_rate, verdict=True)]}
@@ -599,6 +600,9 @@ def main() -> None:
     p.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/memwal-bench"), help="--axes: where the bases are kept")
     p.add_argument("--plot", help="--axes: draw rows/s against both axes into this PNG")
     p.add_argument("--catch-up-only", action="store_true", help="--axes: only the backlog catch-up")
+    p.add_argument("--writer-process", action="store_true", help="--freshness-only: the sink's writer process (SinkOptions.writer_process)")
+    p.add_argument("--single-stage-max-rows", type=int, default=SinkOptions.single_stage_max_rows,
+                   help="--freshness-only: SinkOptions.single_stage_max_rows (0: always two stages)")
     p.add_argument("--freshness-only", action="store_true",
                    help="only phase 2 for memwal's strong reader, on a table of --base-rows rows, with the targets' verdict")
     p.add_argument("--broker", choices=("noida", "kafka09"), default="noida",
