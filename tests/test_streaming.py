@@ -138,8 +138,9 @@ def test_partition_keys_map_each_shard_to_its_own_task(spark):
 
 
 def test_small_micro_batches_run_in_one_stage_and_equal_the_model(spark, noida, tmp_path):
-    """With one write task, a micro-batch after a small one runs prepare and write in a single
-    Spark stage (the first, with no previous, in two); the table ends equal to the model."""
+    """With the writer process and one write task, a micro-batch after a small one runs prepare
+    and write in a single Spark stage (the first, with no previous, in two); the table ends
+    equal to the model."""
     noida.create_topic("one_stage", 3)
     records, model = workload(5000, 700, seed=4)
     produce(noida, "one_stage", records)
@@ -148,7 +149,7 @@ def test_small_micro_batches_run_in_one_stage_and_equal_the_model(spark, noida, 
     job = ingest(
         spark, bootstrap=noida.bootstrap, topic="one_stage", table_uri=uri, checkpoint=str(tmp_path / "ckpt"),
         available_now=True, max_offsets_per_trigger=1000, kafka_options=noida.client_config(),
-        options=SinkOptions(source="kafka-json", max_write_tasks=1, single_stage_max_rows=1000),
+        options=SinkOptions(source="kafka-json", max_write_tasks=1, single_stage_max_rows=1000, writer_process=True),
     )
     job.await_termination()
     assert job.query.exception() is None

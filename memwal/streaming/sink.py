@@ -159,10 +159,13 @@ class SinkOptions:
     #: With ``writer_process``: seconds without writes after which a writer process it starts
     #: exits (None: its default, or ``$MEMWAL_WRITER_PROCESS_IDLE_SECONDS``).
     writer_process_idle_seconds: float | None = None
-    #: With a single write partition, a micro-batch following one of at most this many rows
-    #: runs prepare and write in one Spark stage (``coalesce(1)``: no shuffle, no second
-    #: stage to schedule), which shortens the small micro-batches that set freshness; larger
-    #: ones keep two stages, whose read tasks run in parallel. 0: always two stages.
+    #: With ``writer_process`` and a single write partition, a micro-batch following one of at
+    #: most this many rows runs prepare and write in one Spark stage (``coalesce(1)``: no
+    #: shuffle, no second stage to schedule), which shortens the small micro-batches that set
+    #: freshness; larger ones keep two stages, whose read tasks run in parallel. Without the
+    #: writer process the fused task's writes land in alternating Python workers, each claiming
+    #: the shards again (measured: 269 fenced retries a minute), so it stays two stages.
+    #: 0: always two stages.
     single_stage_max_rows: int = 20_000
 
     def __post_init__(self) -> None:
@@ -922,7 +925,12 @@ class MemwalSink:
         # One write task reads every row anyway; after a small micro-batch (the steady state)
         # the next is likely small too, and then one stage costs less than two. Every shard is
         # still written by exactly one task (the only one).
-        single = self.partitions == 1 and self._last_rows is not None and self._last_rows <= self.options.single_stage_max_rows
+        single = (
+            self.options.writer_process
+            and self.partitions == 1
+            and self._last_rows is not None
+            and self._last_rows <= self.options.single_stage_max_rows
+        )
         exchanged = prepared.coalesce(1) if single else prepared.repartition(self.partitions, magic)
         write = Write(self.uri, self.options, batch_id, self.dead_letter_uri, self.storage, fused=single)
         summaries = exchanged.mapInArrow(write, spark_schema(SUMMARY_SCHEMA)).collect()
