@@ -97,9 +97,15 @@ class SegmentPolicy:
         return m
 
 
-def segment_rows(ds: lance.LanceDataset, name: str) -> list[tuple[int, frozenset[int]]]:
-    """Index ``name``'s segments, newest first: (rows of the fragments it covers, their ids)."""
-    rows = {f.fragment_id: f.metadata.physical_rows for f in ds.get_fragments()}
+def fragment_rows(ds: lance.LanceDataset) -> dict[int, int]:
+    """Fragment id -> physical rows, for every fragment of ``ds``."""
+    return {f.fragment_id: f.metadata.physical_rows for f in ds.get_fragments()}
+
+
+def segment_rows(ds: lance.LanceDataset, name: str, rows: dict[int, int] | None = None) -> list[tuple[int, frozenset[int]]]:
+    """Index ``name``'s segments, newest first: (rows of the fragments it covers, their ids).
+    ``rows``: :func:`fragment_rows` of ``ds``, when the caller already has them."""
+    rows = fragment_rows(ds) if rows is None else rows
     desc = next((d for d in ds.describe_indices() if d.name == name), None)
     if desc is None:
         return []
@@ -200,9 +206,10 @@ class IndexMaintainer:
         t0 = time.perf_counter()
         merged = {}
         for name in base_indexes(ds):
-            segments = segment_rows(ds, name)
-            covered = set().union(*(ids for _, ids in segments)) if segments else set()
-            new_rows = sum(f.metadata.physical_rows for f in ds.get_fragments() if f.fragment_id not in covered)
+            rows = fragment_rows(ds)
+            segments = segment_rows(ds, name, rows)
+            covered = set().union(*(ids for _, ids in segments))
+            new_rows = sum(n for fid, n in rows.items() if fid not in covered)
             merged[name] = self.policy.to_merge([rows for rows, _ in segments], new_rows)
             ds.optimize.optimize_indices(index_names=[name], num_indices_to_merge=merged[name])
             ds = self.state.dataset()

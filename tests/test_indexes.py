@@ -57,18 +57,22 @@ def test_a_catch_up_adds_a_small_segment_instead_of_rewriting_the_index():
     assert policy.to_merge([1] * 8, 1) == 8
 
 
-def test_maintenance_keeps_few_index_segments_and_still_merges_small_fragments(table_uri):
-    table = Table.create(
-        table_uri, PEOPLE, ["id"], "unsharded", initial_data=people(range(10_000, 12_000)),
-        writer=WriterConfig(max_memtable_rows=1000),
-    )
+def _table_with_maintenance(uri: str, base_ids: range, *, max_small_fragments: int) -> tuple[Table, Maintenance]:
+    """An unsharded table of ``base_ids`` and a maintenance service committing one generation
+    per compaction (so each flush adds a base fragment), with no reader grace."""
+    table = Table.create(uri, PEOPLE, ["id"], "unsharded", initial_data=people(base_ids), writer=WriterConfig(max_memtable_rows=1000))
     m = Maintenance(
         table.state,
         MaintenanceConfig(
             flush_stranded_after_seconds=None, views=False, max_generations_per_commit=1,
-            max_small_fragments=4, gc_config=GcConfig(reader_grace_seconds=0.0),
+            max_small_fragments=max_small_fragments, gc_config=GcConfig(reader_grace_seconds=0.0),
         ),
     )
+    return table, m
+
+
+def test_maintenance_keeps_few_index_segments_and_still_merges_small_fragments(table_uri):
+    table, m = _table_with_maintenance(table_uri, range(10_000, 12_000), max_small_fragments=4)
     m.run_cycle()  # creates the primary key's BTREE
     policy = m.indexes.policy
     seen_segments = set()
@@ -103,17 +107,7 @@ def test_maintenance_keeps_few_index_segments_and_still_merges_small_fragments(t
 def test_joining_segments_leaves_a_large_old_segment_alone(table_uri):
     """Small fragments in the newest segments are joined; one a large old segment covers is not
     (that would rewrite the whole index), unless no row budget is given."""
-    table = Table.create(
-        table_uri, PEOPLE, ["id"], "unsharded", initial_data=people(range(10_000, 13_000)),
-        writer=WriterConfig(max_memtable_rows=1000),
-    )
-    m = Maintenance(
-        table.state,
-        MaintenanceConfig(
-            flush_stranded_after_seconds=None, views=False, max_generations_per_commit=1,
-            max_small_fragments=10**6, gc_config=GcConfig(reader_grace_seconds=0.0),
-        ),
-    )
+    table, m = _table_with_maintenance(table_uri, range(10_000, 13_000), max_small_fragments=10**6)
     m.indexes.policy = SegmentPolicy(ratio=0.0, max_segments=100)  # never merge: one delta per catch-up
     m.run_cycle()
     for i in range(3):

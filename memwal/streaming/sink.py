@@ -854,8 +854,6 @@ class MemwalSink:
         #: which forgets old batches, so totals keep growing however long the query runs.
         self._totals: dict[str, float] = {"batches": 0}
         self._report_lock = threading.Lock()
-        #: Rows of the previous micro-batch (None before the first): picks one or two stages.
-        self._last_rows: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """What travels when the sink is pickled: over Spark Connect ``foreachBatch(sink)`` runs
@@ -928,8 +926,8 @@ class MemwalSink:
         single = (
             self.options.writer_process
             and self.partitions == 1
-            and self._last_rows is not None
-            and self._last_rows <= self.options.single_stage_max_rows
+            and bool(self.reports)
+            and self.reports[-1].rows <= self.options.single_stage_max_rows
         )
         exchanged = prepared.coalesce(1) if single else prepared.repartition(self.partitions, magic)
         write = Write(self.uri, self.options, batch_id, self.dead_letter_uri, self.storage, fused=single)
@@ -955,7 +953,6 @@ class MemwalSink:
                 report.write_seconds_max = max(report.write_seconds_max, s.seconds)
         report.rows += report.dead_letters + report.skipped
         report.seconds = time.perf_counter() - t0
-        self._last_rows = report.rows
         self._record(report)
         log.info("%s", report.line())
 
