@@ -32,6 +32,15 @@ Why this is safe (every claim below is exercised by tests/test_compactor.py):
   single-generation runs have two passes: every compactor starting from the same compacted
   generation plans that same single generation, so the slower one's marker is stale, and
   a multi-generation run that overlaps it contains every tombstoned key's later live row.
+
+Several shards' single-pass runs are committed together, as one upsert carrying every
+shard's marker (:meth:`Compactor.compact_shards`). The base commit has a fixed cost that
+grows with the table (on an 18.9M-row base, 0.27 s for 20k rows against 0.48 s for 100k),
+and a steady stream makes about one run per shard per cycle: one commit per cycle instead
+of one per shard keeps that cost from multiplying. It is the same as committing the runs
+one after the other, because shards own disjoint keys (rows are routed by key; a joint
+plan whose keys repeat is committed shard by shard instead) and Lance refuses the whole
+commit when any one marker is stale, so every run lands or none does.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
 
 import lance
 import lance.mem_wal
@@ -46,7 +56,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal import paths
-from memwal.errors import StaleCompactionError
+from memwal.errors import ConcurrencyError, StaleCompactionError, TableDamagedError
 from memwal.failpoints import failpoint
 from memwal.lance_errors import classify, is_commit_conflict, is_stale_compaction
 from memwal.lsm import newest_across
@@ -55,6 +65,10 @@ from memwal.schema import TOMBSTONE
 from memwal.state import TableState
 
 log = logging.getLogger(__name__)
+
+#: What a shard whose files are damaged raises while it is read or compacted (ArrowInvalid is
+#: a ValueError; Lance's IO errors are OSError or RuntimeError). Races are ConcurrencyErrors.
+DAMAGE_ERRORS = (TableDamagedError, OSError, ValueError, RuntimeError)
 
 
 @dataclass(frozen=True)
@@ -100,7 +114,9 @@ class CompactionStats:
     results: list[CompactionResult] = field(default_factory=list)
 
     def add(self, r: CompactionResult) -> None:
-        self.commits += 1
+        # The runs of one joint commit share its base version and count once.
+        if not self.results or self.results[-1].base_version != r.base_version:
+            self.commits += 1
         self.generations += len(r.generations)
         self.rows_upserted += r.rows_upserted
         self.keys_deleted += r.keys_deleted
@@ -207,19 +223,48 @@ class Compactor:
         """Upsert the run's live rows with the compaction marker (unless the delete pass carried it)."""
         if plan.dead.num_rows and not plan.live.num_rows:
             return
+        self._upsert(plan.live, [plan])
+
+    def _upsert(self, rows: pa.Table, plans: Sequence["CompactionPlan"]) -> None:
+        """One upsert of ``rows`` carrying the marker of every plan's last generation."""
+        markers = [m for p in plans for m in self._marker(p.shard_id, p.last_generation)]
         try:
             self.state.dataset().merge_insert(list(self.state.primary_key)).when_matched_update_all().when_not_matched_insert_all().mark_sstables_as_compacted(
-                self._marker(plan.shard_id, plan.last_generation)
-            ).execute(plan.live)
+                markers
+            ).execute(rows)
         except (OSError, ValueError) as e:
             if is_stale_compaction(e):
-                raise StaleCompactionError(
-                    f"shard {plan.shard_id}: generations up to {plan.last_generation} were compacted by another compactor"
-                ) from e
+                runs = ", ".join(f"shard {p.shard_id} up to generation {p.last_generation}" for p in plans)
+                raise StaleCompactionError(f"{runs}: compacted by another compactor") from e
             known = classify(e)
             if known is None:
                 raise
             raise known from e
+
+    def commit_joint(self, plans: Sequence["CompactionPlan"]) -> list[CompactionResult]:
+        """Single-pass plans of different shards as one commit (see the module docstring).
+
+        Raises :class:`StaleCompactionError` if another compactor committed any of the runs
+        first; then none of them is committed.
+        """
+        assert all(not p.dead.num_rows for p in plans) and len({p.shard_id for p in plans}) == len(plans)
+        t0 = time.perf_counter()
+        self._upsert(pa.concat_tables([p.live for p in plans]), plans)
+        failpoint("compactor.after_commit")
+        version = self.state.dataset().version
+        seconds = time.perf_counter() - t0
+        log.info(
+            "compacted %d shards in one commit: %s, %d rows upserted in %.2fs (base v%d)",
+            len(plans), ", ".join(f"{p.shard_id} {p.generations[0]}-{p.last_generation}" for p in plans),
+            sum(p.live.num_rows for p in plans), seconds, version,
+        )
+        return [
+            CompactionResult(
+                shard_id=p.shard_id, generations=p.generations, rows_upserted=p.live.num_rows,
+                keys_deleted=0, base_version=version, seconds=seconds / len(plans),
+            )
+            for p in plans
+        ]
 
     def commit(self, plan: "CompactionPlan") -> CompactionResult:
         """Both passes of a plan. Raises :class:`StaleCompactionError` if another compactor won."""
@@ -308,9 +353,99 @@ class Compactor:
             results.append(r)
         return results
 
+    def compact_shards(
+        self,
+        shard_ids: Sequence[str],
+        on_damage: Callable[[str, Exception], None] | None = None,
+    ) -> list[CompactionResult]:
+        """Compact every pending generation of these shards, in rounds: each round plans the
+        next run of every shard, commits the single-pass runs together (up to
+        ``max_rows_per_commit`` rows) and the others one by one. A shard whose files cannot be
+        read goes to ``on_damage`` (if given; else the error is raised) and the others go on."""
+        results: list[CompactionResult] = []
+        pending = list(shard_ids)
+        lost_in_a_row = 0
+        while pending:
+            plans: list[CompactionPlan] = []
+            for shard_id in pending:
+                try:
+                    plan = self.plan(shard_id)
+                except ConcurrencyError:
+                    raise
+                except DAMAGE_ERRORS as e:
+                    if on_damage is None:
+                        raise
+                    on_damage(shard_id, e)
+                    continue
+                if plan is not None:
+                    plans.append(plan)
+            if not plans:
+                break
+            done, lost, damaged = self._commit_round(plans, on_damage)
+            results += done
+            for r in done:
+                self.stats.add(r)
+            if lost:
+                self.stats.lost_races += lost
+                self.state.manifests.clear_cache()
+                lost_in_a_row = 0 if done else lost_in_a_row + 1
+                if lost_in_a_row >= self.max_attempts:
+                    raise StaleCompactionError(f"lost {lost_in_a_row} compaction rounds in a row to other compactors")
+            # A shard found damaged was reported; it leaves the rounds.
+            pending = [p.shard_id for p in plans if p.shard_id not in damaged]
+        return results
+
+    def _joinable(self, plans: list["CompactionPlan"]) -> list["CompactionPlan"]:
+        """The single-pass plans to commit together: in order, up to the row limit, keys distinct."""
+        joint: list[CompactionPlan] = []
+        rows = 0
+        for p in plans:
+            if p.dead.num_rows or (joint and rows + p.live.num_rows > self.max_rows_per_commit):
+                continue
+            joint.append(p)
+            rows += p.live.num_rows
+        if len(joint) < 2:
+            return []
+        keys = pa.concat_tables([p.live.select(list(self.state.primary_key)) for p in joint])
+        if keys.group_by(list(self.state.primary_key)).aggregate([]).num_rows != keys.num_rows:
+            log.warning("shards %s share keys; compacting them one by one", ", ".join(p.shard_id for p in joint))
+            return []
+        return joint
+
+    def _commit_round(
+        self, plans: list["CompactionPlan"], on_damage: Callable[[str, Exception], None] | None
+    ) -> tuple[list[CompactionResult], int, set[str]]:
+        """Commit one round's plans: (results, races lost, shards found damaged)."""
+        done: list[CompactionResult] = []
+        lost = 0
+        damaged: set[str] = set()
+        joint = self._joinable(plans)
+        if joint:
+            try:
+                done += self.commit_joint(joint)
+            except StaleCompactionError as e:
+                log.info("%s; reloading", e)
+                return done, 1, damaged
+            except DAMAGE_ERRORS:
+                joint = []  # committed one by one below, so the damage is named by shard
+        joined = {p.shard_id for p in joint}
+        for plan in plans:
+            if plan.shard_id in joined:
+                continue
+            try:
+                done.append(self.commit(plan))
+            except StaleCompactionError as e:
+                log.info("%s; reloading", e)
+                lost += 1
+            except ConcurrencyError:
+                raise
+            except DAMAGE_ERRORS as e:
+                if on_damage is None:
+                    raise
+                on_damage(plan.shard_id, e)
+                damaged.add(plan.shard_id)
+        return done, lost, damaged
+
     def run_once(self) -> list[CompactionResult]:
         """Compact every shard's pending generations."""
-        out = []
-        for shard_id in self.state.manifests.list_shards():
-            out += self.compact_shard(shard_id)
-        return out
+        return self.compact_shards(self.state.manifests.list_shards())

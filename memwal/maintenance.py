@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from memwal import paths
 from memwal.bounds import BoundsEnforcer, compaction_order
-from memwal.compactor import CompactionResult, Compactor
+from memwal.compactor import DAMAGE_ERRORS, CompactionResult, Compactor
 from memwal.errors import ConcurrencyError, TableDamagedError, WalGapError
 from memwal.gc import GarbageCollector, GcConfig
 from memwal.indexes import IndexMaintainer, index_lag, index_segments
@@ -141,7 +141,7 @@ class Maintenance:
             rows = sum(r.rows_upserted + r.keys_deleted for r in results)
             busy = sum(r.seconds for r in results)
             done.update(
-                compaction_commits=len(results),
+                compaction_commits=len({r.base_version for r in results}),  # joint commits count once
                 generations_compacted=sum(len(r.generations) for r in results),
                 rows_compacted=rows,
                 rows_per_second=rows / busy if busy else 0.0,
@@ -215,8 +215,6 @@ class Maintenance:
         """Compact every shard, those furthest over the SSTable bound first: they are the
         ones whose writers are slowed or stalled (memwal.bounds.compaction_order). A shard
         whose files cannot be read goes to ``on_damage`` and the others are still compacted."""
-        # ArrowInvalid is a ValueError; Lance's IO errors are OSError or RuntimeError.
-        damage_errors = (TableDamagedError, OSError, ValueError, RuntimeError)
         backlog: dict[str, int] = {}
         ds = self.state.dataset()
         for shard_id in shard_ids:
@@ -224,17 +222,9 @@ class Maintenance:
                 backlog[shard_id] = len(self.compactor.pending(shard_id, ds)[1])
             except ConcurrencyError:
                 raise
-            except damage_errors as e:
+            except DAMAGE_ERRORS as e:
                 on_damage(shard_id, e)
-        out: list[CompactionResult] = []
-        for shard_id in compaction_order(backlog, self.bounds):
-            try:
-                out += self.compactor.compact_shard(shard_id)
-            except ConcurrencyError:
-                raise
-            except damage_errors as e:
-                on_damage(shard_id, e)
-        return out
+        return self.compactor.compact_shards(compaction_order(backlog, self.bounds), on_damage)
 
     def _enforce_bounds(self, done: dict[str, Any]) -> dict[str, Any]:
         """Keep the base within its bounds; the CycleReport fields of what that did and left."""

@@ -234,3 +234,52 @@ def test_maintenance_rewrites_base_fragments_whose_deleted_rows_pile_up(table_ur
     else:
         assert report.base_fragments_compacted == 0  # one small fragment, deletions under the threshold
         assert max(deleted_fractions(table_uri)) == pytest.approx(0.25)
+
+
+# -- several shards in one commit ----------------------------------------------------------------
+
+
+def upserts(uri: str, n: int, shards: int = 4) -> dict[int, str]:
+    """n flushed generations per shard of overlapping upserts (no deletes); returns the model."""
+    with Table.create(uri, PEOPLE, ["id"], f"bucket(id, {shards})") as t:
+        for g in range(n):
+            t.write(people(range(g * 50, g * 50 + 80), tag=f"g{g}-"))
+            t.flush()
+    return {i: f"g{g}-{i}" for g in range(n) for i in range(g * 50, g * 50 + 80)}
+
+
+def test_single_pass_runs_of_every_shard_share_one_commit(table_uri):
+    model = upserts(table_uri, 3)
+    before = lance.dataset(table_uri).version
+    c = Compactor(TableState.load(table_uri))
+    results = c.run_once()
+    assert len(results) == 4 and c.stats.commits == 1
+    assert lance.dataset(table_uri).version == before + 1
+    assert {r.base_version for r in results} == {before + 1}
+    assert base(table_uri) == model == live(table_uri)
+    assert all(s.compacted_generation == 3 for s in Table.open(table_uri).snapshot().shards)
+
+
+def test_a_joint_commit_with_one_stale_run_commits_nothing(table_uri):
+    model = upserts(table_uri, 3)
+    shards = Table.open(table_uri).manifests.list_shards()
+    slow, fast = Compactor(TableState.load(table_uri)), Compactor(TableState.load(table_uri))
+    plans = [slow.plan(s) for s in shards]
+    fast.compact_shards(shards[2:3])  # one shard's run lands first
+    after_fast = base(table_uri)
+    with pytest.raises(StaleCompactionError):
+        slow.commit_joint(plans)
+    assert base(table_uri) == after_fast  # none of the other shards' rows landed either
+    slow.run_once()  # reloads: the other three shards in one commit
+    assert slow.stats.lost_races == 0 and slow.stats.commits == 1
+    assert base(table_uri) == model == live(table_uri)
+
+
+def test_runs_with_tombstones_commit_alone_beside_a_joint_commit(table_uri):
+    model = generations(table_uri, 5, shard_by="bucket(id, 3)")
+    c = Compactor(TableState.load(table_uri))
+    results = c.run_once()
+    joint = [r for r in results if sum(q.base_version == r.base_version for q in results) > 1]
+    assert joint and all(not r.keys_deleted for r in joint)
+    assert any(r.keys_deleted for r in results)  # the generations with deletes, each on its own
+    assert base(table_uri) == model == live(table_uri)

@@ -50,6 +50,7 @@ class LsmMachine(RuleBasedStateMachine):
             Compactor(TableState.load(self.uri), max_generations_per_commit=4),
         ]
         self.plans: list = [None, None]
+        self.joint_plans: list = [None, None]  # per compactor: single-pass plans of both shards
         self.gc = GarbageCollector(TableState.load(self.uri), GC_NOW)
         self.indexes = IndexMaintainer(TableState.load(self.uri))
         self.reader = readers.open(self.uri, consistency="strong")
@@ -148,6 +149,27 @@ class LsmMachine(RuleBasedStateMachine):
     @rule(c=COMPACTOR)
     def crash_compactor(self, c):
         self.plans[c] = None  # whatever pass it committed stays committed
+        self.joint_plans[c] = None
+
+    @rule(c=COMPACTOR)
+    def plan_both_shards(self, c):
+        """Plans both shards' next runs for one joint commit, which may come after other commits."""
+        plans = []
+        for bucket in (0, 1):
+            self.plan(c, bucket)
+            plans.append(self.plans[c])
+        self.plans[c] = None
+        self.joint_plans[c] = [p for p in plans if p is not None and not p.dead.num_rows] or None
+
+    @precondition(lambda self: any(p is not None for p in self.joint_plans))
+    @rule(c=COMPACTOR)
+    def commit_both_shards(self, c):
+        plans, self.joint_plans[c] = self.joint_plans[c], None
+        if plans is not None:
+            try:
+                self.compactors[c].commit_joint(plans)
+            except StaleCompactionError:
+                pass  # a run of either shard was compacted meanwhile: nothing of this commit lands
 
     @rule(c=COMPACTOR)
     def compact_everything(self, c):
