@@ -359,15 +359,21 @@ class Compactor:
         on_damage: Callable[[str, Exception], None] | None = None,
     ) -> list[CompactionResult]:
         """Compact every pending generation of these shards, in rounds: each round plans the
-        next run of every shard, commits the single-pass runs together (up to
-        ``max_rows_per_commit`` rows) and the others one by one. A shard whose files cannot be
+        next run of each shard (until the runs hold ``max_rows_per_commit`` rows, so memory
+        does not grow with the shard count), commits the single-pass runs together and the
+        others one by one. A shard whose files cannot be
         read goes to ``on_damage`` (if given; else the error is raised) and the others go on."""
         results: list[CompactionResult] = []
         pending = list(shard_ids)
         lost_in_a_row = 0
         while pending:
             plans: list[CompactionPlan] = []
-            for shard_id in pending:
+            rows = 0
+            later: list[str] = []  # past this round's row budget: planned next round, first
+            for i, shard_id in enumerate(pending):
+                if rows >= self.max_rows_per_commit:
+                    later = pending[i:]
+                    break
                 try:
                     plan = self.plan(shard_id)
                 except ConcurrencyError:
@@ -379,6 +385,7 @@ class Compactor:
                     continue
                 if plan is not None:
                     plans.append(plan)
+                    rows += plan.live.num_rows + plan.dead.num_rows
             if not plans:
                 break
             done, lost, damaged = self._commit_round(plans, on_damage)
@@ -392,7 +399,7 @@ class Compactor:
                 if lost_in_a_row >= self.max_attempts:
                     raise StaleCompactionError(f"lost {lost_in_a_row} compaction rounds in a row to other compactors")
             # A shard found damaged was reported; it leaves the rounds.
-            pending = [p.shard_id for p in plans if p.shard_id not in damaged]
+            pending = later + [p.shard_id for p in plans if p.shard_id not in damaged]
         return results
 
     def _joinable(self, plans: list["CompactionPlan"]) -> list["CompactionPlan"]:

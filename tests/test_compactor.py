@@ -283,3 +283,11 @@ def test_runs_with_tombstones_commit_alone_beside_a_joint_commit(table_uri):
     assert joint and all(not r.keys_deleted for r in joint)
     assert any(r.keys_deleted for r in results)  # the generations with deletes, each on its own
     assert base(table_uri) == model == live(table_uri)
+
+
+def test_a_round_plans_shards_only_up_to_the_row_budget(table_uri):
+    model = upserts(table_uri, 3)  # ~45 rows per shard and run
+    c = Compactor(TableState.load(table_uri), max_rows_per_commit=100)
+    results = c.run_once()
+    assert len(results) == 4 and 1 < c.stats.commits < 4  # two joined, the rest in later commits
+    assert base(table_uri) == model == live(table_uri)
