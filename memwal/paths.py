@@ -25,6 +25,7 @@ Keeping all of this in one module means a layout change touches one file.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from typing import Final
@@ -53,8 +54,12 @@ def bitrev64(n: int) -> str:
     return format(n, "064b")[::-1]
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def parse_bitrev64(name: str) -> int:
-    """Inverse of :func:`bitrev64`; accepts the bare name or one with a file suffix."""
+    """Inverse of :func:`bitrev64`; accepts the bare name or one with a file suffix.
+
+    Cached: GC and readers parse the same listings of WAL entries and manifest versions
+    every cycle."""
     stem = name.split(".", 1)[0]
     if not _BITREV_RE.match(stem):
         raise ValueError(f"not a bit-reversed 64-bit name: {name!r}")

@@ -408,3 +408,25 @@ def test_claims_writes_flushes_and_wal_gc_against_a_model(ops):
         for p in pools:
             p.close()
         shutil.rmtree(os.path.dirname(uri), ignore_errors=True)
+
+
+def test_the_newest_old_enough_manifest_version_is_found_by_bisection(table_uri):
+    """GC finds the newest manifest version at least ``wal_retention_seconds`` old with a few
+    stats; whichever prefix of the versions is old enough, it agrees with reading them all."""
+    with Table.create(table_uri, PEOPLE, ["id"], "unsharded") as t:
+        for g in range(9):
+            t.write(people([g]))
+            t.flush()
+    state = TableState.load(table_uri)
+    (shard,) = state.manifests.list_shards()
+    versions = state.manifests.retained_versions(shard)
+    flushed = {v: state.manifests.read_shard(shard, v).replay_after_wal_entry_position for v in versions}
+    assert len(set(flushed.values())) > 5  # the answer differs with the prefix
+    gc = GarbageCollector(state, GcConfig(wal_retention_seconds=100))
+    now = time.time()
+    for old in range(len(versions) + 1):  # the first `old` versions are old enough
+        for i, v in enumerate(versions):
+            when = now - 1000 + i if i < old else now - 10 + i * 0.01
+            os.utime(paths.shard_manifest_path(table_uri, shard, v), (when, when))
+        expected = flushed[versions[old - 1]] if old else 0
+        assert gc.wal_collectable_through(shard) == expected
