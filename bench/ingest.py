@@ -296,6 +296,13 @@ def freshness(broker, name: str, run, reader_kind: str, uri: str, rate: int, sec
             out[k] = int(after.get(k, 0) - before.get(k, 0))
         out["fenced_retries_per_min"] = out["fenced_retries"] / minutes
         out["writer_opens_per_min"] = out["writer_opens"] / minutes
+        # What a shard flush (close -> SSTable) adds to the micro-batch that runs it.
+        reports = [r for r in job.sink.reports if r.batch_id >= before.get("batches", 0)]
+        for label, rs in (("with_flush", [r for r in reports if r.flushes]), ("without_flush", [r for r in reports if not r.flushes])):
+            if rs:
+                out[f"batches_{label}"] = len(rs)
+                out[f"batch_ms_{label}"] = 1000 * sum(r.seconds for r in rs) / len(rs)
+                out[f"write_ms_max_{label}"] = 1000 * sum(r.write_seconds_max for r in rs) / len(rs)
     return out
 
 
@@ -318,6 +325,10 @@ def print_freshness(name: str, f: dict, rate: int, verdict: bool) -> dict:
         line += (f"; {f['fenced_retries_per_min']:.1f} fenced retries/min, {f['writer_opens_per_min']:.1f} writer opens/min"
                  f" over {f['window_s']:.0f}s, {f['batches']} batches")
     print(line + f"; producer {f['produced_rows_per_s']:,.0f} rows/s)")
+    if "batch_ms_with_flush" in f and "batch_ms_without_flush" in f:
+        print(f"  micro-batches with a shard flush: {f['batches_with_flush']}, {f['batch_ms_with_flush']:.0f} ms mean "
+              f"(longest shard write {f['write_ms_max_with_flush']:.0f} ms); without: {f['batches_without_flush']}, "
+              f"{f['batch_ms_without_flush']:.0f} ms (longest shard write {f['write_ms_max_without_flush']:.0f} ms)")
     if verdict:
         checks = [("freshness p50", row["p50_ms"], "p50_ms", "ms"), ("freshness p99", row["p99_ms"], "p99_ms", "ms"),
                   ("fenced retries", f.get("fenced_retries_per_min"), "fenced_retries_per_min", "/min")]
