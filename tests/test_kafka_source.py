@@ -437,3 +437,12 @@ def test_the_source_pickles_by_value_once_this_process_has_read() -> None:
     finally:
         if not registered:  # leave the process as other tests found it
             cloudpickle.unregister_pickle_by_value(kafka_source)
+
+
+def test_fetches_do_not_wait_for_new_records_unless_the_user_says_so() -> None:
+    """A read task reads planned offsets only; a long-poll fetch would hold up the next range."""
+    from memwal.streaming import kafka_source as src
+
+    base = {"kafka.bootstrap.servers": "127.0.0.1:9", "subscribe": "t"}
+    assert src._Settings(base).consumer_conf()["fetch.wait.max.ms"] == src._FETCH_WAIT_MS
+    assert src._Settings({**base, "kafka.fetch.wait.max.ms": "250"}).consumer_conf()["fetch.wait.max.ms"] == "250"

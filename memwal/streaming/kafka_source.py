@@ -208,6 +208,8 @@ _ROWS_PER_ARROW_BATCH = 10_000
 # librdkafka's fetch.message.max.bytes unless the user sets it (see _Settings.consumer_conf).
 _FETCH_PARTITION_BYTES = 8 << 20
 _FETCH_SIZE_KEYS = ("fetch.message.max.bytes", "max.partition.fetch.bytes", "fetch.max.bytes", "receive.message.max.bytes")
+# librdkafka's fetch.wait.max.ms unless the user sets it (see _Settings.consumer_conf).
+_FETCH_WAIT_MS = 10
 
 
 class KafkaReceiveError(RuntimeError):
@@ -333,6 +335,13 @@ class _Settings:
             # fetch sizes (noida-db) are unaffected; librdkafka's queue settings still bound
             # what is prefetched.
             conf["fetch.message.max.bytes"] = _FETCH_PARTITION_BYTES
+        # A read task only reads offsets below the high watermark its plan saw, so a fetch never
+        # needs the broker to wait for new records. With librdkafka's default (500 ms) a pooled
+        # consumer's long-poll fetch, left waiting at the end of its previous range, held up the
+        # first fetch of the next range by up to 500 ms: reading a 3,333-record range from Kafka
+        # 0.9 took 0.49-0.52 s in a third of the reads against 0.015 s otherwise, which made
+        # reading most of a 10k-record micro-batch (bench/ingest.py --axes --broker kafka09).
+        conf["fetch.wait.max.ms"] = _FETCH_WAIT_MS
         conf.update(self.kafka_conf)
         conf.update({
             "enable.auto.commit": False,
