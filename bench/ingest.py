@@ -316,7 +316,8 @@ def print_freshness(name: str, f: dict, rate: int, verdict: bool) -> dict:
     samples = f["samples"]
     row = {"reader": name, "p50_ms": pct(samples, 50) * 1000 if samples else None,
            "p99_ms": pct(samples, 99) * 1000 if samples else None, "probes": len(samples),
-           **{k: v for k, v in f.items() if k != "samples"}}
+           **{k: v for k, v in f.items() if k != "samples"},
+           "delays_ms": [round(x * 1000) for x in samples]}  # in send order: where the slow probes sit
     if not samples:
         print(f"{name:32} no probe became visible ({f['probes_sent']} sent)")
         return row
