@@ -95,6 +95,11 @@ def is_wal_unreadable(exc: BaseException) -> bool:
     return _matches(_WAL_UNREADABLE, exc)
 
 
+def is_not_found(exc: BaseException) -> bool:
+    """Lance could not find the dataset, or the version of it, that was asked for."""
+    return _matches(_DATASET_NOT_FOUND, exc)
+
+
 def lance_message(exc: BaseException) -> str:
     """``exc``'s message without Lance's build paths: what a user may be shown."""
     return _SOURCE_LOCATION.sub("", str(exc)).strip()

@@ -430,3 +430,35 @@ def test_the_newest_old_enough_manifest_version_is_found_by_bisection(table_uri)
             os.utime(paths.shard_manifest_path(table_uri, shard, v), (when, when))
         expected = flushed[versions[old - 1]] if old else 0
         assert gc.wal_collectable_through(shard) == expected
+
+
+def test_the_newest_base_version_old_enough_for_readers_is_found_by_bisection(table_uri, monkeypatch):
+    """Whatever the reader grace, GC's safe base version is the newest version committed
+    before the cutoff, as reading every version's commit time would say; None before the first."""
+    import lance
+
+    with Table.create(table_uri, PEOPLE, ["id"], "bucket(id, 2)") as t:
+        for g in range(6):
+            t.write(people(range(g * 3, g * 3 + 5), tag=f"g{g}-"))
+            t.flush()
+            Compactor(t.state).run_once()  # one base commit or more per generation
+    versions = [(v["version"], v["timestamp"].timestamp()) for v in lance.dataset(table_uri).versions()]
+    assert len(versions) > 6
+    gc = GarbageCollector(TableState.load(table_uri), GcConfig(reader_grace_seconds=100))
+    cutoffs = [versions[0][1] - 1] + [(a[1] + b[1]) / 2 for a, b in zip(versions, versions[1:])] + [versions[-1][1] + 1]
+    for cutoff in cutoffs:
+        monkeypatch.setattr(time, "time", lambda c=cutoff: c + 100)
+        expected = max((v for v, ts in versions if ts <= cutoff), default=None)
+        assert gc.safe_base_version() == expected
+    # The oldest versions cleaned up (as base-version cleanup does): they no longer qualify.
+    from datetime import timedelta
+
+    monkeypatch.undo()
+    kept = len(versions) // 2
+    lance.dataset(table_uri).cleanup_old_versions(older_than=timedelta(seconds=0), retain_versions=kept, delete_unverified=True)
+    left = versions[-kept:]
+    assert [v for v, _ in left] == [v["version"] for v in lance.dataset(table_uri).versions()]
+    for cutoff in cutoffs:
+        monkeypatch.setattr(time, "time", lambda c=cutoff: c + 100)
+        expected = max((v for v, ts in left if ts <= cutoff), default=None)
+        assert gc.safe_base_version() == expected
