@@ -392,10 +392,10 @@ class Compactor:
             results += done
             for r in done:
                 self.stats.add(r)
+            lost_in_a_row = 0 if done else lost_in_a_row + bool(lost)
             if lost:
                 self.stats.lost_races += lost
                 self.state.manifests.clear_cache()
-                lost_in_a_row = 0 if done else lost_in_a_row + 1
                 if lost_in_a_row >= self.max_attempts:
                     raise StaleCompactionError(f"lost {lost_in_a_row} compaction rounds in a row to other compactors")
             # A shard found damaged was reported; it leaves the rounds.
