@@ -316,11 +316,8 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
 
 def cmd_maintain(args: argparse.Namespace) -> int:
     from memwal.maintenance import Maintenance
-    from memwal.runtime import lower_cpu_priority
 
-    lower_cpu_priority(args.nice)
     config = MaintenanceConfig(
-        niceness=args.nice,
         interval_seconds=args.interval,
         compact=not args.no_compact,
         indexes=not args.no_indexes,
@@ -705,8 +702,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="drain a shard's collected SSTables at most every S seconds (each drain fences its writer once; default %(default)s)")
     s.add_argument("--flush-stranded-after", type=float, default=maintenance.flush_stranded_after_seconds, metavar="S",
         help="flush writes left unflushed S seconds by a crashed or idle writer (default %(default)s)")
-    s.add_argument("--nice", type=int, default=maintenance.niceness, metavar="N",
-        help="run N steps nicer than the caller, below writers and readers on this host (0: as nice; default %(default)s)")
     s.add_argument("--no-compact", action="store_true")
     s.add_argument("--no-indexes", action="store_true")
     s.add_argument("--no-gc", action="store_true")

@@ -71,11 +71,6 @@ class MaintenanceConfig:
     enforce_bounds: bool = True
     #: The bounds to enforce; None: the table's own (``metadata.bounds``, which writers use too).
     bounds: Bounds | None = None
-    #: How much nicer than its parent ``memwal maintain`` runs (0: as nice): the service
-    #: yields the CPU to writers and readers on the same host, so its work delays no lookup;
-    #: when it falls behind, the bounds' back-pressure slows the writers instead. Only a
-    #: process of its own takes it (a service thread inside an ingest process does not).
-    niceness: int = 10
 
 
 class Maintenance:
