@@ -21,6 +21,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 try:
     from brokers import BROKER_KINDS, Broker, produce, start_broker
@@ -220,6 +221,25 @@ def test_starting_offsets_latest(kafka_spark: Any, broker: Broker, tmp_path: Pat
     new = fill(broker, topic, {0: 1, 1: 0, 2: 2}, tag="new")
     got = as_tuples(flat(run_available_now(kafka_spark, broker, topic, checkpoint,
                                            startingOffsets="latest")))
+    assert sorted(got, key=repr) == sorted(new, key=repr)
+
+
+@pytest.mark.kafka
+def test_latest_start_offsets_stay_put_while_records_arrive(broker: Broker) -> None:
+    """Spark asks for the initial offsets again when it runs the first micro-batch: records
+    produced in between must not move the batch's start past the end it planned."""
+    topic = new_topic(broker, 2)
+    fill(broker, topic, {0: 2, 1: 2}, tag="old")
+    reader = KafkaStreamReader(_Settings({**broker.spark_options(), "subscribe": topic, "startingOffsets": "latest"}))
+    try:
+        start = reader.initialOffset()
+        new = fill(broker, topic, {0: 3, 1: 1}, tag="new")
+        assert reader.initialOffset() == start
+        end = reader.latestOffset(start, ReadAllAvailable())
+        got = [(r["key"], r["value"], r["topic"], r["partition"], r["offset"])
+               for p in reader.partitions(reader.initialOffset(), end) for b in reader.read(p) for r in b.to_pylist()]
+    finally:
+        reader.stop()
     assert sorted(got, key=repr) == sorted(new, key=repr)
 
 

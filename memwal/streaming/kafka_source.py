@@ -512,6 +512,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # High watermarks at prepareForTriggerAvailableNow(); caps every later batch.
         self._available_now_target: Optional[OffsetMap] = None
         self._last_latest: Optional[OffsetMap] = None
+        # The query's first start offsets, once computed (see initialOffset).
+        self._initial: Optional[Dict[str, Dict[str, int]]] = None
         # Adaptive sizing (memwal.readLimitPolicy): the policy, the last bound it chose
         # for a batch with records, and its last decision (reported with the offsets).
         self._policy: Any = None
@@ -568,7 +570,17 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return out
 
     def initialOffset(self) -> dict:
-        """Offsets to start a query without checkpoint at, from ``startingOffsets``."""
+        """Offsets to start a query without checkpoint at, from ``startingOffsets``.
+
+        Computed once per reader: Spark asks again when it runs the first micro-batch, and
+        with ``latest`` and records arriving a second answer would start that batch past the
+        end the first answer planned (the built-in source pins them in a log of its own; the
+        offset log pins them once the first micro-batch is planned)."""
+        if self._initial is None:
+            self._initial = self._initial_offsets()
+        return self._initial
+
+    def _initial_offsets(self) -> Dict[str, Dict[str, int]]:
         marks = self._watermarks()
         s = self._s
         if s.starting_offsets == "earliest":
