@@ -264,7 +264,9 @@ def freshness(broker, name: str, run, reader_kind: str, uri: str, rate: int, sec
         raise RuntimeError(f"the {name} query did not start")
     time.sleep(6)
     job = started[0] if hasattr(started[0], "sink") else None
+    warm_up(broker, topic, reader)
     before = job.sink.totals() if job else {}
+    first_batch = max(job.listener.progress, default=-1) + 1 if job else 0
     t_start, w_start = time.monotonic(), time.time()
     producer.start()
     delays: list[float] = []
@@ -288,7 +290,7 @@ def freshness(broker, name: str, run, reader_kind: str, uri: str, rate: int, sec
         reader.stop()
     producer.join()
     runner.join(timeout=120)
-    out = {"samples": delays[3:],  # the first probes were sent while the query warmed up
+    out = {"samples": delays,
            "probes_sent": len(sent), "probes_seen": measured, "window_s": window, "produced_rows_per_s": produced[0] / window}
     if job:
         minutes = window / 60
@@ -296,6 +298,7 @@ def freshness(broker, name: str, run, reader_kind: str, uri: str, rate: int, sec
             out[k] = int(after.get(k, 0) - before.get(k, 0))
         out["fenced_retries_per_min"] = out["fenced_retries"] / minutes
         out["writer_opens_per_min"] = out["writer_opens"] / minutes
+        out.update(cadence(job.listener, first_batch))
         # What a shard flush (close -> SSTable) adds to the micro-batch that runs it.
         reports = [r for r in job.sink.reports if r.batch_id >= before.get("batches", 0)]
         for label, rs in (("with_flush", [r for r in reports if r.flushes]), ("without_flush", [r for r in reports if not r.flushes])):
@@ -303,6 +306,47 @@ def freshness(broker, name: str, run, reader_kind: str, uri: str, rate: int, sec
                 out[f"batches_{label}"] = len(rs)
                 out[f"batch_ms_{label}"] = 1000 * sum(r.seconds for r in rs) / len(rs)
                 out[f"write_ms_max_{label}"] = 1000 * sum(r.write_seconds_max for r in rs) / len(rs)
+    return out
+
+
+def warm_up(broker, topic: str, reader: ProbeReader, timeout: float = 120.0) -> None:
+    """Send one probe before the measured window and wait until the reader sees it, so the
+    window measures the steady state: the first micro-batch with data starts the Python
+    workers, the writer process and the shard writers (seconds, once per query)."""
+    import confluent_kafka
+
+    producer = confluent_kafka.Producer(broker.producer_config())
+    at = time.time()
+    probe = {"id": PROBE, "val": at, "name": "probe", "vec": [0.0] * DIM}
+    producer.produce(topic, key=b"probe", value=json.dumps(probe).encode(), partition=0)
+    producer.flush(30)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen = reader.next(timeout=0.5)
+        if seen is not None and seen[0] >= at:
+            print(f"  warm-up: the first probe took {seen[1] - at:.2f} s")
+            return
+    raise RuntimeError("the warm-up probe never became visible")
+
+
+def cadence(listener, first_batch: int) -> dict:
+    """How often micro-batches with data started from ``first_batch`` on, and where a
+    micro-batch's time went: Spark's driver-side durations and the joined profile, means."""
+    from datetime import datetime
+
+    from memwal.streaming.timing import PHASES, mean_timing
+
+    ids = sorted(b for b, p in listener.progress.items() if b >= first_batch and p["input_rows"])
+    starts = [datetime.fromisoformat(listener.progress[b]["timestamp"].replace("Z", "+00:00")).timestamp() for b in ids]
+    gaps = [1000 * (b - a) for a, b in zip(starts, starts[1:])]
+    if not gaps:
+        return {}
+    keys = sorted({k for b in ids for k in listener.progress[b]["duration_ms"]})
+    spark_ms = {k: sum(float(listener.progress[b]["duration_ms"].get(k, 0)) for b in ids) / len(ids) for k in keys}
+    out = {"cadence_ms_p50": pct(gaps, 50), "cadence_ms_p90": pct(gaps, 90), "spark_duration_ms_mean": spark_ms}
+    m = mean_timing([listener.timings[b] for b in ids if b in listener.timings])
+    if m is not None:
+        out["phases_ms_mean"] = {p: getattr(m, p) for p in ("total_ms", *PHASES)}
     return out
 
 
@@ -326,6 +370,11 @@ def print_freshness(name: str, f: dict, rate: int, verdict: bool) -> dict:
         line += (f"; {f['fenced_retries_per_min']:.1f} fenced retries/min, {f['writer_opens_per_min']:.1f} writer opens/min"
                  f" over {f['window_s']:.0f}s, {f['batches']} batches")
     print(line + f"; producer {f['produced_rows_per_s']:,.0f} rows/s)")
+    if "cadence_ms_p50" in f:
+        spark = "  ".join(f"{k} {v:.0f}" for k, v in f["spark_duration_ms_mean"].items())
+        print(f"  a micro-batch with data every {f['cadence_ms_p50']:.0f} ms (p50; p90 {f['cadence_ms_p90']:.0f}); Spark's durations, mean ms: {spark}")
+        if "phases_ms_mean" in f:
+            print("  phases, mean ms: " + "  ".join(f"{k[:-3]} {v:.0f}" for k, v in f["phases_ms_mean"].items()))
     if "batch_ms_with_flush" in f and "batch_ms_without_flush" in f:
         print(f"  micro-batches with a shard flush: {f['batches_with_flush']}, {f['batch_ms_with_flush']:.0f} ms mean "
               f"(longest shard write {f['write_ms_max_with_flush']:.0f} ms); without: {f['batches_without_flush']}, "

@@ -56,6 +56,7 @@ def test_ingest_end_to_end_equals_the_model(spark, tmp_path, kind):
     progress = job.listener.progress
     assert sum(p["observed"].get("rows", 0) for p in progress.values()) == len(records)
     assert all(p["sink"] is not None and p["sink"]["shards"] == 4 for p in progress.values() if p["input_rows"])
+    assert all(p["timestamp"] for p in progress.values())  # each trigger's start, for cadence
 
 
 def test_dead_letters_of_a_mixed_stream(spark, noida, tmp_path):

@@ -75,6 +75,7 @@ class MemwalProgressListener(_listener_base()):  # type: ignore[misc]
             "observed": observed_metrics(p),
             "sink": asdict(report) if report is not None else None,
             "duration_ms": dict(p.durationMs or {}),
+            "timestamp": p.timestamp,  # when the trigger started (ISO 8601, UTC)
         }
         decision = decision_of(p.sources[0].latestOffset) if p.sources and p.numInputRows else None
         if decision is not None:
