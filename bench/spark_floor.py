@@ -2,7 +2,7 @@
 machine when the sink does (almost) nothing, in the same session settings as ``memwal ingest``.
 
 Freshness is at least half the time between micro-batches (a record waits for the next one)
-plus one micro-batch. Four queries, each for ``--seconds``, one after the
+plus one micro-batch. Five queries, each for ``--seconds``, one after the
 other in one Spark session (``local[2]``), each sampled from Spark's own progress reports:
 
 - ``rate, no-op``: Spark's ``rate-micro-batch`` source (``--rows-per-batch`` rows ready at every
@@ -11,9 +11,9 @@ other in one Spark session (``local[2]``), each sampled from Spark's own progres
 - ``rate, count``: the same with one Spark job per micro-batch (``df.count()``, JVM only);
 - ``rate, Python task``: the job runs a Python function over the rows (``mapInArrow``), as
   memwal's write stage does: a Python worker hand-off per task;
-- ``memwal-kafka, Python task``: memwal's Kafka source reading a topic fed at the same rate
-  (``--rate`` rows/s, Kafka 0.9 or noida-db), then the same Python task: the source's planning
-  and read task.
+- ``memwal-kafka, count`` and ``memwal-kafka, Python task``: memwal's Kafka source reading a
+  topic fed at ``--rate`` rows/s (Kafka 0.9 or noida-db), then the JVM job or the same Python
+  task: the source's planning and its (Python) read task, without and with a second Python step.
 
 The baseline is the first query; the report prints each query's trigger cadence (p50, p90),
 its micro-batch (``triggerExecution``) and Spark's phases, and the ratio of its cadence to the
@@ -94,9 +94,9 @@ def main() -> None:
                 feeder.start()
                 try:
                     df = kafka_stream(spark, broker.bootstrap, topic, starting_offsets="latest", kafka_options=broker.kafka_options)
-                    action = cases[2][2]
-                    results.append(measure("memwal-kafka, Python task", df, action, args.seconds, os.path.join(work, "ckpt-k")))
-                    print_row(results[-1], results[0])
+                    for i, (name, action) in enumerate((("memwal-kafka, count", cases[1][2]), ("memwal-kafka, Python task", cases[2][2]))):
+                        results.append(measure(name, df, action, args.seconds, os.path.join(work, f"ckpt-k{i}")))
+                        print_row(results[-1], results[0])
                 finally:
                     stop.set()
                     feeder.join()
