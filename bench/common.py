@@ -13,7 +13,7 @@ import statistics
 import subprocess
 import tempfile
 
-from typing import Iterator
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -91,6 +91,19 @@ def pct(values: list[float], p: float) -> float:
         return float("nan")
     s = sorted(values)
     return s[min(len(s) - 1, max(0, int(round(p / 100 * (len(s) - 1)))))]
+
+
+def trigger_cadence(timestamps: Sequence[str], durations: Sequence[Mapping[str, float]]) -> dict:
+    """How often micro-batches started (from Spark's progress ``timestamp``s, ISO 8601 in UTC,
+    in batch order) and the mean of each of Spark's ``durationMs`` phases; {} for fewer than
+    two micro-batches."""
+    starts = [dt.datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp() for t in timestamps]
+    gaps = [1000 * (b - a) for a, b in zip(starts, starts[1:])]
+    if not gaps:
+        return {}
+    keys = sorted({k for d in durations for k in d})
+    means = {k: sum(float(d.get(k, 0)) for d in durations) / len(durations) for k in keys}
+    return {"cadence_ms_p50": pct(gaps, 50), "cadence_ms_p90": pct(gaps, 90), "spark_duration_ms_mean": means}
 
 
 def summary_ms(values: list[float]) -> str:

@@ -56,7 +56,7 @@ import lance  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import DIM, SCHEMA, base_rows, batch_rows, git_rev, machine, pct, report, today, work_dir  # noqa: E402
+from common import DIM, SCHEMA, base_rows, batch_rows, git_rev, machine, pct, report, today, trigger_cadence, work_dir  # noqa: E402
 from probe_reader import ProbeReader  # noqa: E402
 
 from memwal import Table, WriterConfig, readers  # noqa: E402
@@ -224,27 +224,13 @@ def freshness(broker, name: str, run, reader_kind: str, uri: str, rate: int, sec
     produced = [0]
 
     def produce():
-        import confluent_kafka
-
-        producer = confluent_kafka.Producer(broker.producer_config(**{"linger.ms": 5}))
-        b = 10_000  # batch numbers far from the throughput phase's
         t_end = time.time() + seconds
-        next_probe = 0.0
-        while time.time() < t_end:
-            t0 = time.time()
-            for r in batch_rows(b, rate // 10, base + 50_000_000):
-                producer.produce(topic, key=str(r["id"]).encode(), value=json.dumps(r).encode(), partition=r["id"] % 3)
-                produced[0] += 1
-            if t0 >= next_probe:
-                at = time.time()
-                probe = {"id": PROBE, "val": at, "name": "probe", "vec": [0.0] * DIM}
-                producer.produce(topic, key=b"probe", value=json.dumps(probe).encode(), partition=0)
-                sent.append(at)
-                next_probe = t0 + 0.1
-            producer.poll(0)
-            b += 1
-            time.sleep(max(0.0, 0.1 - (time.time() - t0)))
-        producer.flush(30)
+
+        def probe(producer) -> None:  # one per burst, i.e. every 100 ms
+            sent.append(send_probe(producer, topic))
+
+        # Batch numbers far from the throughput phase's.
+        produced[0] = produce_at_rate(broker, topic, rate, base + 50_000_000, lambda: time.time() < t_end, first_batch=10_000, after_burst=probe)
         done.set()
 
     reader = ProbeReader(reader_kind, uri, PROBE)
@@ -309,6 +295,36 @@ def freshness(broker, name: str, run, reader_kind: str, uri: str, rate: int, sec
     return out
 
 
+def produce_at_rate(broker, topic: str, rate: int, base: int, keep_going, first_batch: int = 0, after_burst=None) -> int:
+    """Produce the workload's records (:func:`batch_rows` over ``base`` ids) to ``topic`` at
+    ``rate`` rows/s, a burst every 100 ms, while ``keep_going()``; ``after_burst(producer)``
+    runs after each burst. Returns how many records it produced (flushed)."""
+    import confluent_kafka
+
+    producer = confluent_kafka.Producer(broker.producer_config(**{"linger.ms": 5}))
+    produced, b = 0, first_batch
+    while keep_going():
+        t0 = time.time()
+        for r in batch_rows(b, rate // 10, base):
+            producer.produce(topic, key=str(r["id"]).encode(), value=json.dumps(r).encode(), partition=r["id"] % 3)
+        produced += rate // 10
+        if after_burst is not None:
+            after_burst(producer)
+        producer.poll(0)
+        b += 1
+        time.sleep(max(0.0, 0.1 - (time.time() - t0)))
+    producer.flush(30)
+    return produced
+
+
+def send_probe(producer, topic: str) -> float:
+    """Produce the freshness probe (key ``PROBE``, partition 0) carrying its send time; returns it."""
+    at = time.time()
+    probe = {"id": PROBE, "val": at, "name": "probe", "vec": [0.0] * DIM}
+    producer.produce(topic, key=b"probe", value=json.dumps(probe).encode(), partition=0)
+    return at
+
+
 def warm_up(broker, topic: str, reader: ProbeReader, timeout: float = 120.0) -> None:
     """Send one probe before the measured window and wait until the reader sees it, so the
     window measures the steady state: the first micro-batch with data starts the Python
@@ -316,9 +332,7 @@ def warm_up(broker, topic: str, reader: ProbeReader, timeout: float = 120.0) -> 
     import confluent_kafka
 
     producer = confluent_kafka.Producer(broker.producer_config())
-    at = time.time()
-    probe = {"id": PROBE, "val": at, "name": "probe", "vec": [0.0] * DIM}
-    producer.produce(topic, key=b"probe", value=json.dumps(probe).encode(), partition=0)
+    at = send_probe(producer, topic)
     producer.flush(30)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -332,20 +346,12 @@ def warm_up(broker, topic: str, reader: ProbeReader, timeout: float = 120.0) -> 
 def cadence(listener, first_batch: int) -> dict:
     """How often micro-batches with data started from ``first_batch`` on, and where a
     micro-batch's time went: Spark's driver-side durations and the joined profile, means."""
-    from datetime import datetime
-
     from memwal.streaming.timing import PHASES, mean_timing
 
     ids = sorted(b for b, p in listener.progress.items() if b >= first_batch and p["input_rows"])
-    starts = [datetime.fromisoformat(listener.progress[b]["timestamp"].replace("Z", "+00:00")).timestamp() for b in ids]
-    gaps = [1000 * (b - a) for a, b in zip(starts, starts[1:])]
-    if not gaps:
-        return {}
-    keys = sorted({k for b in ids for k in listener.progress[b]["duration_ms"]})
-    spark_ms = {k: sum(float(listener.progress[b]["duration_ms"].get(k, 0)) for b in ids) / len(ids) for k in keys}
-    out = {"cadence_ms_p50": pct(gaps, 50), "cadence_ms_p90": pct(gaps, 90), "spark_duration_ms_mean": spark_ms}
+    out = trigger_cadence([listener.progress[b]["timestamp"] for b in ids], [listener.progress[b]["duration_ms"] for b in ids])
     m = mean_timing([listener.timings[b] for b in ids if b in listener.timings])
-    if m is not None:
+    if out and m is not None:
         out["phases_ms_mean"] = {p: getattr(m, p) for p in ("total_ms", *PHASES)}
     return out
 

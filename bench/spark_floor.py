@@ -23,16 +23,14 @@ baseline's. Run: ``python bench/spark_floor.py [--rate 5000] [--seconds 30] [--b
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import threading
 import time
-from datetime import datetime
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import batch_rows, git_rev, machine, pct, report, today, work_dir  # noqa: E402
-from ingest import open_broker  # noqa: E402
+from common import git_rev, machine, report, today, trigger_cadence, work_dir  # noqa: E402
+from ingest import open_broker, produce_at_rate  # noqa: E402
 
 from memwal.streaming import kafka_stream, local_session  # noqa: E402
 
@@ -55,11 +53,9 @@ def measure(name: str, df, action, seconds: float, ckpt: str, with_rows: bool = 
         progress = [p for p in query.recentProgress if p["batchId"] >= first and (p["numInputRows"] or not with_rows)]
     finally:
         query.stop()
-    starts = [datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp() for p in progress]
-    gaps = [1000 * (b - a) for a, b in zip(starts, starts[1:])]
-    spark_ms = {k: sum(float(p["durationMs"].get(k, 0)) for p in progress) / max(1, len(progress)) for k in PHASES}
     rows = sum(p["numInputRows"] for p in progress) / max(1, len(progress))
-    return {"query": name, "batches": len(progress), "rows_per_batch": rows, "cadence_ms_p50": pct(gaps, 50), "cadence_ms_p90": pct(gaps, 90), **spark_ms}
+    cadence = trigger_cadence([p["timestamp"] for p in progress], [p["durationMs"] for p in progress])
+    return {"query": name, "batches": len(progress), "rows_per_batch": rows, **cadence}
 
 
 def main() -> None:
@@ -90,7 +86,8 @@ def main() -> None:
                 topic = f"floor-{time.monotonic_ns()}"
                 broker.create_topic(topic, 3)
                 stop = threading.Event()
-                feeder = threading.Thread(target=feed, args=(broker, topic, args.rate, stop), daemon=True)
+                feed = (broker, topic, args.rate, 1_000_000, lambda: not stop.is_set())
+                feeder = threading.Thread(target=produce_at_rate, args=feed, daemon=True)
                 feeder.start()
                 try:
                     df = kafka_stream(spark, broker.bootstrap, topic, starting_offsets="latest", kafka_options=broker.kafka_options)
@@ -105,24 +102,11 @@ def main() -> None:
     report({"date": today(), "machine": machine(), "commit": git_rev(), "args": vars(args), "results": results}, args.json)
 
 
-def feed(broker, topic: str, rate: int, stop: threading.Event) -> None:
-    """Produce the workload's records at ``rate`` rows/s, in bursts every 100 ms."""
-    import confluent_kafka
-
-    producer = confluent_kafka.Producer(broker.producer_config(**{"linger.ms": 5}))
-    b = 0
-    while not stop.is_set():
-        t0 = time.time()
-        for r in batch_rows(b, rate // 10, 1_000_000):
-            producer.produce(topic, key=str(r["id"]).encode(), value=json.dumps(r).encode(), partition=r["id"] % 3)
-        producer.poll(0)
-        b += 1
-        time.sleep(max(0.0, 0.1 - (time.time() - t0)))
-    producer.flush(30)
-
-
 def print_row(r: dict, base: dict) -> None:
-    phases = "  ".join(f"{k} {r[k]:.0f}" for k in PHASES)
+    if "cadence_ms_p50" not in r:
+        print(f"{r['query']:28} fewer than two micro-batches", flush=True)
+        return
+    phases = "  ".join(f"{k} {r['spark_duration_ms_mean'].get(k, 0):.0f}" for k in PHASES)
     print(
         f"{r['query']:28} every {r['cadence_ms_p50']:4.0f} ms (p90 {r['cadence_ms_p90']:4.0f}; x{r['cadence_ms_p50'] / base['cadence_ms_p50']:.2f}), "
         f"{r['rows_per_batch']:,.0f} rows/batch, {r['batches']} batches; mean ms: {phases}",
