@@ -56,7 +56,8 @@ def main() -> None:
     args = p.parse_args()
     ds = lance.dataset(args.base)
     rows = rows_to_fold(ds, args.rows)
-    print(f"base: {ds.count_rows():,} rows in {len(ds.get_fragments())} fragments; folding {args.rows:,} rows")
+    base_rows = ds.count_rows()
+    print(f"base: {base_rows:,} rows in {len(ds.get_fragments())} fragments; folding {args.rows:,} rows")
     results = []
     with tempfile.TemporaryDirectory(prefix="memwal-bench-commits-", dir=os.path.dirname(os.path.abspath(args.base))) as tmp:
         for commits in (8, 4, 2, 1):
@@ -70,7 +71,7 @@ def main() -> None:
             shutil.rmtree(work)
             results.append({"commits": commits, "rows_per_commit": size, "seconds": seconds})
             print(f"{commits} commit(s) of {size:>7,} rows: {seconds:6.2f} s  x{seconds / results[0]['seconds']:.2f}", flush=True)
-    report({"date": today(), "machine": machine(), "commit": git_rev(), "base_rows": ds.count_rows(), "results": results}, args.json)
+    report({"date": today(), "machine": machine(), "commit": git_rev(), "base_rows": base_rows, "results": results}, args.json)
 
 
 if __name__ == "__main__":
