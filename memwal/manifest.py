@@ -205,24 +205,41 @@ class ManifestStore:
         # Manifests are immutable once written; bounded by the bytes of the files read.
         self._shards: ByteLRU[tuple[str, int], ShardManifest] = ByteLRU(self.CACHE_BYTES)
         self._indexes: ByteLRU[int, MemWalIndex | None] = ByteLRU(self.CACHE_BYTES)
+        #: Shards already seen with a manifest: GC keeps a shard's newest manifest, so one need
+        #: not be checked again (a shard read back without one is skipped by every caller).
+        self._known_shards: set[str] = set()
 
     def clear_cache(self) -> None:
         self._shards.clear()
         self._indexes.clear()
+        self._known_shards.clear()
 
     # -- shards ---------------------------------------------------------------------------
 
     def list_shards(self) -> list[str]:
-        """Shard ids: every UUID-named directory under ``_mem_wal/`` that has a manifest."""
+        """Shard ids: every UUID-named directory under ``_mem_wal/`` that has a manifest.
+
+        One listing of ``_mem_wal/``, not of each shard's manifest directory: that one holds
+        every retained manifest version (thousands an hour per shard), and every snapshot
+        (each reader refresh) lists the shards. A shard's ``version_hint.json`` is written
+        after its first manifest, so one HEAD answers for an established shard; only one
+        without a hint (new, or its hint lost) is listed.
+        """
         out = []
         for name in self.io.list_dir(paths.mem_wal_root(self.table_uri)):
             try:
                 uuid.UUID(name)
             except ValueError:
                 continue
-            if self.io.list_dir(paths.shard_manifest_dir(self.table_uri, name)):
+            if name in self._known_shards or self._has_manifest(name):
+                self._known_shards.add(name)
                 out.append(name)
         return out
+
+    def _has_manifest(self, shard_id: str) -> bool:
+        if self.io.exists(paths.shard_version_hint_path(self.table_uri, shard_id)):
+            return True
+        return any(n.endswith(paths.MANIFEST_SUFFIX) for n in self.io.list_dir(paths.shard_manifest_dir(self.table_uri, shard_id)))
 
     def _hint(self, shard_id: str) -> int:
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import uuid
 
 import lance
@@ -69,6 +70,46 @@ def test_latest_version_probes_past_a_stale_hint(table_uri):
     assert store.latest_version(sid) == latest
     os.unlink(hint)
     assert store.latest_version(sid) == latest
+
+
+class CountingIO(LocalFileIO):
+    """Local files, counting the directories listed."""
+
+    def __init__(self) -> None:
+        self.listed: list[str] = []
+
+    def list_dir(self, path: str) -> list[str]:
+        self.listed.append(path)
+        return super().list_dir(path)
+
+
+def test_list_shards_does_not_list_retained_manifest_versions(table_uri):
+    """Every snapshot lists the shards; a shard's manifest directory holds every retained
+    version (thousands an hour), so an established shard is known by its hint, unlisted."""
+    t = Table.create(table_uri, PEOPLE, ["id"], "bucket(id, 2)")
+    for gen in range(3):
+        t.write(people(range(gen * 20, gen * 20 + 20)))
+        t.flush()
+    root = paths.mem_wal_root(table_uri)
+    established = sorted(os.listdir(root))
+    assert len(established) == 2
+    # a directory without a manifest (a crashed create: only a temp file) is not a shard
+    empty = str(uuid.uuid4())
+    os.makedirs(paths.shard_manifest_dir(table_uri, empty))
+    open(os.path.join(paths.shard_manifest_dir(table_uri, empty), "x.tmp"), "w").close()
+    # a shard that lost its hint is still one (found by listing its manifests)
+    os.unlink(paths.shard_version_hint_path(table_uri, established[1]))
+    io = CountingIO()
+    store = ManifestStore(table_uri, io)
+    assert sorted(store.list_shards()) == established
+    assert paths.shard_manifest_dir(table_uri, established[0]) not in io.listed
+    io.listed.clear()
+    assert sorted(store.list_shards()) == established
+    # known shards are not checked again; only the directory without a manifest is
+    assert io.listed == [root, paths.shard_manifest_dir(table_uri, empty)]
+    # a shard created later is seen by the same store (a copy: list_shards reads no manifest)
+    shutil.copytree(paths.shard_dir(table_uri, established[0]), paths.shard_dir(table_uri, str(uuid.uuid4())))
+    assert len(store.list_shards()) == 3
 
 
 def test_write_shard_if_absent_is_put_if_not_exists(tmp_path):
