@@ -3,9 +3,8 @@
 :class:`TableState` is what every part of memwal below the user facade works from: readers,
 the compactor, garbage collection, index maintenance, views and the Spark tasks. It holds
 the table's URI and storage, its memwal metadata, schema, sharding spec and shard
-resolver, the manifest store and Lance's caches. It holds no writer, no thread pool and no
-open dataset, so it is cheap to build, safe to share between threads, and says nothing about
-who writes.
+resolver, and the manifest store. It holds no writer, no thread pool and no open dataset,
+so it is cheap to build, safe to share between threads, and says nothing about who writes.
 
 Invariant: every field is derived from the table's metadata, which memwal writes once at
 create time (``memwal.table`` in the Lance config) and never rewrites except for the index
@@ -16,7 +15,6 @@ configuration; so a state loaded once stays correct for the table's life. What d
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -48,44 +46,6 @@ def table_exists(uri: str, io: FileIO | None = None) -> bool:
     return bool(io.list_dir(paths.join(uri, paths.BASE_VERSIONS_DIR)))
 
 
-class LanceSession:
-    """The Lance session (index and file-metadata caches) shared by every dataset a table
-    handle opens, created on first use.
-
-    Without one, each ``lance.dataset`` call starts with cold caches. A reader refresh, a
-    compaction commit or an index catch-up opens the base anew, so it would reload the
-    primary-key index and every fragment's file metadata it touches. On a 19M-row,
-    43-fragment base, a ``merge_insert`` of 25k rows took 1.05 s cold and 0.42 s warm
-    (docs/benchmarks.md, "Soak"). The caches hold immutable files only (keyed by file and
-    index ids), so sharing them across versions never serves stale data.
-    """
-
-    #: Bound of the session's index cache. Compaction's ``merge_insert`` stays warm only if the
-    #: primary-key index fits (~18 bytes per base row: ~330 MB at 19M rows); a smaller cache
-    #: thrashes and is slower than none (64 MiB at 19M rows: 1.3 s per commit against 1.05 s
-    #: cold, 0.42 s warm). Every index segment a catch-up replaces stays cached until evicted,
-    #: so the cache fills to its bound: a process's memory grows by this much.
-    INDEX_CACHE_BYTES = 512 << 20
-    #: Bound of its file-metadata cache (32 MiB was as fast as 512 MiB on the same commits).
-    METADATA_CACHE_BYTES = 64 << 20
-
-    def __init__(self) -> None:
-        self._session: lance.Session | None = None
-        self._lock = threading.Lock()
-
-    def get(self) -> lance.Session:
-        with self._lock:
-            if self._session is None:
-                self._session = lance.Session(
-                    index_cache_size_bytes=self.INDEX_CACHE_BYTES, metadata_cache_size_bytes=self.METADATA_CACHE_BYTES
-                )
-            return self._session
-
-    def size_bytes(self) -> int:
-        """What the caches hold now (0 before first use)."""
-        return self._session.size_bytes() if self._session is not None else 0
-
-
 @dataclass(frozen=True)
 class TableState:
     """An open memwal table's fixed facts, and the way to its changing ones."""
@@ -103,8 +63,6 @@ class TableState:
     #: Where the files live and how to reach them (credentials, endpoint): handed to every
     #: Lance call and to :attr:`io`.
     storage: StorageConfig = field(default_factory=StorageConfig, repr=False, compare=False)
-    #: Lance's caches, shared by every dataset this handle opens (see :class:`LanceSession`).
-    lance_session: LanceSession = field(default_factory=LanceSession, repr=False, compare=False)
 
     @classmethod
     def from_dataset(
@@ -195,7 +153,7 @@ class TableState:
 
     def lance_dataset(self, uri: str, version: int | None = None) -> lance.LanceDataset:
         """Any Lance dataset of this table's storage (an SSTable, a view) at ``uri``."""
-        return lance.dataset(uri, version=version, storage_options=self.storage_options, session=self.lance_session.get())
+        return lance.dataset(uri, version=version, storage_options=self.storage_options)
 
     def snapshot(self, version: int | None = None, shard_ids: Iterable[str] | None = None) -> Snapshot:
         """What a reader must merge: the base version and every shard's uncompacted SSTables."""

@@ -65,26 +65,3 @@ def test_snapshot_restricted_to_shards(table_uri):
     snap = t.snapshot(shard_ids=[one])
     assert [s.shard_id for s in snap.shards] == [one]
     assert len(snap.lance_snapshots()) == 1
-
-
-def test_base_opens_share_lances_caches_and_still_see_every_version(table_uri):
-    """Every base open of one table handle shares one Lance session (warm index and file
-    metadata caches across versions); the caches hold immutable files, so each open still
-    reads the version it names."""
-    t = Table.create(table_uri, PEOPLE, ["id"], "unsharded")
-    state = t.state
-    first = state.dataset()
-    t.write(rows((1, "a"), (2, "b")))
-    t.flush()
-    t.maintenance().run_cycle()  # compacts into a new base version (and indexes it)
-    latest = state.dataset()
-    assert latest.session().is_same_as(first.session())
-    assert latest.version > first.version
-    assert first.count_rows() == 0
-    assert latest.to_table(filter="id = 2").column("name").to_pylist() == ["b"]
-    t.write(rows((2, "c")))
-    t.flush()
-    t.maintenance().run_cycle()
-    assert state.dataset().to_table(filter="id = 2").column("name").to_pylist() == ["c"]
-    assert state.dataset(latest.version).to_table(filter="id = 2").column("name").to_pylist() == ["b"]
-    assert state.lance_session.size_bytes() > 0
