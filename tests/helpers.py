@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal import paths, readers
+from memwal.io import LocalFileIO
 from memwal.manifest import SsTable
 
 PEOPLE = pa.schema(
@@ -85,3 +86,23 @@ def table_rows(uri: str, consistency: str = "eventual") -> dict[int, dict]:
 def approx(rows: dict[int, dict]) -> dict[int, dict]:
     """Rows with their float32 vectors rounded, comparable with a model's float64 lists."""
     return {k: {**v, "vec": [round(x, 3) for x in v["vec"]] if v.get("vec") is not None else None} for k, v in rows.items()}
+
+
+class CountingIO(LocalFileIO):
+    """LocalFileIO that records the directories it lists and what it was asked to make durable
+    (and still does both)."""
+
+    def __init__(self) -> None:
+        self.listed: list[str] = []
+        self.synced: list[str] = []
+        self.dirs: list[str] = []
+
+    def list_dir(self, path: str) -> list[str]:
+        self.listed.append(path)
+        return super().list_dir(path)
+
+    def sync(self, paths: list[str], directory: str | None = None) -> None:
+        super().sync(paths, directory)
+        self.synced.extend(paths)
+        if directory is not None:
+            self.dirs.append(directory)

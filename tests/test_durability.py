@@ -10,7 +10,7 @@ import shutil
 
 import pyarrow as pa
 import pytest
-from helpers import PEOPLE, people
+from helpers import PEOPLE, CountingIO, people
 
 from memwal import Table, WriterConfig, paths, readers
 from memwal.cli import main
@@ -18,20 +18,6 @@ from memwal.errors import InvalidArgumentError
 from memwal.io import LocalFileIO, ObjectStoreFileIO
 from memwal.wal import wal_positions
 from memwal.writer import ShardWriterPool
-
-
-class CountingIO(LocalFileIO):
-    """LocalFileIO that records what it was asked to make durable (and still does it)."""
-
-    def __init__(self) -> None:
-        self.synced: list[str] = []
-        self.dirs: list[str] = []
-
-    def sync(self, paths: list[str], directory: str | None = None) -> None:
-        super().sync(paths, directory)
-        self.synced.extend(paths)
-        if directory is not None:
-            self.dirs.append(directory)
 
 
 def pool(uri: str, durability: str | None = None) -> tuple[ShardWriterPool, CountingIO, str]:

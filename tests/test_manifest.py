@@ -9,7 +9,7 @@ import uuid
 
 import lance
 import pyarrow as pa
-from helpers import PEOPLE, compact_by_hand, people
+from helpers import PEOPLE, CountingIO, compact_by_hand, people
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -70,17 +70,6 @@ def test_latest_version_probes_past_a_stale_hint(table_uri):
     assert store.latest_version(sid) == latest
     os.unlink(hint)
     assert store.latest_version(sid) == latest
-
-
-class CountingIO(LocalFileIO):
-    """Local files, counting the directories listed."""
-
-    def __init__(self) -> None:
-        self.listed: list[str] = []
-
-    def list_dir(self, path: str) -> list[str]:
-        self.listed.append(path)
-        return super().list_dir(path)
 
 
 def test_list_shards_does_not_list_retained_manifest_versions(table_uri):
