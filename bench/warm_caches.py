@@ -30,7 +30,7 @@ import time
 import lance
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from commit_size import rows_to_fold  # noqa: E402
+from commit_size import fold, rows_to_fold  # noqa: E402
 from common import git_rev, machine, report, today  # noqa: E402
 
 from memwal import paths  # noqa: E402
@@ -50,16 +50,6 @@ def per_call_ms(fn, repeat: int) -> float:
     for _ in range(repeat):
         fn()
     return (time.perf_counter() - t0) / repeat * 1000
-
-
-def commits(work: str, rows, n: int, size: int, session: lance.Session | None) -> list[float]:
-    out = []
-    for i in range(n):
-        t0 = time.perf_counter()
-        ds = lance.dataset(work, session=session) if session is not None else lance.dataset(work)
-        ds.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(rows.slice(i * size, size))
-        out.append(time.perf_counter() - t0)
-    return out
 
 
 def main() -> None:
@@ -90,7 +80,7 @@ def main() -> None:
         for name, session in sessions:
             work = os.path.join(tmp, name.replace(" ", "-"))
             shutil.copytree(args.table, work)
-            took = commits(work, rows, args.commits, args.rows, session)
+            took = fold(work, rows, args.commits, args.rows, session)
             shutil.rmtree(work)
             results[name] = {"seconds": took, "steady_median": statistics.median(took[1:]),
                              "cache_bytes": session.size_bytes() if session is not None else 0}
