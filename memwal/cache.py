@@ -14,6 +14,8 @@ import threading
 from collections import OrderedDict
 from typing import Callable, Generic, Hashable, TypeVar
 
+import lance
+
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
@@ -83,3 +85,51 @@ class ByteLRU(Generic[K, V]):
         with self._lock:
             self._entries.clear()
             self._bytes = 0
+
+
+class LanceCaches:
+    """Lance's index and file-metadata caches (a ``lance.Session``), shared by every base
+    dataset one table handle opens, and renewed whole once they outgrow a bound.
+
+    Without a session each ``lance.dataset`` call starts cold, and memwal opens the base anew
+    for every reader refresh, compaction commit and index catch-up: a compaction
+    ``merge_insert`` of 25k rows into a 19M-row base reloads the primary-key index and file
+    metadata it touches, 1.22 s per commit cold against 0.45 s warm (docs/benchmarks.md,
+    "Soak"). Lance caches immutable files keyed by file and index ids, so a session shared
+    across versions never serves stale data.
+
+    Why renew instead of letting Lance evict: every index catch-up replaces segments, and the
+    replaced ones stay cached. Lance's cache admits entries by frequency (moka's TinyLFU), so
+    once it is full a new, live segment (seen once) loses to an old, replaced one (seen
+    often): a 512 MiB cache ran the soak hour slower than no cache; a 2 GiB one grew the
+    processes to 3.1-3.6 GB. So the capacity is set above ``renew_bytes`` and never reached:
+    once what the session holds passes ``renew_bytes`` the next open starts a new session,
+    which holds only what is live again. Invariant: a process holds at most one session's
+    worth past ``renew_bytes`` (datasets opened before a renewal keep the old session until
+    they are dropped). A base whose working set exceeds ``renew_bytes`` renews often and
+    degrades to cold caches, never to a thrashing one.
+    """
+
+    def __init__(self, renew_bytes: int = 768 << 20, metadata_bytes: int = 64 << 20) -> None:
+        self.renew_bytes = renew_bytes
+        self.metadata_bytes = metadata_bytes
+        self.renewals = 0
+        self._session: lance.Session | None = None
+        self._lock = threading.Lock()
+
+    def session(self) -> lance.Session:
+        """The session to open a dataset with: the current one, or a new one if it is full."""
+        with self._lock:
+            if self._session is not None and self._session.size_bytes() > self.renew_bytes:
+                self._session = None
+                self.renewals += 1
+            if self._session is None:
+                self._session = lance.Session(
+                    index_cache_size_bytes=2 * self.renew_bytes, metadata_cache_size_bytes=self.metadata_bytes
+                )
+            return self._session
+
+    def size_bytes(self) -> int:
+        """What the current session holds (0 before the first open)."""
+        with self._lock:
+            return self._session.size_bytes() if self._session is not None else 0

@@ -3,8 +3,9 @@
 :class:`TableState` is what every part of memwal below the user facade works from: readers,
 the compactor, garbage collection, index maintenance, views and the Spark tasks. It holds
 the table's URI and storage, its memwal metadata, schema, sharding spec and shard
-resolver, and the manifest store. It holds no writer, no thread pool and no open dataset,
-so it is cheap to build, safe to share between threads, and says nothing about who writes.
+resolver, the manifest store and Lance's caches for the base. It holds no writer, no thread
+pool and no open dataset, so it is cheap to build, safe to share between threads, and says
+nothing about who writes.
 
 Invariant: every field is derived from the table's metadata, which memwal writes once at
 create time (``memwal.table`` in the Lance config) and never rewrites except for the index
@@ -22,6 +23,7 @@ import lance
 import pyarrow as pa
 
 from memwal import paths
+from memwal.cache import LanceCaches
 from memwal.errors import TableDamagedError, TableNotFoundError
 from memwal.io import FileIO, file_io_for
 from memwal.manifest import ManifestStore, ShardManifest
@@ -63,6 +65,8 @@ class TableState:
     #: Where the files live and how to reach them (credentials, endpoint): handed to every
     #: Lance call and to :attr:`io`.
     storage: StorageConfig = field(default_factory=StorageConfig, repr=False, compare=False)
+    #: Lance's caches, shared by every base dataset this handle opens (see :class:`LanceCaches`).
+    lance_caches: LanceCaches = field(default_factory=LanceCaches, repr=False, compare=False)
 
     @classmethod
     def from_dataset(
@@ -148,8 +152,11 @@ class TableState:
         return self.storage.lance_options()
 
     def dataset(self, version: int | None = None) -> lance.LanceDataset:
-        """The base table (compacted data only) at ``version`` (latest when None)."""
-        return self.lance_dataset(self.uri, version)
+        """The base table (compacted data only) at ``version`` (latest when None), opened with
+        this handle's Lance caches: its indexes and file metadata stay warm between opens."""
+        return lance.dataset(
+            self.uri, version=version, storage_options=self.storage_options, session=self.lance_caches.session()
+        )
 
     def lance_dataset(self, uri: str, version: int | None = None) -> lance.LanceDataset:
         """Any Lance dataset of this table's storage (an SSTable, a view) at ``uri``."""

@@ -65,3 +65,50 @@ def test_snapshot_restricted_to_shards(table_uri):
     snap = t.snapshot(shard_ids=[one])
     assert [s.shard_id for s in snap.shards] == [one]
     assert len(snap.lance_snapshots()) == 1
+
+
+def test_base_opens_share_lances_caches_and_still_see_every_version(table_uri):
+    """Every base open of one table handle shares one Lance session (warm index and file
+    metadata caches across versions); the caches hold immutable files, so each open still
+    reads the version it names."""
+    t = Table.create(table_uri, PEOPLE, ["id"], "unsharded")
+    state = t.state
+    first = state.dataset()
+    t.write(rows((1, "a"), (2, "b")))
+    t.flush()
+    t.maintenance().run_cycle()  # compacts into a new base version (and indexes it)
+    latest = state.dataset()
+    assert latest.session().is_same_as(first.session())
+    assert latest.version > first.version
+    assert first.count_rows() == 0
+    assert latest.to_table(filter="id = 2").column("name").to_pylist() == ["b"]
+    t.write(rows((2, "c")))
+    t.flush()
+    t.maintenance().run_cycle()
+    assert state.dataset().to_table(filter="id = 2").column("name").to_pylist() == ["c"]
+    assert state.dataset(latest.version).to_table(filter="id = 2").column("name").to_pylist() == ["b"]
+    assert state.lance_caches.size_bytes() > 0
+    assert state.lance_caches.renewals == 0
+
+
+def test_caches_past_their_bound_are_renewed_whole_and_reads_stay_right(table_uri):
+    """Once the session holds more than its bound, the next open starts a new one (so replaced
+    index segments are dropped, not left to crowd out live ones); reads through the old and the
+    new session agree."""
+    t = Table.create(table_uri, PEOPLE, ["id"], "unsharded")
+    t.write(rows(*[(i, f"n{i}") for i in range(100)]))
+    t.flush()
+    t.maintenance().run_cycle()
+    caches = t.state.lance_caches
+    caches.renew_bytes = 1  # anything cached passes it
+    before = t.state.dataset()
+    assert before.to_table(filter="id = 7").column("name").to_pylist() == ["n7"]
+    assert caches.size_bytes() > 1
+    renewed = caches.renewals
+    after = t.state.dataset()
+    assert not after.session().is_same_as(before.session())
+    assert caches.renewals == renewed + 1
+    assert after.to_table(filter="id = 7").column("name").to_pylist() == ["n7"]
+    assert before.to_table(filter="id = 8").column("name").to_pylist() == ["n8"]
+    assert readers.Reader(t.state, consistency="strong").get(9)["name"] == "n9"
+
