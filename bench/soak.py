@@ -54,6 +54,7 @@ from memwal.streaming.local_broker import start_local_broker  # noqa: E402
 COLUMNS = [
     "t_s", "rows_per_s", "backlog", "uncompacted_sstables", "base_fragments", "manifest_bytes", "disk_bytes",
     "live_bytes", "index_bytes", "live_rows", "lookup_p50_ms", "lookup_p99_ms", "lookups", "scan_rows_per_s", "freshness_s", "query_restarts", "produce_failed",
+    "maintain_rss_bytes", "prober_rss_bytes",
 ]
 
 
@@ -235,8 +236,9 @@ def plot(csv_path: str, png_path: str, title: str = "") -> None:
 
     with open(csv_path) as f:
         rows = [{k: float(v) if v not in ("", "nan") else float("nan") for k, v in r.items()} for r in csv.DictReader(f)]
-    for r in rows:  # CSVs written before the column existed
-        r.setdefault("index_bytes", float("nan"))
+    for r in rows:  # CSVs written before the columns existed
+        for col in ("index_bytes", "maintain_rss_bytes", "prober_rss_bytes"):
+            r.setdefault(col, float("nan"))
     t = [r["t_s"] / 60 for r in rows]
     panels = [
         ("rows/s ingested", [("rows_per_s", "rows/s")]),
@@ -245,10 +247,12 @@ def plot(csv_path: str, png_path: str, title: str = "") -> None:
         ("MB", [("disk_bytes", "table on disk"), ("live_bytes", "base version's data files"),
                 ("index_bytes", "base version's index files")]),
         ("manifest KB", [("manifest_bytes", "base manifest")]),
+        ("RSS MB", [("maintain_rss_bytes", "maintenance process"), ("prober_rss_bytes", "lookup prober")]),
         ("scan M rows/s", [("scan_rows_per_s", "full deduped scan")]),
         ("freshness s", [("freshness_s", "age of newest visible row")]),
     ]
-    scale = {"disk_bytes": 1e-6, "live_bytes": 1e-6, "index_bytes": 1e-6, "manifest_bytes": 1e-3, "scan_rows_per_s": 1e-6}
+    scale = {"disk_bytes": 1e-6, "live_bytes": 1e-6, "index_bytes": 1e-6, "maintain_rss_bytes": 1e-6,
+             "prober_rss_bytes": 1e-6, "manifest_bytes": 1e-3, "scan_rows_per_s": 1e-6}
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.0 * len(panels)), sharex=True)
     for ax, (label, lines) in zip(axes, panels):
         for col, name in lines:
@@ -264,6 +268,16 @@ def plot(csv_path: str, png_path: str, title: str = "") -> None:
     fig.tight_layout()
     fig.savefig(png_path, dpi=80)
     plt.close(fig)
+
+
+def rss_bytes(pid: int | None) -> int | str:
+    """Resident memory of a process ("" once it is gone): the maintenance and prober processes
+    hold Lance's caches, whose bound is the memory this run must show flat."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration, TypeError):
+        return ""
 
 
 def interrupt(signum: int, frame: object) -> None:
@@ -442,6 +456,8 @@ def main() -> None:
                         "scan_rows_per_s": round(scan[2] / scan[1]) if scan else "",
                         # scan start - the newest visible row's produce time (base rows carry no time: < 1e9)
                         "freshness_s": round(scan[0] - scan[1] - scan[3], 1) if scan and scan[3] > 1e9 else "",
+                        "maintain_rss_bytes": rss_bytes(maintain.pid),
+                        "prober_rss_bytes": rss_bytes(prober.pid),
                     }
                     writer.writerow(r)
                     print(f"{r['t_s'] / 60:5.1f} {r['rows_per_s']:8,} {r['backlog']:8,} {pending:8} {r['base_fragments']:6} "
