@@ -1,11 +1,12 @@
-"""A least-recently-used cache bounded by bytes, for memwal's caches of immutable files.
+"""memwal's caches of immutable files: a least-recently-used cache bounded by bytes, and the
+Lance session (Lance's own index and metadata caches) a table handle opens its base with.
 
 Everything memwal caches is immutable once written: a shard manifest version, a base
 manifest's MemWAL index, a WAL entry, an SSTable. A cached value therefore never goes
 stale; the bound is only about memory, so it is in bytes (an estimate the caller gives per
 value), not in entries, which would let a few large SSTables take gigabytes. Each cache is
-owned by the object whose lifetime it shares (a manifest store, a WAL reader, a reader),
-never by the process.
+owned by the object whose lifetime it shares (a manifest store, a WAL reader, a reader, a
+table handle), never by the process.
 """
 
 from __future__ import annotations
