@@ -61,6 +61,7 @@ import pyarrow as pa
 
 from memwal import paths
 from memwal.errors import FencedError, TableDamagedError, WriteStalledError
+from memwal.failpoints import failpoint
 from memwal.lance_errors import is_claim_race, is_fenced, is_wal_unreadable
 from memwal.manifest import ShardManifest
 from memwal.metadata import Bounds, WriterConfig
@@ -531,7 +532,9 @@ class ShardWriterPool:
         """Open a writer on the shard (replaying its unflushed WAL) and close it (flushing)."""
         with self._lock(shard_id):
             try:
-                self._open(shard_id).close()
+                writer = self._open(shard_id)
+                failpoint("writer.claimed_for_flush")
+                writer.close()
                 if self.fsync:
                     self._sync_flushed(shard_id)
             finally:
@@ -554,7 +557,9 @@ class ShardWriterPool:
         Such writes (from a writer that crashed, or went idle) are durable in the WAL and
         visible to strong readers, but eventual readers see them only once flushed.
         Claiming the shard replays them and closing flushes them; a live but idle writer
-        elsewhere is fenced and reopens on its next write.
+        elsewhere is fenced and reopens on its next write. A writer that claims the shard
+        between this claim and its flush replayed the same entries: the shard is left to it
+        (not returned), since it will flush them.
 
         With ``skip_live_writers`` (what maintenance does) a shard whose writer holds a live
         lease is skipped: its writer is alive, merely idle, and will flush itself (see the
@@ -584,7 +589,16 @@ class ShardWriterPool:
                     log.info("shard %s has unflushed writes of a live writer (%s); leaving them to it", shard_id, held.owner)
                     continue
                 log.info("flushing stranded WAL entries of shard %s", shard_id)
-                self.claim_and_flush(shard_id)
+                try:
+                    self.claim_and_flush(shard_id)
+                except OSError as e:
+                    if not (is_fenced(e) or is_claim_race(e)):
+                        raise
+                    # A writer claimed the shard after this one: its claim replayed the same WAL
+                    # entries, so they are its to flush now (a stopped query's last task may still
+                    # be writing). Not flushed here, and nothing lost.
+                    log.info("shard %s was claimed by another writer during its flush; its writes are that writer's", shard_id)
+                    continue
             except TableDamagedError as e:
                 log.error("%s", e)
                 if on_damage is not None:

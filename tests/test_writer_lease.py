@@ -3,11 +3,14 @@ writes of a writer whose lease expired, and a fenced writer can name who claimed
 
 from __future__ import annotations
 
+import threading
 import time
 
 from helpers import PEOPLE, people
 
 from memwal import Table, readers
+from memwal.failpoints import DIR_ENV as FAILPOINT_DIR_ENV
+from memwal.failpoints import ENV as FAILPOINTS_ENV
 from memwal.maintenance import Maintenance, MaintenanceConfig
 from memwal.writer import WriterLease, _keeps_claiming
 
@@ -65,3 +68,44 @@ def test_a_fenced_error_names_the_claimer():
     assert WriterLease.from_json(b"garbage") is None
     lease = WriterLease("o", time.time() + 10)
     assert WriterLease.from_json(lease.to_json()) == lease and lease.live()
+
+
+def test_a_shard_claimed_during_a_stranded_flush_is_left_to_its_new_writer(table_uri, tmp_path, monkeypatch):
+    """A stopped query flushes what its tasks left while a last task may still claim a shard
+    (seen in the Debezium restart test): the flush that gets fenced leaves the shard to the
+    writer that claimed it, which replayed the same entries, instead of failing the stop."""
+    Table.create(table_uri, PEOPLE, ["id"], "unsharded").close()
+    first = Table.open(table_uri)
+    first.write(people([1]))  # acknowledged, unflushed
+    (shard,) = first.manifests.list_shards()
+    points = tmp_path / "points"
+    points.mkdir()
+    monkeypatch.setenv(FAILPOINTS_ENV, "writer.claimed_for_flush=wait")
+    monkeypatch.setenv(FAILPOINT_DIR_ENV, str(points))
+    flusher, outcome = Table.open(table_uri), {}
+
+    def stop_flush() -> None:
+        try:
+            outcome["flushed"] = flusher.flush_stranded(0)
+        except BaseException as e:  # handed to the test thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=stop_flush)
+    thread.start()
+    reached = points / "writer.claimed_for_flush"
+    deadline = time.monotonic() + 120
+    while not reached.exists():
+        assert thread.is_alive() and time.monotonic() < deadline, outcome
+        time.sleep(0.05)
+    monkeypatch.delenv(FAILPOINTS_ENV)
+    late = Table.open(table_uri)
+    late.write(people([2]))  # claims the shard after the flusher did: the flusher is fenced
+    reached.unlink()
+    thread.join(120)
+    assert "error" not in outcome, outcome
+    assert outcome["flushed"] == []
+    late.close()
+    flusher.close()
+    first.close()
+    assert sorted(r["id"] for r in readers.open(table_uri).scan().to_pylist()) == [1, 2]
+    assert shard in late.manifests.list_shards()
