@@ -1,8 +1,8 @@
 """What folding the same rows into a large base costs in fewer, larger commits (issue 15).
 
-A compaction commit is one Lance ``merge_insert`` into the base. Its cost follows the base
-fragments its updates touch (docs/benchmarks.md, "Soak"), not the rows it carries, so the same
-rows folded in fewer commits should cost less. On copies of a given base table (a soaked one:
+A compaction commit is one Lance ``merge_insert`` into the base. Its cost follows the base rows
+its updates span (the rows of the fragments they touch; ``bench/fold_cost.py``), not the rows it
+carries, so the same rows folded in fewer commits should cost less. On copies of a given base table (a soaked one:
 many fragments, updates everywhere), the same ``--rows`` rows (half updates of keys drawn from
 the whole table, half new keys) are upserted in 8, 4, 2 and 1 commits, each on a fresh copy;
 the report is each split's seconds as a ratio to the 8-commit baseline.
