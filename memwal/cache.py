@@ -101,14 +101,16 @@ class LanceCaches:
 
     Why renew instead of letting Lance evict: every index catch-up replaces segments, and the
     replaced ones stay cached. Lance's cache admits entries by frequency (moka's TinyLFU), so
-    once it is full a new, live segment (seen once) loses to an old, replaced one (seen
-    often): a 512 MiB cache ran the soak hour slower than no cache; a 2 GiB one grew the
-    processes to 3.1-3.6 GB. So the capacity is set above ``renew_bytes`` and never reached:
-    once what the session holds passes ``renew_bytes`` the next open starts a new session,
-    which holds only what is live again. Invariant: a process holds at most one session's
-    worth past ``renew_bytes`` (datasets opened before a renewal keep the old session until
-    they are dropped). A base whose working set exceeds ``renew_bytes`` renews often and
-    degrades to cold caches, never to a thrashing one.
+    once it is full a new, live segment (seen once) can lose to an old, replaced one (seen
+    often). A 512 MiB cache ran the soak hour slower than no cache, likely for this reason;
+    a 2 GiB one grew the processes to 3.1-3.6 GB. So the capacity is twice ``renew_bytes``
+    and not reached in practice: once what the session holds passes ``renew_bytes``, the next
+    open starts a new session, which again holds only what is live.
+
+    Invariant: the current session exceeds ``renew_bytes`` by at most what was loaded since
+    the last open; a replaced session lives only as long as the datasets opened with it. A
+    base whose working set exceeds ``renew_bytes`` renews often and degrades to cold caches,
+    never to a thrashing cache.
     """
 
     def __init__(self, renew_bytes: int = 768 << 20, metadata_bytes: int = 64 << 20) -> None:
