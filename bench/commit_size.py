@@ -28,15 +28,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import git_rev, machine, report, today  # noqa: E402
 
 
-def rows_to_fold(ds: lance.LanceDataset, n: int, seed: int = 11) -> pa.Table:
-    """``n`` rows in the base's schema: half updates of keys drawn from the whole table, half
-    new keys, shuffled (a compaction run's mix in the soak)."""
+def upserts(schema: pa.Schema, update_ids: np.ndarray, n: int, first_new: int, seed: int = 11) -> pa.Table:
+    """``n`` rows of ``schema``: half updates of keys drawn from ``update_ids``, half new keys
+    from ``first_new`` on, shuffled (a compaction run's mix in the soak)."""
     rng = np.random.default_rng(seed)
-    existing = ds.to_table(columns=["id"]).column(0).to_numpy()
-    ids = np.concatenate([rng.choice(existing, n // 2, replace=False), np.arange(n - n // 2) + int(existing.max()) + 1]).astype("int64")
+    ids = np.concatenate([rng.choice(update_ids, n // 2, replace=False), np.arange(n - n // 2) + first_new]).astype("int64")
     rng.shuffle(ids)
     cols = {"id": ids}
-    for f in ds.schema:
+    for f in schema:
         if f.name == "id":
             continue
         if pa.types.is_floating(f.type):
@@ -45,7 +44,14 @@ def rows_to_fold(ds: lance.LanceDataset, n: int, seed: int = 11) -> pa.Table:
             cols[f.name] = pa.array([f"n{i}" for i in ids])
         else:
             cols[f.name] = pa.nulls(n, f.type)
-    return pa.table(cols).cast(ds.schema)
+    return pa.table(cols).cast(schema)
+
+
+def rows_to_fold(ds: lance.LanceDataset, n: int, seed: int = 11) -> pa.Table:
+    """``n`` rows in the base's schema: half updates of keys drawn from the whole table, half
+    new keys, shuffled."""
+    existing = ds.to_table(columns=["id"]).column(0).to_numpy()
+    return upserts(ds.schema, existing, n, int(existing.max()) + 1, seed)
 
 
 def fold(uri: str, rows: pa.Table, commits: int, size: int, session: "lance.Session | None" = None) -> list[float]:

@@ -36,24 +36,8 @@ import numpy as np
 import pyarrow as pa
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from commit_size import upserts  # noqa: E402
 from common import git_rev, machine, report, today  # noqa: E402
-
-
-def upserts(schema: pa.Schema, update_ids: np.ndarray, n: int, first_new: int, seed: int) -> pa.Table:
-    """``n`` rows of ``schema``: half updates of keys drawn from ``update_ids``, half new keys."""
-    rng = np.random.default_rng(seed)
-    ids = np.concatenate([rng.choice(update_ids, n // 2, replace=False), np.arange(n - n // 2) + first_new]).astype("int64")
-    cols = []
-    for f in schema:
-        if f.name == "id":
-            cols.append(pa.array(ids))
-        elif pa.types.is_floating(f.type):
-            cols.append(pa.array(rng.random(n)).cast(f.type))
-        elif pa.types.is_string(f.type):
-            cols.append(pa.array([f"n{i}" for i in ids]))
-        else:
-            cols.append(pa.array(rng.integers(0, 1 << 30, n)).cast(f.type))
-    return pa.Table.from_arrays(cols, schema=schema)
 
 
 def timed_commits(uri: str, batches: Callable[[int], pa.Table], commits: int, how: str = "commit") -> float:
