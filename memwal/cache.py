@@ -12,6 +12,7 @@ table handle), never by the process.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from typing import Callable, Generic, Hashable, TypeVar
 
@@ -107,25 +108,33 @@ class LanceCaches:
     and not reached in practice: once what the session holds passes ``renew_bytes``, the next
     open starts a new session, which again holds only what is live.
 
-    Invariant: the current session exceeds ``renew_bytes`` by at most what was loaded since
-    the last open; a replaced session lives only as long as the datasets opened with it. A
+    The size is checked at most every ``check_seconds``: Lance walks the whole cache to
+    measure it (1.1 ms at 361 MiB), and a reader opens the base on every refresh.
+
+    Invariant: the current session exceeds ``renew_bytes`` by at most what was loaded in one
+    check interval; a replaced session lives only as long as the datasets opened with it. A
     base whose working set exceeds ``renew_bytes`` renews often and degrades to cold caches,
     never to a thrashing cache.
     """
 
-    def __init__(self, renew_bytes: int = 768 << 20, metadata_bytes: int = 64 << 20) -> None:
+    def __init__(self, renew_bytes: int = 768 << 20, metadata_bytes: int = 64 << 20, check_seconds: float = 5.0) -> None:
         self.renew_bytes = renew_bytes
         self.metadata_bytes = metadata_bytes
+        self.check_seconds = check_seconds
         self.renewals = 0
         self._session: lance.Session | None = None
+        self._checked_at = 0.0
         self._lock = threading.Lock()
 
     def session(self) -> lance.Session:
         """The session to open a dataset with: the current one, or a new one if it is full."""
         with self._lock:
-            if self._session is not None and self._session.size_bytes() > self.renew_bytes:
-                self._session = None
-                self.renewals += 1
+            now = time.monotonic()
+            if self._session is not None and now - self._checked_at >= self.check_seconds:
+                self._checked_at = now
+                if self._session.size_bytes() > self.renew_bytes:
+                    self._session = None
+                    self.renewals += 1
             if self._session is None:
                 self._session = lance.Session(
                     index_cache_size_bytes=2 * self.renew_bytes, metadata_cache_size_bytes=self.metadata_bytes
