@@ -42,6 +42,7 @@ from memwal.errors import (  # noqa: E402
     TableNotFoundError,
     UnknownColumnError,
 )
+from memwal.bounds import FoldSchedule  # noqa: E402
 from memwal.gc import GcConfig  # noqa: E402
 from memwal.lance_errors import classify, lance_message  # noqa: E402
 from memwal.maintenance import MaintenanceConfig  # noqa: E402
@@ -324,6 +325,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         gc=not args.no_gc,
         views=not args.no_views,
         max_generations_per_commit=args.max_generations_per_commit,
+        fold=FoldSchedule(fraction=args.fold_fraction, max_wait_seconds=args.fold_after, at_sstables=args.fold_at_sstables),
         flush_stranded_after_seconds=args.flush_stranded_after,
         gc_config=GcConfig(
             reader_grace_seconds=args.reader_grace,
@@ -694,6 +696,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--interval", type=float, default=maintenance.interval_seconds, metavar="S", help="seconds between cycles (default %(default)s)")
     s.add_argument("--max-generations-per-commit", type=int, default=maintenance.max_generations_per_commit,
         help="consecutive generations compacted in one commit (default %(default)s)")
+    s.add_argument("--fold-fraction", type=float, default=maintenance.fold.fraction, metavar="F",
+        help="fold SSTables into the base once their rows are F of the base's (0: every cycle; default %(default)s) ...")
+    s.add_argument("--fold-after", type=float, default=maintenance.fold.max_wait_seconds, metavar="S",
+        help="... or once one has waited S seconds (default %(default)s) ...")
+    s.add_argument("--fold-at-sstables", type=int, default=maintenance.fold.at_sstables, metavar="N",
+        help="... or once a shard has N of them (default %(default)s); --once folds whatever is pending")
     s.add_argument("--reader-grace", type=float, default=gc.reader_grace_seconds, metavar="S",
         help="keep SSTables compacted less than S seconds ago (readers may still read them; default %(default)s)")
     s.add_argument("--base-retention", type=float, default=gc.base_version_retention_seconds, metavar="S",

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from memwal import paths
-from memwal.bounds import BoundsEnforcer, compaction_order
+from memwal.bounds import BoundsEnforcer, FoldSchedule, compaction_order
 from memwal.compactor import DAMAGE_ERRORS, CompactionResult, Compactor
 from memwal.errors import ConcurrencyError, TableDamagedError, WalGapError
 from memwal.gc import GarbageCollector, GcConfig
@@ -49,7 +49,12 @@ class MaintenanceConfig:
     gc: bool = True
     #: Refresh the table's materialized views after every cycle that compacted something.
     views: bool = True
-    max_generations_per_commit: int = 8
+    #: Up to this many consecutive generations of a shard go into one commit (a fold the
+    #: schedule waited for holds up to ``fold.at_sstables`` of them; the compactor's row limit
+    #: still bounds a commit's memory).
+    max_generations_per_commit: int = 32
+    #: When a cycle folds SSTables into the base (every cycle with ``FoldSchedule(fraction=0)``).
+    fold: FoldSchedule = field(default_factory=FoldSchedule)
     #: Flush acknowledged writes that sat unflushed this long with no writer (None: never).
     flush_stranded_after_seconds: float | None = 60.0
     gc_config: GcConfig = field(default_factory=GcConfig)
@@ -100,10 +105,17 @@ class Maintenance:
         self.last_report: CycleReport | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: (shard id, generation) -> when a cycle first found that SSTable uncompacted
+        #: (monotonic; a restarted service starts counting again, so it waits at most twice)
+        self._pending_since: dict[tuple[str, int], float] = {}
 
-    def run_cycle(self) -> CycleReport:
+    def run_cycle(self, *, fold_now: bool = True) -> CycleReport:
         """One pass: flush stranded writes, compact every shard, create/catch up indexes,
         collect garbage.
+
+        With ``fold_now`` every pending SSTable is compacted (one cycle run by hand); without
+        it, only when the config's :class:`~memwal.bounds.FoldSchedule` says so (the service's
+        loop), and the report's ``fold_reason`` says why.
 
         Damaged shards are skipped and reported (see the module docstring); after the cycle's
         report is published (and kept in :attr:`last_report`), the first one's
@@ -137,7 +149,7 @@ class Maintenance:
             done["stranded_shards_flushed"] = len(flushed)
         shards = self.state.manifests.list_shards()
         if self.config.compact:
-            results = self._compact_by_backlog(healthy(shards), damaged("compaction"))
+            results, done["fold_reason"] = self._compact_by_backlog(healthy(shards), damaged("compaction"), fold_now)
             rows = sum(r.rows_upserted + r.keys_deleted for r in results)
             busy = sum(r.seconds for r in results)
             done.update(
@@ -181,10 +193,10 @@ class Maintenance:
         self._publish(report)
         self.last_report = report
         log.info(
-            "maintenance of %s: %d commits (%d generations, %d rows, %.0f rows/s), %d sstables and %d bytes "
+            "maintenance of %s: %d commits (%d generations, %d rows, %.0f rows/s; %s), %d sstables and %d bytes "
             "reclaimed, %d sstables pending, index lag %s, %d damaged shard(s) skipped, in %.2fs",
             self.state.uri, report.compaction_commits, report.generations_compacted, report.rows_compacted,
-            report.rows_per_second, report.sstables_removed, report.bytes_reclaimed,
+            report.rows_per_second, report.fold_reason or "no fold due", report.sstables_removed, report.bytes_reclaimed,
             sum(report.pending_sstables.values()), report.index_lag or "none", len(report.damaged_shards),
             report.seconds,
         )
@@ -211,20 +223,42 @@ class Maintenance:
                 )
         return TableDamagedError(f"shard {shard_id}: maintenance failed ({reason})")
 
-    def _compact_by_backlog(self, shard_ids: list[str], on_damage: Callable[[str, Exception], None]) -> list[CompactionResult]:
+    def _compact_by_backlog(
+        self, shard_ids: list[str], on_damage: Callable[[str, Exception], None], fold_now: bool
+    ) -> tuple[list[CompactionResult], str | None]:
         """Compact every shard, those furthest over the SSTable bound first: they are the
-        ones whose writers are slowed or stalled (memwal.bounds.compaction_order). A shard
-        whose files cannot be read goes to ``on_damage`` and the others are still compacted."""
+        ones whose writers are slowed or stalled (memwal.bounds.compaction_order), if a fold is
+        due (or ``fold_now``). A shard whose files cannot be read goes to ``on_damage`` and the
+        others are still compacted. Returns the results and why the fold ran (None: it did not)."""
         backlog: dict[str, int] = {}
+        rows = 0
+        now = time.monotonic()
+        pending_since: dict[tuple[str, int], float] = {}
         ds = self.state.dataset()
         for shard_id in shard_ids:
             try:
-                backlog[shard_id] = len(self.compactor.pending(shard_id, ds)[1])
+                todo = self.compactor.pending(shard_id, ds)[1]
             except ConcurrencyError:
                 raise
             except DAMAGE_ERRORS as e:
                 on_damage(shard_id, e)
-        return self.compactor.compact_shards(compaction_order(backlog, self.bounds), on_damage)
+                continue
+            backlog[shard_id] = len(todo)
+            rows += sum(s.physical_rows for s in todo)
+            for s in todo:
+                key = (shard_id, s.generation)
+                pending_since[key] = self._pending_since.get(key, now)
+        self._pending_since = pending_since  # forgets what was compacted meanwhile
+        schedule = replace(self.config.fold, at_sstables=min(self.config.fold.at_sstables, self.bounds.max_sstables))
+        oldest = now - min(pending_since.values(), default=now)
+        reason = schedule.due(rows, ds.count_rows() if rows else 0, max(backlog.values(), default=0), oldest)
+        if fold_now and reason is None and backlog and max(backlog.values()):
+            reason = "run by hand"
+        if reason is None:
+            if rows:
+                log.debug("maintenance of %s waits to fold %d pending rows", self.state.uri, rows)
+            return [], None
+        return self.compactor.compact_shards(compaction_order(backlog, self.bounds), on_damage), reason
 
     def _enforce_bounds(self, done: dict[str, Any]) -> dict[str, Any]:
         """Keep the base within its bounds; the CycleReport fields of what that did and left."""
@@ -290,7 +324,7 @@ class Maintenance:
         done = 0
         while not self._stop.is_set() and (cycles is None or done < cycles):
             try:
-                self.run_cycle()
+                self.run_cycle(fold_now=False)
                 failures = 0
             except TableDamagedError as e:
                 if self.last_report is None:  # the cycle did not get to its end

@@ -50,6 +50,9 @@ class CycleReport:
     generations_compacted: int = 0
     rows_compacted: int = 0
     rows_per_second: float = 0.0
+    #: why this cycle folded SSTables into the base (memwal.bounds.FoldSchedule); None: it
+    #: waited, or nothing was pending
+    fold_reason: str | None = None
     base_fragments_compacted: int = 0
     views_refreshed: int = 0
     indexes_caught_up: bool = False

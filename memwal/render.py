@@ -123,6 +123,10 @@ def _maintenance_lines(m: MaintenanceStatus) -> list[str]:
             f"{last.rows_compacted} rows at {last.rows_per_second:,.0f} rows/s, "
             f"{last.bytes_reclaimed:,} bytes reclaimed"
         )
+        if last.fold_reason:
+            lines.append(f"  folded because {last.fold_reason}")
+        elif sum(last.pending_sstables.values()):
+            lines.append("  fold not due: waiting for more pending rows (memwal maintain --fold-fraction)")
         if last.index_segments:
             lines.append("  index segments: " + ", ".join(f"{n} {c}" for n, c in sorted(last.index_segments.items())))
         if last.disk_bytes is not None:

@@ -11,10 +11,12 @@ import threading
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from helpers import PEOPLE, people
-from memwal import Bounds, Table, WriterConfig, WriteStalledError, readers
-from memwal.bounds import compaction_order
+from memwal import Bounds, Table, WriterConfig, WriteStalledError, paths, readers
+from memwal.bounds import FoldSchedule, compaction_order
 from memwal.errors import ConcurrencyError, InvalidArgumentError
 from memwal.gc import GcConfig
 from memwal.maintenance import Maintenance, MaintenanceConfig
@@ -195,3 +197,72 @@ def test_manifest_size_and_disk_are_measured_and_reported(table_uri):
     text = render_status(table_status(TableState.load(table_uri)))
     assert "over its bounds after the cycle: " in text
     assert readers.open(table_uri).count() == 20
+
+
+def test_the_fold_schedule_says_when_to_fold():
+    s = FoldSchedule(fraction=0.1, max_wait_seconds=30.0, at_sstables=4)
+    assert s.due(0, 1000, 0, 0.0) is None  # nothing pending
+    assert s.due(99, 1000, 3, 29.0) is None  # under every trigger: wait
+    assert s.due(100, 1000, 1, 0.0) is not None  # the rows reached the share of the base
+    assert s.due(1, 1000, 4, 0.0) is not None  # a shard reached its SSTables
+    assert s.due(1, 1000, 1, 30.0) is not None  # an SSTable waited long enough
+    assert s.due(5, 0, 1, 0.0) is not None  # an empty base: every cycle
+    assert FoldSchedule(fraction=0).due(1, 10**9, 1, 0.0) is not None
+    for bad in ({"fraction": -0.1}, {"max_wait_seconds": -1.0}, {"at_sstables": 0}):
+        with pytest.raises(InvalidArgumentError):
+            FoldSchedule(**bad)
+
+
+@given(
+    rows=st.integers(0, 10**7),
+    base=st.integers(0, 10**9),
+    most=st.integers(0, 100),
+    wait=st.floats(0, 1000),
+    fraction=st.floats(0, 1),
+    max_wait=st.floats(0, 1000),
+    at=st.integers(1, 100),
+)
+def test_the_fold_schedule_waits_only_below_all_of_its_bounds(rows, base, most, wait, fraction, max_wait, at):
+    reason = FoldSchedule(fraction=fraction, max_wait_seconds=max_wait, at_sstables=at).due(rows, base, most, wait)
+    if reason is None:
+        assert (rows == 0 and most == 0) or (most < at and wait < max_wait and rows < fraction * base)
+    else:
+        assert rows > 0 or most > 0
+
+
+def test_the_service_folds_when_its_schedule_says_so_and_readers_see_the_rows_meanwhile(table_uri):
+    table = Table.create(table_uri, PEOPLE, ["id"], "unsharded", initial_data=people(range(1000)))
+    _flushes(table, 2, start=1000)  # 10 rows pending, 1% of the base
+    m = _maintenance(
+        table.state, interval_seconds=0.0, fold=FoldSchedule(fraction=0.05, max_wait_seconds=3600.0, at_sstables=3)
+    )
+    m.run_forever(cycles=1)
+    r = m.last_report
+    assert (r.compaction_commits, r.fold_reason, sum(r.pending_sstables.values())) == (0, None, 2)
+    assert readers.open(table_uri).get(1007)["name"] == "f11007"
+    _flushes(table, 1, start=2000)  # a third SSTable: the schedule's bound
+    m.run_forever(cycles=1)
+    r = m.last_report
+    assert (r.compaction_commits, r.generations_compacted, sum(r.pending_sstables.values())) == (1, 3, 0)
+    assert r.fold_reason is not None and "fold_reason" in m.state.io.read(paths.maintenance_metrics(table_uri)).decode()
+    assert table.state.dataset().count_rows() == 1015
+
+
+def test_the_service_folds_what_waited_too_long_and_a_cycle_run_by_hand_folds_everything(table_uri):
+    table = Table.create(table_uri, PEOPLE, ["id"], "unsharded", initial_data=people(range(1000)))
+    _flushes(table, 1, start=1000)
+    m = _maintenance(
+        table.state, interval_seconds=0.0, fold=FoldSchedule(fraction=1.0, max_wait_seconds=0.2, at_sstables=32)
+    )
+    m.run_forever(cycles=1)  # first seen now: it has not waited yet
+    assert m.last_report.compaction_commits == 0
+    time.sleep(0.3)
+    m.run_forever(cycles=1)
+    assert m.last_report.generations_compacted == 1
+    _flushes(table, 1, start=2000)
+    assert m.run_cycle().generations_compacted == 1  # by hand: no schedule
+    # A schedule whose SSTable bound is above the table's is held to the table's.
+    _flushes(table, 1, start=3000)
+    held = _maintenance(table.state, Bounds(max_sstables=1), interval_seconds=0.0, fold=FoldSchedule(fraction=1.0, max_wait_seconds=3600.0))
+    held.run_forever(cycles=1)
+    assert held.last_report.generations_compacted == 1
