@@ -61,6 +61,13 @@ class FencedError(ConcurrencyError):
     """
 
 
+class BatchInterruptedError(ConcurrencyError):
+    """A micro-batch stopped part-way because its streaming query was being stopped. Spark
+    did not commit the batch: the query replays it on restart, and the sink's writes are
+    idempotent per micro-batch (every key ends at the batch's newest row for it however often
+    the batch ran), so the table ends as if it ran once."""
+
+
 class WriteStalledError(ConcurrencyError):
     """Writes into a shard waited for compaction longer than the stall timeout: the shard
     holds the table's ``stop_sstables`` uncompacted SSTables or more (an LSM write stall).

@@ -241,6 +241,39 @@ def test_sigkill_mid_batch_then_restart_from_checkpoint(noida, tmp_path):
     assert approx({r["id"]: r for r in map(json.loads, scanned.stdout.splitlines())}) == approx(model)
 
 
+def test_a_query_stopped_mid_batch_stops_cleanly_and_a_restart_completes_the_table(noida, tmp_path):
+    """`memwal ingest` interrupted while a write task of micro-batch 1 is under way: Spark stops
+    the query as a stop, not a failure (it recognises a stop by matching the batch's error text
+    with a regex that recursed once per character of the Java stack trace it used to carry, and
+    overflowed the stream thread's stack), the process exits cleanly, and a restart from the
+    checkpoint completes the table."""
+    topic = f"stop-{time.monotonic_ns()}"
+    noida.create_topic(topic, 3)
+    records, model = workload(6000, 800, seed=5)
+    produce(noida, topic, records)
+    uri, ckpt = str(tmp_path / "users"), str(tmp_path / "ckpt")
+    Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)").close()
+    marker_dir = tmp_path / "markers"
+    marker_dir.mkdir()
+    marker = marker_dir / "sink.wrote.batch-1"
+    p = ingest_cli(uri, ckpt, noida, topic, {ENV: "sink.wrote.batch-1=wait", DIR_ENV: str(marker_dir)},
+                   "--max-offsets-per-trigger", "2000")
+    deadline = time.monotonic() + 300
+    while not marker.exists():
+        assert p.poll() is None, p.stderr.read().decode()[-3000:]
+        assert time.monotonic() < deadline, "the ingest never reached batch 1"
+        time.sleep(0.1)
+    p.send_signal(signal.SIGINT)  # memwal ingest stops its query on Ctrl-C
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err.decode()[-3000:]
+    assert b"StackOverflowError" not in err, err.decode()[-3000:]
+    assert b"ingested" in out
+    p = ingest_cli(uri, ckpt, noida, topic, None, "--max-offsets-per-trigger", "2000")
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err.decode()[-3000:]
+    assert approx(table_rows(uri)) == approx(model)
+
+
 def test_two_concurrent_queries_on_the_same_shard(spark, noida, tmp_path):
     """Two pipelines (two Spark applications) write disjoint keys into one unsharded table at
     the same time: they keep claiming the shard from each other. A write task fenced twice in

@@ -47,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal.errors import FencedError
+from memwal.errors import BatchInterruptedError, FencedError
 from memwal.failpoints import failpoint
 from memwal.lsm import newest_per_key
 from memwal.metadata import check_durability
@@ -795,6 +795,18 @@ def _summary(shard: str, **counters: Any) -> pa.RecordBatch:
 #: Reports a sink keeps (for :meth:`MemwalSink.report`); totals count every batch regardless.
 KEPT_REPORTS = 1000
 
+#: The JVM exceptions Spark counts as a query's stop (StreamExecution.isInterruptionException).
+_INTERRUPTIONS = ("java.lang.InterruptedException", "java.io.InterruptedIOException", "java.nio.channels.ClosedByInterruptException")
+
+
+def spark_interruption(e: BaseException) -> str | None:
+    """The JVM interruption behind ``e`` (a Py4J or PySpark error), or None if it is not one."""
+    try:
+        text = str(e)  # a Py4J error renders its Java cause chain and stack
+    except Exception:  # noqa: BLE001 - an error that cannot render is not recognisably an interruption
+        return None
+    return next((name for name in _INTERRUPTIONS if name in text), None)
+
 
 class MemwalSink:
     """A ``foreachBatch`` sink writing micro-batches into a memwal table.
@@ -910,6 +922,24 @@ class MemwalSink:
         )
 
     def __call__(self, df, batch_id: int) -> None:
+        try:
+            self._write_batch(df, batch_id)
+        except Exception as e:
+            interruption = spark_interruption(e)
+            if interruption is None:
+                raise
+            # Spark tells a stop from a failure by matching the Python traceback against a
+            # regex that recurses once per character (SPARK-39218's "Py4JJavaError: An error
+            # occurred while calling ... InterruptedException"): the Java stack trace inside
+            # the original error overflowed the stream thread's stack (StackOverflowError in
+            # java.util.regex) instead of stopping the query. A short error, without its
+            # cause, still matches.
+            raise BatchInterruptedError(
+                f"micro-batch {batch_id} interrupted: its query is stopping "
+                f"(py4j.protocol.Py4JJavaError: An error occurred while calling the JVM: {interruption})"
+            ) from None
+
+    def _write_batch(self, df, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
         t0 = time.perf_counter()
