@@ -48,7 +48,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import lance
 import lance.mem_wal
@@ -180,8 +180,9 @@ class Compactor:
     def _marker(self, shard_id: str, generation: int) -> list[lance.mem_wal.CompactedSsTable]:
         return [lance.mem_wal.CompactedSsTable(shard_id, generation)]
 
-    def plan(self, shard_id: str) -> "CompactionPlan | None":
-        """Read the next run of generations of ``shard_id`` and what it changes; None if none.
+    def plan(self, shard_id: str, upto: int | None = None) -> "CompactionPlan | None":
+        """Read the next run of generations of ``shard_id`` (none above ``upto``, if given) and
+        what it changes; None if none.
 
         The run grows past its first generation only while the newest row of every key in
         it stays live: such a run commits in one atomic pass. A generation whose keys end
@@ -189,6 +190,8 @@ class Compactor:
         """
         ds = self.state.dataset()
         compacted, todo = self.pending(shard_id, ds)
+        if upto is not None:
+            todo = [s for s in todo if s.generation <= upto]
         candidates = self._run(compacted, todo)
         if not candidates:
             if todo:
@@ -357,12 +360,17 @@ class Compactor:
         self,
         shard_ids: Sequence[str],
         on_damage: Callable[[str, Exception], None] | None = None,
+        upto: Mapping[str, int] | None = None,
     ) -> list[CompactionResult]:
         """Compact every pending generation of these shards, in rounds: each round plans the
         next run of each shard (until the runs hold ``max_rows_per_commit`` rows, so memory
         does not grow with the shard count), commits the single-pass runs together and the
         others one by one. A shard whose files cannot be
-        read goes to ``on_damage`` (if given; else the error is raised) and the others go on."""
+        read goes to ``on_damage`` (if given; else the error is raised) and the others go on.
+
+        With ``upto`` (shard id -> generation) no generation above a shard's bound is
+        compacted: a fold takes what was pending when it was decided, not what writers flush
+        while it commits (one more commit, which costs what the base's span costs)."""
         results: list[CompactionResult] = []
         pending = list(shard_ids)
         lost_in_a_row = 0
@@ -375,7 +383,7 @@ class Compactor:
                     later = pending[i:]
                     break
                 try:
-                    plan = self.plan(shard_id)
+                    plan = self.plan(shard_id, upto.get(shard_id) if upto is not None else None)
                 except ConcurrencyError:
                     raise
                 except DAMAGE_ERRORS as e:

@@ -231,6 +231,7 @@ class Maintenance:
         due (or ``fold_now``). A shard whose files cannot be read goes to ``on_damage`` and the
         others are still compacted. Returns the results and why the fold ran (None: it did not)."""
         backlog: dict[str, int] = {}
+        newest: dict[str, int] = {}  # the fold takes these generations, not what is flushed meanwhile
         rows = 0
         now = time.monotonic()
         pending_since: dict[tuple[str, int], float] = {}
@@ -244,6 +245,8 @@ class Maintenance:
                 on_damage(shard_id, e)
                 continue
             backlog[shard_id] = len(todo)
+            if todo:
+                newest[shard_id] = todo[-1].generation
             rows += sum(s.physical_rows for s in todo)
             for s in todo:
                 key = (shard_id, s.generation)
@@ -258,7 +261,8 @@ class Maintenance:
             if rows:
                 log.debug("maintenance of %s waits to fold %d pending rows", self.state.uri, rows)
             return [], None
-        return self.compactor.compact_shards(compaction_order(backlog, self.bounds), on_damage), reason
+        shards = [s for s in compaction_order(backlog, self.bounds) if s in newest]
+        return self.compactor.compact_shards(shards, on_damage, upto=newest), reason
 
     def _enforce_bounds(self, done: dict[str, Any]) -> dict[str, Any]:
         """Keep the base within its bounds; the CycleReport fields of what that did and left."""

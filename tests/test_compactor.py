@@ -57,6 +57,23 @@ def test_compaction_moves_everything_into_the_base(table_uri):
         assert s.compacted_generation == max(g.generation for g in s.manifest.sstables)
 
 
+def test_a_bounded_compaction_takes_no_generation_above_its_bound(table_uri):
+    model = generations(table_uri, 6)
+    t = Table.open(table_uri)
+    shards = t.state.manifests.list_shards()
+    upto = {}
+    for s in t.snapshot().shards:
+        gens = sorted(g.generation for g in s.manifest.sstables)
+        upto[s.shard_id] = gens[2]  # three of each shard's six
+    done = Compactor(t.state).compact_shards(shards, upto=upto)
+    assert {r.shard_id: max(r.generations) for r in done} == upto
+    for s in t.snapshot().shards:
+        assert s.compacted_generation == upto[s.shard_id] and len(s.live_sstables) == 3
+    assert live(table_uri) == model  # the rest is still read from the SSTables
+    Compactor(t.state).compact_shards(shards)
+    assert base(table_uri) == model
+
+
 def test_runs_are_in_generation_order_and_tombstone_generations_alone(table_uri):
     generations(table_uri, 7, shard_by="unsharded")
     c = Compactor(TableState.load(table_uri), max_generations_per_commit=8)
