@@ -41,6 +41,7 @@ import time
 os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
 
 import lance  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import git_rev, machine, pct, today  # noqa: E402
@@ -327,34 +328,58 @@ def dump_stall(work: str, minute: float) -> str:
     return path
 
 
-def compare_fresh(uri: str, work: str, lookups: int = 1000) -> dict[str, float]:
+def compare_fresh(uri: str, work: str, lookups: int = 1000, start_rows: int | None = None) -> dict[str, float]:
     """Point-lookup p50/p99 of the soaked table (memwal reader) against the same rows written
     fresh into a plain Lance table with a BTREE on the key, same keys, alternating, this
-    process: the issue's "within 2x of a fresh table" yardstick for the end of the hour."""
+    process: the issue's "within 2x of a fresh table" yardstick for the end of the hour.
+
+    With ``start_rows`` (the run's base rows, keys 0 .. start_rows - 1), a fresh table of just
+    those rows is measured too, on the same keys: what the table's growth alone does to a
+    lookup, with no history, against which the run's last / first minutes can be read."""
     reader = readers.open(uri)
     rows = reader.scan(columns=["id", "val", "name"])
-    fresh_uri = os.path.join(work, "fresh")
-    fresh = lance.write_dataset(rows, fresh_uri)
-    fresh.create_scalar_index("id", "BTREE")
-    fresh = lance.dataset(fresh_uri)
+    tables = {"fresh": rows}
+    if start_rows:
+        tables["fresh_start"] = rows.filter(pc.less(rows.column("id"), start_rows))
+    opened = {}
+    for name, t in tables.items():
+        path = os.path.join(work, name)
+        shutil.rmtree(path, ignore_errors=True)
+        lance.write_dataset(t, path).create_scalar_index("id", "BTREE")
+        opened[name] = lance.dataset(path)
     keys = rows.column("id").to_numpy()
+    if start_rows:
+        keys = keys[keys < start_rows]  # every table holds them
     rng = random.Random(3)
-    took: dict[str, list[float]] = {"memwal": [], "fresh": []}
+    names = ["memwal", *opened]
+    took: dict[str, list[float]] = {n: [] for n in names}
     for i in range(lookups):
         k = int(keys[rng.randrange(len(keys))])
-        for name in (("memwal", "fresh") if i % 2 else ("fresh", "memwal")):
+        for name in names[i % len(names):] + names[: i % len(names)]:  # each goes first in turn
             t0 = time.perf_counter()
             got = (reader.get(k, columns=["val"]) if name == "memwal"
-                   else fresh.to_table(columns=["val"], filter=f"id = {k}").num_rows or None)
+                   else opened[name].to_table(columns=["val"], filter=f"id = {k}").num_rows or None)
             took[name].append(time.perf_counter() - t0)
             assert got is not None, f"key {k} missing from the {name} table"
     out = {f"{n}_p{q}_ms": round(pct(v, q) * 1000, 2) for n, v in took.items() for q in (50, 99)}
     out["rows"] = rows.num_rows
     # The disk target's yardstick: what the same rows take as a plain Lance table with the index.
-    out["fresh_disk_mb"] = round(disk_bytes(fresh_uri) / 1e6, 1)
+    out["fresh_disk_mb"] = round(disk_bytes(os.path.join(work, "fresh")) / 1e6, 1)
     out["memwal_disk_mb"] = round(disk_bytes(uri) / 1e6, 1)
     out["ratio_p50"] = round(out["memwal_p50_ms"] / out["fresh_p50_ms"], 2)
+    if start_rows:
+        out["growth_p50"] = round(out["fresh_p50_ms"] / out["fresh_start_p50_ms"], 2)
     return out
+
+
+def print_comparison(c: dict[str, float]) -> None:
+    print(f"\nlookups at the end, {c['rows']:,} rows: memwal p50 {c['memwal_p50_ms']} / p99 {c['memwal_p99_ms']} ms; "
+          f"fresh Lance table with a BTREE p50 {c['fresh_p50_ms']} / p99 {c['fresh_p99_ms']} ms; "
+          f"p50 ratio {c['ratio_p50']}x (target <= 2x); on disk {c['memwal_disk_mb']:,} MB against "
+          f"{c['fresh_disk_mb']:,} MB for the fresh table", flush=True)
+    if "growth_p50" in c:
+        print(f"a fresh table of the run's starting rows only: p50 {c['fresh_start_p50_ms']} / p99 {c['fresh_start_p99_ms']} ms; "
+              f"the end's fresh table is {c['growth_p50']}x that (the table's growth alone, no history)", flush=True)
 
 
 def main() -> None:
@@ -375,9 +400,18 @@ def main() -> None:
     p.add_argument("--stall-dump", type=float, default=120,
                    help="seconds without progress while a backlog waits before every stack is dumped into the workdir")
     p.add_argument("--no-compare", action="store_true", help="skip the end-of-run lookup comparison with a fresh Lance table")
+    p.add_argument("--compare", metavar="TABLE", help="only compare TABLE's lookups (a finished run's, in --workdir/t) "
+                   "with fresh Lance tables of its rows and of its first --base-rows keys")
     args = p.parse_args()
     if args.plot:
         plot(args.plot, args.png)
+        return
+    if args.compare:
+        scratch = tempfile.mkdtemp(prefix="memwal-bench-compare-")
+        try:
+            print_comparison(compare_fresh(args.compare, scratch, start_rows=args.base_rows))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         return
     logging.basicConfig(level=logging.WARNING)
     # A SIGTERM ends the run as Ctrl-C does: the maintenance and prober processes are stopped
@@ -486,11 +520,7 @@ def main() -> None:
         maintain.terminate()
         maintain.wait(60)
         if not args.no_compare:
-            c = compare_fresh(uri, work)
-            print(f"\nlookups at the end, {c['rows']:,} rows: memwal p50 {c['memwal_p50_ms']} / p99 {c['memwal_p99_ms']} ms; "
-                  f"fresh Lance table with a BTREE p50 {c['fresh_p50_ms']} / p99 {c['fresh_p99_ms']} ms; "
-                  f"p50 ratio {c['ratio_p50']}x (target <= 2x); on disk {c['memwal_disk_mb']:,} MB against "
-                  f"{c['fresh_disk_mb']:,} MB for the fresh table", flush=True)
+            print_comparison(compare_fresh(uri, work, start_rows=args.base_rows))
     finally:
         if prober is not None and prober.is_alive():
             prober.terminate()
