@@ -93,7 +93,10 @@ class FoldSchedule:
     cycles' rows takes 0.34x the time of eight commits). Folding every cycle therefore
     makes compaction's cost per row grow with the base. Waiting until the pending rows are
     ``fraction`` of the base's rows pays that span once per ``fraction`` x base rows, so the
-    cost per folded row stays about flat as the table grows.
+    cost per folded row stays about flat as the table grows. It is off by default (0: fold
+    every cycle): in the soak hour 1% halved maintenance's busy time but left lookups where
+    they were, and the uncompacted SSTables then grow with the base up to ``at_sstables``
+    (docs/benchmarks.md, "Soak").
 
     Invariant: waiting never holds a shard at ``at_sstables`` uncompacted SSTables or more
     (which :class:`~memwal.metadata.Bounds` requires to be at most ``max_sstables``, so no
@@ -102,7 +105,7 @@ class FoldSchedule:
     """
 
     #: Fold once the uncompacted rows reach this share of the base's live rows (0: every cycle).
-    fraction: float = 0.01
+    fraction: float = 0.0
     #: ... or once the oldest uncompacted SSTable has waited this long ...
     max_wait_seconds: float = 60.0
     #: ... or once a shard has this many uncompacted SSTables.
