@@ -98,10 +98,12 @@ class FoldSchedule:
     they were, and the uncompacted SSTables then grow with the base up to ``at_sstables``
     (docs/benchmarks.md, "Soak").
 
-    Invariant: waiting never holds a shard at ``at_sstables`` uncompacted SSTables or more
-    (which :class:`~memwal.metadata.Bounds` requires to be at most ``max_sstables``, so no
-    writer is slowed by a wait), nor an SSTable longer than ``max_wait_seconds`` (views and
-    GC follow the folds, so this bounds their lag too). Readers see every SSTable either way.
+    Invariant: a cycle never waits while a shard holds ``at_sstables`` uncompacted SSTables or
+    more (maintenance clamps it to the table's ``max_sstables``, so no writer is slowed by a
+    wait), nor once an SSTable has been pending ``max_wait_seconds`` as the deciding process
+    counts (from the cycle that first saw it: up to one cycle interval more, twice that across
+    a restart). Views and GC follow the folds, so this bounds their lag too. Readers see every
+    SSTable either way.
     """
 
     #: Fold once the uncompacted rows reach this share of the base's live rows (0: every cycle).

@@ -49,10 +49,10 @@ class MaintenanceConfig:
     gc: bool = True
     #: Refresh the table's materialized views after every cycle that compacted something.
     views: bool = True
-    #: Up to this many consecutive generations of a shard go into one commit (a fold the
-    #: schedule waited for holds up to ``fold.at_sstables`` of them; the compactor's row limit
-    #: still bounds a commit's memory).
-    max_generations_per_commit: int = 32
+    #: Up to this many consecutive generations of a shard go into one commit (with a fold
+    #: schedule that waits, at least its ``at_sstables``, so one fold is one commit; the
+    #: compactor's row limit still bounds a commit's memory).
+    max_generations_per_commit: int = 8
     #: When a cycle folds SSTables into the base (every cycle with ``FoldSchedule(fraction=0)``).
     fold: FoldSchedule = field(default_factory=FoldSchedule)
     #: Flush acknowledged writes that sat unflushed this long with no writer (None: never).
@@ -84,7 +84,10 @@ class Maintenance:
     def __init__(self, state: TableState | str, config: MaintenanceConfig | None = None) -> None:
         self.state = TableState.load(state) if isinstance(state, str) else state
         self.config = config or MaintenanceConfig()
-        self.compactor = Compactor(self.state, max_generations_per_commit=self.config.max_generations_per_commit)
+        per_commit = self.config.max_generations_per_commit
+        if self.config.fold.fraction > 0:
+            per_commit = max(per_commit, self.config.fold.at_sstables)
+        self.compactor = Compactor(self.state, max_generations_per_commit=per_commit)
         self.indexes = IndexMaintainer(self.state)
         self.gc = GarbageCollector(self.state, self.config.gc_config)
         #: Claims shards whose writers died with unflushed writes, to flush them.
@@ -149,7 +152,9 @@ class Maintenance:
             done["stranded_shards_flushed"] = len(flushed)
         shards = self.state.manifests.list_shards()
         if self.config.compact:
-            results, done["fold_reason"] = self._compact_by_backlog(healthy(shards), damaged("compaction"), fold_now)
+            results, done["fold_reason"], done["fold_deferred_rows"] = self._compact_by_backlog(
+                healthy(shards), damaged("compaction"), fold_now
+            )
             rows = sum(r.rows_upserted + r.keys_deleted for r in results)
             busy = sum(r.seconds for r in results)
             done.update(
@@ -225,11 +230,12 @@ class Maintenance:
 
     def _compact_by_backlog(
         self, shard_ids: list[str], on_damage: Callable[[str, Exception], None], fold_now: bool
-    ) -> tuple[list[CompactionResult], str | None]:
+    ) -> tuple[list[CompactionResult], str | None, int]:
         """Compact every shard, those furthest over the SSTable bound first: they are the
         ones whose writers are slowed or stalled (memwal.bounds.compaction_order), if a fold is
         due (or ``fold_now``). A shard whose files cannot be read goes to ``on_damage`` and the
-        others are still compacted. Returns the results and why the fold ran (None: it did not)."""
+        others are still compacted. Returns the results, why the fold ran (None: it did not) and
+        the pending rows it left waiting (0 unless the schedule waited)."""
         backlog: dict[str, int] = {}
         newest: dict[str, int] = {}  # the fold takes these generations, not what is flushed meanwhile
         rows = 0
@@ -258,11 +264,9 @@ class Maintenance:
         if fold_now and reason is None and backlog and max(backlog.values()):
             reason = "run by hand"
         if reason is None:
-            if rows:
-                log.debug("maintenance of %s waits to fold %d pending rows", self.state.uri, rows)
-            return [], None
+            return [], None, rows
         shards = [s for s in compaction_order(backlog, self.bounds) if s in newest]
-        return self.compactor.compact_shards(shards, on_damage, upto=newest), reason
+        return self.compactor.compact_shards(shards, on_damage, upto=newest), reason, 0
 
     def _enforce_bounds(self, done: dict[str, Any]) -> dict[str, Any]:
         """Keep the base within its bounds; the CycleReport fields of what that did and left."""

@@ -53,6 +53,8 @@ class CycleReport:
     #: why this cycle folded SSTables into the base (memwal.bounds.FoldSchedule); None: it
     #: waited, or nothing was pending
     fold_reason: str | None = None
+    #: rows the fold schedule left pending this cycle (0: it did not wait)
+    fold_deferred_rows: int = 0
     base_fragments_compacted: int = 0
     views_refreshed: int = 0
     indexes_caught_up: bool = False

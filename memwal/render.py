@@ -125,8 +125,8 @@ def _maintenance_lines(m: MaintenanceStatus) -> list[str]:
         )
         if last.fold_reason:
             lines.append(f"  folded because {last.fold_reason}")
-        elif sum(last.pending_sstables.values()):
-            lines.append("  fold not due: waiting for more pending rows (memwal maintain --fold-fraction)")
+        elif last.fold_deferred_rows:
+            lines.append(f"  fold not due: {last.fold_deferred_rows:,} pending rows wait for more (memwal maintain --fold-fraction)")
         if last.index_segments:
             lines.append("  index segments: " + ", ".join(f"{n} {c}" for n, c in sorted(last.index_segments.items())))
         if last.disk_bytes is not None:

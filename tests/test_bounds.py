@@ -21,6 +21,7 @@ from memwal.errors import ConcurrencyError, InvalidArgumentError
 from memwal.gc import GcConfig
 from memwal.maintenance import Maintenance, MaintenanceConfig
 from memwal.metadata import TableMetadata
+from memwal.metrics import MaintenanceMetrics
 from memwal.render import render_status
 from memwal.state import TableState
 from memwal.status import table_status
@@ -239,12 +240,14 @@ def test_the_service_folds_when_its_schedule_says_so_and_readers_see_the_rows_me
     m.run_forever(cycles=1)
     r = m.last_report
     assert (r.compaction_commits, r.fold_reason, sum(r.pending_sstables.values())) == (0, None, 2)
+    assert r.fold_deferred_rows == 10
     assert readers.open(table_uri).get(1007)["name"] == "f11007"
     _flushes(table, 1, start=2000)  # a third SSTable: the schedule's bound
     m.run_forever(cycles=1)
     r = m.last_report
     assert (r.compaction_commits, r.generations_compacted, sum(r.pending_sstables.values())) == (1, 3, 0)
-    assert r.fold_reason is not None and "fold_reason" in m.state.io.read(paths.maintenance_metrics(table_uri)).decode()
+    published = MaintenanceMetrics.from_json(m.state.io.read(paths.maintenance_metrics(table_uri)).decode())
+    assert r.fold_reason is not None and published.last_cycle.fold_reason == r.fold_reason
     assert table.state.dataset().count_rows() == 1015
 
 

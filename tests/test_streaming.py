@@ -267,6 +267,7 @@ def test_a_query_stopped_mid_batch_stops_cleanly_and_a_restart_completes_the_tab
     out, err = p.communicate(timeout=300)
     assert p.returncode == 0, err.decode()[-3000:]
     assert b"StackOverflowError" not in err, err.decode()[-3000:]
+    assert b"BatchInterruptedError" in err  # the stop reached Spark as the sink's short error
     assert b"ingested" in out
     p = ingest_cli(uri, ckpt, noida, topic, None, "--max-offsets-per-trigger", "2000")
     out, err = p.communicate(timeout=300)

@@ -928,6 +928,8 @@ class MemwalSink:
             interruption = spark_interruption(e)
             if interruption is None:
                 raise
+            # The cause is dropped below; an interruption that was not a stop stays traceable.
+            log.info("micro-batch %d interrupted (%s): %s", batch_id, interruption, str(e).strip().splitlines()[0][:500])
             # Spark tells a stop from a failure by matching the Python traceback against a
             # regex that recurses once per character (SPARK-39218's "Py4JJavaError: An error
             # occurred while calling ... InterruptedException"): the Java stack trace inside
