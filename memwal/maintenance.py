@@ -94,6 +94,8 @@ class Maintenance:
         self.writers = ShardWriterPool(self.state)
         self.writers.owner = f"maintenance {self.writers.owner}"  # how a fenced writer's error names it
         self.bounds = self.config.bounds or self.state.metadata.bounds
+        #: the config's schedule, its SSTable cap held to the table's (waiting never slows a writer)
+        self.fold = replace(self.config.fold, at_sstables=min(self.config.fold.at_sstables, self.bounds.max_sstables))
         self.enforcer = BoundsEnforcer(
             self.state,
             self.bounds,
@@ -258,10 +260,10 @@ class Maintenance:
                 key = (shard_id, s.generation)
                 pending_since[key] = self._pending_since.get(key, now)
         self._pending_since = pending_since  # forgets what was compacted meanwhile
-        schedule = replace(self.config.fold, at_sstables=min(self.config.fold.at_sstables, self.bounds.max_sstables))
         oldest = now - min(pending_since.values(), default=now)
-        reason = schedule.due(rows, ds.count_rows() if rows else 0, max(backlog.values(), default=0), oldest)
-        if fold_now and reason is None and backlog and max(backlog.values()):
+        base_rows = ds.count_rows() if rows and self.fold.fraction > 0 else 0  # only a share needs it
+        reason = self.fold.due(rows, base_rows, max(backlog.values(), default=0), oldest)
+        if fold_now and reason is None and newest:
             reason = "run by hand"
         if reason is None:
             return [], None, rows

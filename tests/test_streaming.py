@@ -209,24 +209,31 @@ def ingest_cli(uri, ckpt, broker, topic, extra_env=None, *args):
     )
 
 
-def test_sigkill_mid_batch_then_restart_from_checkpoint(noida, tmp_path):
-    topic = f"crash-{time.monotonic_ns()}"
+def ingest_to_failpoint(noida, tmp_path, name: str, records: int, keys: int, seed: int, point: str):
+    """A topic of ``records`` upserts over ``keys`` keys, a 4-shard table, and ``memwal ingest``
+    (2,000 records per micro-batch) run until it stands at failpoint ``point`` ("name=action").
+    Returns the process, the table's URI, the checkpoint, the topic and the model."""
+    topic = f"{name}-{time.monotonic_ns()}"
     noida.create_topic(topic, 3)
-    records, model = workload(8000, 1000, seed=3)
-    produce(noida, topic, records)
+    rows, model = workload(records, keys, seed=seed)
+    produce(noida, topic, rows)
     uri, ckpt = str(tmp_path / "users"), str(tmp_path / "ckpt")
     Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)").close()
     marker_dir = tmp_path / "markers"
     marker_dir.mkdir()
+    p = ingest_cli(uri, ckpt, noida, topic, {ENV: point, DIR_ENV: str(marker_dir)}, "--max-offsets-per-trigger", "2000")
+    deadline = time.monotonic() + 300
+    while not (marker_dir / point.split("=")[0]).exists():
+        assert p.poll() is None, p.stderr.read().decode()[-3000:]
+        assert time.monotonic() < deadline, f"the ingest never reached {point}"
+        time.sleep(0.1)
+    return p, uri, ckpt, topic, model
+
+
+def test_sigkill_mid_batch_then_restart_from_checkpoint(noida, tmp_path):
     # Pause in a write task of micro-batch 2, after it wrote a shard: two batches are
     # committed, the third is half written. Then kill the whole driver process tree.
-    p = ingest_cli(uri, ckpt, noida, topic, {ENV: "sink.wrote.batch-2=pause", DIR_ENV: str(marker_dir)},
-                   "--max-offsets-per-trigger", "2000")
-    deadline = time.monotonic() + 300
-    while not (marker_dir / "sink.wrote.batch-2").exists():
-        assert p.poll() is None, p.stderr.read().decode()[-3000:]
-        assert time.monotonic() < deadline, "the ingest never reached batch 2"
-        time.sleep(0.1)
+    p, uri, ckpt, topic, model = ingest_to_failpoint(noida, tmp_path, "crash", 8000, 1000, 3, "sink.wrote.batch-2=pause")
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
     assert p.returncode == -signal.SIGKILL
@@ -247,22 +254,7 @@ def test_a_query_stopped_mid_batch_stops_cleanly_and_a_restart_completes_the_tab
     with a regex that recursed once per character of the Java stack trace it used to carry, and
     overflowed the stream thread's stack), the process exits cleanly, and a restart from the
     checkpoint completes the table."""
-    topic = f"stop-{time.monotonic_ns()}"
-    noida.create_topic(topic, 3)
-    records, model = workload(6000, 800, seed=5)
-    produce(noida, topic, records)
-    uri, ckpt = str(tmp_path / "users"), str(tmp_path / "ckpt")
-    Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)").close()
-    marker_dir = tmp_path / "markers"
-    marker_dir.mkdir()
-    marker = marker_dir / "sink.wrote.batch-1"
-    p = ingest_cli(uri, ckpt, noida, topic, {ENV: "sink.wrote.batch-1=wait", DIR_ENV: str(marker_dir)},
-                   "--max-offsets-per-trigger", "2000")
-    deadline = time.monotonic() + 300
-    while not marker.exists():
-        assert p.poll() is None, p.stderr.read().decode()[-3000:]
-        assert time.monotonic() < deadline, "the ingest never reached batch 1"
-        time.sleep(0.1)
+    p, uri, ckpt, topic, model = ingest_to_failpoint(noida, tmp_path, "stop", 6000, 800, 5, "sink.wrote.batch-1=wait")
     p.send_signal(signal.SIGINT)  # memwal ingest stops its query on Ctrl-C
     out, err = p.communicate(timeout=300)
     assert p.returncode == 0, err.decode()[-3000:]
