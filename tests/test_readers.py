@@ -2,25 +2,31 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 import lance
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from memwal import IndexConfig, Table, WriterConfig, readers
+from memwal import IndexConfig, Table, WriterConfig, paths, readers
+from memwal.errors import InvalidArgumentError
 from memwal.compactor import Compactor
 from memwal.state import TableState
 from memwal.indexes import IndexMaintainer
 from memwal.readers.bm25 import CorpusStats, score, tokenize
+from memwal.readers.sstables import KeySet
+from memwal.schema import TOMBSTONE
 
 WORDS = ["lance", "spark", "kafka", "arrow", "shard", "merge", "delta", "vector"]
 CATS = ["a", "b", "c"]
@@ -325,3 +331,88 @@ def test_base_point_read_returns_exactly_the_live_rows(tmp_path, stable_row_ids,
     for key in range(0, n + 200, 7):
         want = ds.to_table(columns=["id", "v"], filter=f"id = {key}")
         assert base_point_read(ds, ["id", "v"], f"id = {key}").to_pylist() == want.to_pylist()
+
+
+def _refresh_threads(uri: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == f"memwal-refresh {uri}" and t.is_alive()]
+
+
+def _wait_for(condition, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_a_background_refresh_publishes_new_snapshots_with_their_sstable_keys_loaded(table_uri):
+    """Lookups on a background-refreshed reader see later flushes without refreshing in the
+    read: the refresh thread swaps in each new snapshot with every live SSTable's key set
+    already loaded, and the rows match an inline reader's."""
+    rows = lambda ids, body: pa.Table.from_pylist([{"id": i, "cat": "a", "body": body, "vec": [0.0] * 4} for i in ids], schema=SCHEMA)  # noqa: E731
+    with Table.create(table_uri, SCHEMA, ["id"], "bucket(id, 2)") as t:
+        t.write(rows(range(10), "v1"))
+        t.flush()
+        Compactor(t.state).run_once()
+        with readers.open(table_uri, refresh_interval_ms=100, refresh_in_background=True) as r:
+            first = r._snapshot
+            assert r.get(3)["body"] == "v1"  # from the base; its predicate warms new base versions
+            t.write(rows(range(5, 15), "v2"))
+            t.flush()
+            inline = readers.open(table_uri)
+            flushed = set(inline.snapshot.sstable_paths())
+            assert flushed
+            # No read of r happens meanwhile: only its thread can take the new snapshot.
+            _wait_for(lambda: set(r._snapshot.sstable_paths()) == flushed, "a snapshot with every flushed SSTable")
+            snap = r._snapshot
+            assert snap is not first
+            for shard in snap.shards:
+                for sst in shard.live_sstables:
+                    path = paths.sstable_path(snap.dataset.uri, shard.shard_id, sst.path)
+                    assert ("keys", path) in r.sstables._lru, "published before its SSTable keys were loaded"
+            for i in range(16):
+                assert r.get(i) == inline.get(i)
+            assert r.get(12)["body"] == "v2" and r.get(2)["body"] == "v1" and r.get(15) is None
+            Compactor(t.state).run_once()  # a new base version, and the SSTables retire
+            _wait_for(lambda: r._snapshot.base_version > snap.base_version, "the compacted base version")
+            assert {x["id"]: x["body"] for x in r.scan().to_pylist()} == {i: ("v1" if i < 5 else "v2") for i in range(15)}
+
+
+def test_a_background_refresh_ends_with_close_or_with_its_reader(table_uri):
+    Table.create(table_uri, SCHEMA, ["id"], "bucket(id, 2)").close()
+    r = readers.open(table_uri, refresh_interval_ms=50, refresh_in_background=True)
+    uri = r.state.uri
+    assert len(_refresh_threads(uri)) == 1
+    r.close()
+    _wait_for(lambda: not _refresh_threads(uri), "close() to end the refresh thread")
+    assert r.get(1) is None  # a closed reader still reads, refreshing inline
+    r = readers.open(table_uri, refresh_interval_ms=50, refresh_in_background=True)
+    assert len(_refresh_threads(uri)) == 1
+    del r
+    gc.collect()
+    _wait_for(lambda: not _refresh_threads(uri), "the refresh thread of a collected reader to end")
+
+
+@pytest.mark.parametrize("kwargs", [{"consistency": "strong"}, {"version": 1}, {"refresh_interval_ms": None}])
+def test_a_background_refresh_needs_an_eventual_reader_of_the_latest_version(table_uri, kwargs):
+    Table.create(table_uri, SCHEMA, ["id"], "bucket(id, 2)").close()
+    with pytest.raises(InvalidArgumentError):
+        readers.open(table_uri, refresh_in_background=True, **kwargs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.integers(-(2**63), 2**63 - 1), st.booleans()), max_size=40),
+    probes=st.lists(st.integers(-(2**70), 2**70), max_size=10),
+    key_type=st.sampled_from([pa.int64(), pa.int32(), pa.uint64(), pa.string()]),
+)
+def test_an_sstable_key_set_answers_as_a_dict_of_its_rows_would(rows, probes, key_type):
+    """Integer key sets are sorted arrays, other keys a dict; both say what a dict built
+    from the rows in order says (the later row of a repeated key wins), absent keys included."""
+    lo, hi = {pa.int64(): (-(2**63), 2**63 - 1), pa.int32(): (-(2**31), 2**31 - 1), pa.uint64(): (0, 2**64 - 1)}.get(key_type, (None, None))
+    cast = (lambda k: str(k)) if key_type == pa.string() else (lambda k: k)  # noqa: E731
+    rows = [(cast(k), t) for k, t in rows if lo is None or lo <= k <= hi]
+    table = pa.table({"id": pa.array([k for k, _ in rows], key_type), TOMBSTONE: pa.array([t for _, t in rows], pa.bool_())})
+    keys = KeySet.of(table, ["id"])
+    expected = dict(rows)
+    for k in [*expected, *(cast(p) for p in probes)]:
+        assert keys.tombstone(k) == expected.get(k)

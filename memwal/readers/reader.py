@@ -2,13 +2,17 @@
 
 A :class:`Reader` works on a :class:`~memwal.snapshot.Snapshot` (a pinned base version
 plus the live SSTables of every shard) and refreshes it on demand or every
-``refresh_interval_ms``. Lance's LSM planners do the merging (newest row per key by
-generation, tombstones hide keys); memwal decides what they read.
+``refresh_interval_ms``, either in the read that finds it stale or, for a serving process,
+on a thread of its own (``refresh_in_background``). Lance's LSM planners do the merging
+(newest row per key by generation, tombstones hide keys); memwal decides what they read.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Sequence
@@ -35,6 +39,12 @@ from memwal.state import TableState
 from memwal.wal import WalTailReader
 
 Consistency = Literal["eventual", "strong"]
+
+log = logging.getLogger(__name__)
+
+#: A reader refreshed in the background refreshes in the read itself once its snapshot is this
+#: many intervals old (the refresh thread is stuck or failing), so staleness stays bounded.
+BACKGROUND_STALE_INTERVALS = 5
 
 #: Up to this many keys, get_many runs point lookups (bloom filters, short-circuit per key);
 #: above it one filtered scan per shard is cheaper.
@@ -78,6 +88,7 @@ class Reader:
         refresh_interval_ms: int | None = 1000,
         version: int | None = None,
         cache_bytes: int = sstables.DEFAULT_CACHE_BYTES,
+        refresh_in_background: bool = False,
     ) -> None:
         if consistency not in ("eventual", "strong"):
             raise InvalidArgumentError(f"consistency must be 'eventual' or 'strong', got {consistency!r}")
@@ -97,6 +108,15 @@ class Reader:
         #: which plan the last vector search used (for explain and the benchmark)
         self.last_vector_plan = ""
         self._valid_filters: set[str] = set()
+        #: the last point lookup's base predicate, replayed on each new base version by the
+        #: background refresh so the first lookup on it finds its index pages loaded
+        self._warm_predicate: str | None = None
+        self._refresher: _Refresher | None = None
+        if refresh_in_background:
+            if consistency != "eventual" or version is not None or not refresh_interval_ms:
+                raise InvalidArgumentError("refresh_in_background needs an eventual reader of the latest version with a refresh_interval_ms")
+            self.refresh()  # the first snapshot in the caller's thread: a bad table fails here
+            self._refresher = _Refresher(self, refresh_interval_ms / 1000)
 
     # -- snapshots ------------------------------------------------------------------------------
 
@@ -113,17 +133,49 @@ class Reader:
         self._taken_at = time.monotonic()
         return snap
 
+    def _refresh_and_warm(self) -> None:
+        """The background refresh: take a snapshot, load what the next reads of it would load
+        first (the key sets of SSTables not seen yet; the base version's deletion files and
+        index pages, through the last lookup's predicate), then publish it. A read never waits for any of it: it
+        uses the previous snapshot until this one is ready, and swapping the attribute is atomic."""
+        snap = self.state.snapshot()
+        pk = list(self.state.primary_key)
+        for shard in snap.shards:
+            for sst in shard.live_sstables:
+                self.sstables.keys(paths.sstable_path(snap.dataset.uri, shard.shard_id, sst.path), pk)
+        predicate = self._warm_predicate
+        if predicate is not None and (self._snapshot is None or snap.base_version != self._snapshot.base_version):
+            # Not base_point_read: asked for live rows only, Lance builds the deletion mask of
+            # every fragment, which loads each fragment's deletion file of the new version
+            # (every compaction commit rewrites those of the fragments its updates touch).
+            snap.dataset.to_table(columns=pk, filter=predicate)
+        self._snapshot = snap
+        self._taken_at = time.monotonic()
+
+    def close(self) -> None:
+        """Stop the background refresh, if any (a reader left to the garbage collector stops
+        it too). The reader still reads, refreshing in the read as an inline reader does."""
+        if self._refresher is not None:
+            self._refresher.stop()
+            self._refresher = None
+
+    def __enter__(self) -> "Reader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @property
     def snapshot(self) -> Snapshot:
-        """The current snapshot, refreshed if older than ``refresh_interval_ms``."""
+        """The current snapshot, refreshed if older than ``refresh_interval_ms`` (with a
+        background refresh: only once it is ``BACKGROUND_STALE_INTERVALS`` intervals old)."""
         if self._snapshot is None:
             return self.refresh()
-        if (
-            self.version is None
-            and self.refresh_interval_ms is not None
-            and (time.monotonic() - self._taken_at) * 1000 >= self.refresh_interval_ms
-        ):
-            return self.refresh()
+        if self.version is None and self.refresh_interval_ms is not None:
+            age_ms = (time.monotonic() - self._taken_at) * 1000
+            stale_ms = self.refresh_interval_ms * (BACKGROUND_STALE_INTERVALS if self._refresher is not None else 1)
+            if age_ms >= stale_ms:
+                return self.refresh()
         return self._snapshot
 
     def _view(self, shard_ids: list[str] | None = None) -> tuple[Snapshot, pa.Table | None]:
@@ -159,12 +211,13 @@ class Reader:
         wanted = sstables.lookup_key(key, pk)
         for sst in reversed(state.live_sstables if state is not None else ()):  # newest first
             path = paths.sstable_path(snap.dataset.uri, shard_id, sst.path)
-            found = self.sstables.keys(path, pk)
-            if wanted in found:
-                if found[wanted]:  # the newest version is a delete
+            tombstone = self.sstables.keys(path, pk).tombstone(wanted)
+            if tombstone is not None:
+                if tombstone:  # the newest version is a delete
                     return self._output_schema(columns).empty_table()
                 return self.sstables.read(path, columns=out, filter=predicate)
         # No SSTable holds the key: the base table's row (via its primary-key index), if any.
+        self._warm_predicate = predicate
         return base_point_read(snap.dataset, out, predicate)
 
     def get(self, key: Any, columns: Sequence[str] | None = None) -> dict[str, Any] | None:
@@ -528,17 +581,56 @@ def _key_mask(rows: pa.Table, key: dict[str, Any]) -> pa.ChunkedArray:
     return mask
 
 
+class _Refresher:
+    """Refreshes a reader's snapshot every ``interval`` seconds on a daemon thread.
+
+    It holds the reader only weakly between refreshes, so a reader nobody uses any more is
+    collected and its thread ends within one interval; :meth:`Reader.close` ends it at once.
+    A failed refresh is logged and retried at the next interval; meanwhile reads use the last
+    snapshot, and past ``BACKGROUND_STALE_INTERVALS`` intervals they refresh themselves.
+    """
+
+    def __init__(self, reader: Reader, interval: float) -> None:
+        self._reader = weakref.ref(reader)
+        self._interval = interval
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"memwal-refresh {reader.state.uri}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._interval):
+            reader = self._reader()
+            if reader is None:
+                return
+            try:
+                reader._refresh_and_warm()
+            except Exception as e:  # noqa: BLE001 - the thread must outlive a failed refresh
+                log.warning("background refresh of %s failed (retried in %.1f s): %s: %s",
+                            reader.state.uri, self._interval, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            del reader
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+
 def open(  # noqa: A001 - mirrors lance.dataset / builtin open naming users expect
     uri: str,
     *,
     consistency: Consistency = "eventual",
     refresh_interval_ms: int | None = 1000,
     version: int | None = None,
+    refresh_in_background: bool = False,
 ) -> Reader:
     """Open a reader on the memwal table at ``uri``.
 
     ``consistency="eventual"`` reads the base table and every uncompacted SSTable, with a
     snapshot refreshed every ``refresh_interval_ms`` (None: only on :meth:`Reader.refresh`).
-    ``version`` reads the base table as of that version (time travel).
+    By default the read that finds the snapshot stale refreshes it and pays for it (opening
+    the new base version, reading new SSTables' keys). ``refresh_in_background=True`` does
+    that on a thread of the reader's own and swaps the snapshot in when it is ready, so
+    lookups never wait for a refresh: for a process that serves reads (close it with
+    :meth:`Reader.close` or a ``with`` block). ``version`` reads the base table as of that
+    version (time travel).
     """
-    return Reader(TableState.load(uri), consistency=consistency, refresh_interval_ms=refresh_interval_ms, version=version)
+    return Reader(TableState.load(uri), consistency=consistency, refresh_interval_ms=refresh_interval_ms, version=version,
+                  refresh_in_background=refresh_in_background)

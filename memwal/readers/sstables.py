@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import lance
+import numpy as np
 import pyarrow as pa
 
 from memwal import paths
@@ -28,8 +30,10 @@ if TYPE_CHECKING:
 
 #: What an open SSTable dataset handle is counted as (its manifest, schema and file metadata).
 DATASET_BYTES = 64 << 10
-#: What one entry of a key set is counted as (a Python key object and a dict slot).
+#: What one entry of a key set is counted as (a Python key object and a dict slot) ...
 KEY_ENTRY_BYTES = 100
+#: ... and what one entry of an integer key set is (a sorted int64 and a bool).
+INT_KEY_ENTRY_BYTES = 9
 #: At most this many SSTables are read at once by one scan.
 READ_THREADS = 8
 #: Default bound of one reader's SSTable cache.
@@ -39,6 +43,53 @@ DEFAULT_CACHE_BYTES = 256 << 20
 def lookup_key(key: dict[str, Any], primary_key: Sequence[str]) -> Any:
     """A key mapping in the form :meth:`SSTableCache.keys` uses."""
     return key[primary_key[0]] if len(primary_key) == 1 else tuple(key[c] for c in primary_key)
+
+
+@dataclass(frozen=True)
+class KeySet:
+    """An SSTable's keys, each mapped to whether its newest version there is a tombstone.
+
+    A single integer key column is held as two NumPy arrays sorted by key, a tenth of a
+    dict's memory and built without a Python object per row: loading the key set of a new
+    SSTable is the main cost of a reader refresh, and it holds the GIL while it builds.
+    Other keys (strings, composite keys as tuples) are held in a dict. Either way, when a key
+    occurs twice the later row wins, as in the dict it replaces.
+    """
+
+    ints: np.ndarray | None = None
+    tombstones: np.ndarray | None = None
+    other: dict[Any, bool] | None = None
+
+    @classmethod
+    def of(cls, table: pa.Table, primary_key: Sequence[str]) -> "KeySet":
+        """The key set of an SSTable's ``primary_key`` and ``_tombstone`` columns."""
+        flags = table.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
+        key_type = table.schema.field(primary_key[0]).type
+        if len(primary_key) == 1 and pa.types.is_integer(key_type) and not pa.types.is_uint64(key_type):
+            keys = table.column(primary_key[0]).to_numpy(zero_copy_only=False).astype(np.int64)
+            order = np.argsort(keys, kind="stable")  # equal keys keep their row order
+            return cls(ints=keys[order], tombstones=flags[order])
+        cols = [table.column(c).to_pylist() for c in primary_key]
+        ids = cols[0] if len(cols) == 1 else list(zip(*cols))
+        return cls(other=dict(zip(ids, flags.tolist())))
+
+    def tombstone(self, key: Any) -> bool | None:
+        """True if the key's newest version is a tombstone, False if a row, None if absent."""
+        if self.other is not None:
+            return self.other.get(key)
+        assert self.ints is not None and self.tombstones is not None
+        if not isinstance(key, int) or not -(2**63) <= key < 2**63:
+            return None  # no int64 column holds it
+        i = int(np.searchsorted(self.ints, key, side="right")) - 1  # the last of equal keys
+        return bool(self.tombstones[i]) if i >= 0 and self.ints[i] == key else None
+
+    def __len__(self) -> int:
+        return len(self.other) if self.other is not None else len(self.ints)  # type: ignore[arg-type]
+
+    @property
+    def nbytes(self) -> int:
+        """What the cache counts this key set as."""
+        return KEY_ENTRY_BYTES * len(self) if self.other is not None else INT_KEY_ENTRY_BYTES * len(self)
 
 
 @contextmanager
@@ -87,19 +138,16 @@ class SSTableCache:
         """The SSTable at ``path`` as an open Lance dataset."""
         return self._get("dataset", path, lambda: lance.dataset(path, storage_options=self.storage_options), lambda _: DATASET_BYTES)
 
-    def keys(self, path: str, primary_key: Sequence[str]) -> dict[Any, bool]:
+    def keys(self, path: str, primary_key: Sequence[str]) -> KeySet:
         """Every key of the SSTable (a scalar, or a tuple for composite keys) -> is it a tombstone.
 
         The SSTable's deletion vector has already kept only the newest row of each key.
         """
 
-        def load() -> dict[Any, bool]:
-            t = self.dataset(path).to_table(columns=[*primary_key, TOMBSTONE])
-            cols = [t.column(c).to_pylist() for c in primary_key]
-            ids = cols[0] if len(cols) == 1 else list(zip(*cols))
-            return dict(zip(ids, t.column(TOMBSTONE).to_pylist()))
+        def load() -> KeySet:
+            return KeySet.of(self.dataset(path).to_table(columns=[*primary_key, TOMBSTONE]), primary_key)
 
-        return self._get("keys", path, load, lambda k: KEY_ENTRY_BYTES * len(k))
+        return self._get("keys", path, load, lambda k: k.nbytes)
 
     def rows(self, path: str, columns: Sequence[str] | None = None) -> pa.Table:
         """Every row of the SSTable (``_tombstone`` included), as stored; only ``columns``
