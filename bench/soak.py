@@ -4,7 +4,10 @@ A producer writes upserts (half updates of existing ids, half new ids) into a lo
 ``--rate`` rows/s; memwal's ingest query (Kafka -> Spark -> foreachBatch shard writers) takes
 them in micro-batches of ``--batch-rows``. Beside it, in processes of their own:
 ``memwal maintain`` (compaction, index catch-up, GC) and a prober doing point lookups of
-random keys through an eventual reader, plus one full deduped scan per sample.
+random keys through an eventual reader, plus one full deduped scan per sample; and a control
+prober doing the same lookups against two tables nobody writes to (a memwal table and a plain
+Lance table of the starting rows). The machine is shared, so lookups slow down as the load on it
+grows, whatever the table does; the control measures that, and the summary divides it out.
 
 Every ``--sample`` seconds (30 by default) one CSV line: rows/s ingested, the broker backlog,
 uncompacted SSTables (max over the sample), base fragments, the newest base manifest's bytes,
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import csv
 import faulthandler
+import itertools
 import json
 import logging
 import multiprocessing
@@ -32,6 +36,7 @@ import os
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,18 +50,21 @@ import pyarrow.compute as pc  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import git_rev, machine, pct, today  # noqa: E402
+from ingest import open_broker  # noqa: E402
 from keepup import SCHEMA, base_table, disk_bytes, read_probes  # noqa: E402
 
 from memwal import Table, readers  # noqa: E402
 from memwal.streaming import SinkOptions, ingest, local_session  # noqa: E402
-from memwal.streaming.local_broker import start_local_broker  # noqa: E402
 
 #: CSV columns, in order; the PNG draws them in panels of like units.
 COLUMNS = [
     "t_s", "rows_per_s", "backlog", "uncompacted_sstables", "base_fragments", "manifest_bytes", "disk_bytes",
     "live_bytes", "index_bytes", "live_rows", "lookup_p50_ms", "lookup_p99_ms", "lookups", "scan_rows_per_s", "freshness_s", "query_restarts", "produce_failed",
     "maintain_rss_bytes", "prober_rss_bytes",
+    "control_memwal_p50_ms", "control_memwal_p99_ms", "control_lance_p50_ms", "control_lance_p99_ms",
+    "other_refresh_p50_ms", "other_refresh_p99_ms",
 ]
+CONTROL_COLUMNS = COLUMNS[-6:]
 
 
 class Producer(threading.Thread):
@@ -65,9 +73,9 @@ class Producer(threading.Thread):
     wait for the sink: a backlog means the sink fell behind (the CSV shows it), and a deep
     one would make the local broker, not memwal, the thing measured."""
 
-    def __init__(self, bootstrap: str, topic: str, rate: int, base: int, consumed, max_backlog: int) -> None:
+    def __init__(self, config: dict, topic: str, rate: int, base: int, consumed, max_backlog: int) -> None:
         super().__init__(daemon=True)
-        self.bootstrap, self.topic, self.rate, self.base, self.consumed = bootstrap, topic, rate, base, consumed
+        self.config, self.topic, self.rate, self.base, self.consumed = config, topic, rate, base, consumed
         self.max_backlog = max_backlog
         self.stop = threading.Event()
         #: Rows the broker acknowledged, and rows it refused or librdkafka gave up on: the
@@ -87,7 +95,7 @@ class Producer(threading.Thread):
     def run(self) -> None:
         import confluent_kafka
 
-        producer = confluent_kafka.Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 20, "queue.buffering.max.messages": 1_000_000})
+        producer = confluent_kafka.Producer({**self.config, "linger.ms": 20, "queue.buffering.max.messages": 1_000_000})
         rng = random.Random(1)
         next_new = self.base
         queued = 0
@@ -157,12 +165,13 @@ class Ingest:
             self.job.stop()
 
 
-def probe(uri: str, base: int, lookups_out: str, scans_out: str, scan_every: float) -> None:
-    """Point lookups of random base keys through an eventual reader (refreshed every second),
+def probe(uri: str, base: int, lookups_out: str, scans_out: str, scan_every: float, background: bool = True) -> None:
+    """Point lookups of random base keys through an eventual reader (refreshed every second, on
+    a thread of its own unless ``background`` is False),
     every 50 ms, appending ``wall time, seconds, hit`` to ``lookups_out``; every
     ``scan_every`` seconds one full deduped scan of ``id, val``, appending ``wall time,
     seconds, rows, newest val`` to ``scans_out``. Runs until killed."""
-    reader = readers.open(uri, refresh_interval_ms=1000)
+    reader = readers.open(uri, refresh_interval_ms=1000, refresh_in_background=background)
     rng = random.Random(2)
     next_scan = time.time() + 5
     with open(lookups_out, "a", buffering=1) as lf, open(scans_out, "a", buffering=1) as sf:
@@ -185,6 +194,50 @@ def probe(uri: str, base: int, lookups_out: str, scans_out: str, scan_every: flo
                 hit = False
             lf.write(f"{time.time()},{time.perf_counter() - t0},{int(hit)}\n")
             time.sleep(0.05)
+
+
+def control_probe(static_uri: str, plain_uri: str, live_uri: str, base: int, out_path: str, background: bool = True) -> None:
+    """The load's yardstick: the prober's lookups, at its pace, against two tables nobody
+    writes to, in a process of its own: a memwal table of the run's starting rows (the same
+    read path as the prober's, with no growth and no history) and a plain Lance table of the
+    same rows with a BTREE. Both share the machine with the run, so their latency over the hour
+    is what the load alone does to a lookup; the live table's latency divided by theirs is what
+    the table's growth and history do. A third reader looks up the live table the other way
+    than the prober (``inline``: refreshed in the read that finds its snapshot stale, when the
+    prober refreshes in the background; else ``background``): the two ways under one load.
+    Takes the three in turn, appending ``wall time, which, seconds`` lines (``which``:
+    ``memwal``, ``lance``, ``inline`` or ``background``) to ``out_path``. Runs until killed."""
+    reader = readers.open(static_uri, refresh_interval_ms=1000, refresh_in_background=background)
+    other = "inline" if background else "background"
+    live = readers.open(live_uri, refresh_interval_ms=1000, refresh_in_background=not background)
+    plain = lance.dataset(plain_uri)
+    rng = random.Random(2)
+    with open(out_path, "a", buffering=1) as f:
+        for i in itertools.count():
+            key = rng.randrange(base)
+            which = ("memwal", "lance", other)[i % 3]
+            t0 = time.perf_counter()
+            try:
+                if which == "memwal":
+                    reader.get(key, columns=["val"])
+                elif which == "lance":
+                    plain.to_table(columns=["val"], filter=f"id = {key}")
+                else:
+                    live.get(key, columns=["val"])
+            except Exception:  # noqa: BLE001 - a failed lookup is a sample without one
+                continue
+            f.write(f"{time.time()},{which},{time.perf_counter() - t0}\n")
+            time.sleep(0.05)
+
+
+def read_control(path: str) -> list[tuple[float, str, float]]:
+    out = []
+    with open(path) as f:
+        for line in f:
+            parts = line.strip().split(",")
+            if len(parts) == 3:
+                out.append((float(parts[0]), parts[1], float(parts[2])))
+    return out
 
 
 def read_scans(path: str) -> list[tuple[float, float, int, float]]:
@@ -238,13 +291,16 @@ def plot(csv_path: str, png_path: str, title: str = "") -> None:
     with open(csv_path) as f:
         rows = [{k: float(v) if v not in ("", "nan") else float("nan") for k, v in r.items()} for r in csv.DictReader(f)]
     for r in rows:  # CSVs written before the columns existed
-        for col in ("index_bytes", "maintain_rss_bytes", "prober_rss_bytes"):
+        for col in ("index_bytes", "maintain_rss_bytes", "prober_rss_bytes", *CONTROL_COLUMNS):
             r.setdefault(col, float("nan"))
     t = [r["t_s"] / 60 for r in rows]
     panels = [
         ("rows/s ingested", [("rows_per_s", "rows/s")]),
         ("count", [("uncompacted_sstables", "uncompacted SSTables"), ("base_fragments", "base fragments")]),
-        ("lookup ms", [("lookup_p50_ms", "p50"), ("lookup_p99_ms", "p99")]),
+        ("lookup ms", [("lookup_p50_ms", "p50"), ("lookup_p99_ms", "p99"),
+                       ("control_memwal_p50_ms", "p50, static memwal table (load alone)"),
+                       ("control_lance_p50_ms", "p50, static plain Lance table"),
+                       ("other_refresh_p50_ms", "p50, live table, the other refresh")]),
         ("MB", [("disk_bytes", "table on disk"), ("live_bytes", "base version's data files"),
                 ("index_bytes", "base version's index files")]),
         ("manifest KB", [("manifest_bytes", "base manifest")]),
@@ -382,6 +438,64 @@ def print_comparison(c: dict[str, float]) -> None:
               f"the end's fresh table is {c['growth_p50']}x that (the table's growth alone, no history)", flush=True)
 
 
+def summarize(csv_path: str, window_s: float = 600, trend_s: float = 1800) -> dict[str, float]:
+    """The issue's yardsticks from a run's CSV: for each lookup column, the median of its
+    samples in the first and the last ``window_s`` seconds and their ratio; the live table's
+    ratios divided by the static memwal table's (what is left once the load is divided out);
+    the slope per minute over the last ``trend_s`` seconds of the counts that must stay flat;
+    and disk over the base version's data files in the last window."""
+    with open(csv_path) as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return {}
+    num = lambda r, k: float(r[k]) if r.get(k) not in (None, "", "nan") else None  # noqa: E731
+    end = num(rows[-1], "t_s") or 0.0
+    first = [r for r in rows if num(r, "t_s") <= window_s]
+    last = [r for r in rows if num(r, "t_s") > end - window_s]
+    out: dict[str, float] = {}
+    for k in ("lookup_p50_ms", "lookup_p99_ms", *CONTROL_COLUMNS):
+        a = [v for r in first if (v := num(r, k)) is not None]
+        b = [v for r in last if (v := num(r, k)) is not None]
+        if a and b:
+            out[f"{k}_first"], out[f"{k}_last"] = statistics.median(a), statistics.median(b)
+            out[f"{k}_ratio"] = round(out[f"{k}_last"] / out[f"{k}_first"], 2)
+    for q in (50, 99):
+        live, ctl = out.get(f"lookup_p{q}_ms_ratio"), out.get(f"control_memwal_p{q}_ms_ratio")
+        if live and ctl:
+            out[f"p{q}_ratio_over_load"] = round(live / ctl, 2)
+    tail = [r for r in rows if num(r, "t_s") > end - trend_s]
+    for k in ("uncompacted_sstables", "base_fragments", "manifest_bytes"):
+        pts = [(num(r, "t_s") / 60, v) for r in tail if (v := num(r, k)) is not None]
+        if len(pts) > 2:
+            mx, my = statistics.mean(x for x, _ in pts), statistics.mean(y for _, y in pts)
+            out[f"{k}_slope_per_min"] = round(sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts), 3)
+            out[f"{k}_mean"] = round(my, 1)
+    ratios = [d / lv for r in last if (d := num(r, "disk_bytes")) and (lv := num(r, "live_bytes"))]
+    if ratios:
+        out["disk_over_live"] = round(statistics.median(ratios), 2)
+    return out
+
+
+def print_summary(s: dict[str, float]) -> None:
+    if not s:
+        return
+    print("\nfirst / last 10 minutes (medians of the samples), target last/first <= 1.5x:")
+    for k, name in (("lookup_p50_ms", "lookup p50"), ("lookup_p99_ms", "lookup p99"),
+                    ("control_memwal_p50_ms", "static memwal table p50"), ("control_memwal_p99_ms", "static memwal table p99"),
+                    ("control_lance_p50_ms", "static Lance table p50"), ("control_lance_p99_ms", "static Lance table p99"),
+                    ("other_refresh_p50_ms", "live, other refresh, p50"), ("other_refresh_p99_ms", "live, other refresh, p99")):
+        if f"{k}_ratio" in s:
+            print(f"  {name:24} {s[f'{k}_first']:8.2f} -> {s[f'{k}_last']:8.2f} ms  {s[f'{k}_ratio']:.2f}x")
+    for q in (50, 99):
+        if f"p{q}_ratio_over_load" in s:
+            print(f"  p{q}: the live table's ratio over the static memwal table's (the load divided out): {s[f'p{q}_ratio_over_load']:.2f}x")
+    for k in ("uncompacted_sstables", "base_fragments", "manifest_bytes"):
+        if f"{k}_slope_per_min" in s:
+            print(f"  {k}: {s[f'{k}_slope_per_min']:+.3f} per minute over the last 30 minutes (mean {s[f'{k}_mean']:,})")
+    if "disk_over_live" in s:
+        print(f"  disk / base data files, last 10 minutes: {s['disk_over_live']:.2f} (target <= 2)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rate", type=int, default=10_000, help="rows/s the producer sends")
@@ -399,12 +513,18 @@ def main() -> None:
     p.add_argument("--plot", metavar="CSV", help="only draw --png from this CSV")
     p.add_argument("--stall-dump", type=float, default=120,
                    help="seconds without progress while a backlog waits before every stack is dumped into the workdir")
+    p.add_argument("--broker", choices=("noida", "kafka09"), default="noida",
+                   help="the local broker: noida-db (the demo's) or Apache Kafka 0.9 (tests/brokers.py; needs Java)")
+    p.add_argument("--prober-refresh", choices=("background", "inline"), default="background",
+                   help="how the probers' readers refresh: on a thread of their own (refresh_in_background) or in the lookup that finds the snapshot stale")
+    p.add_argument("--no-control", action="store_true", help="skip the control prober (lookups of static tables beside the run)")
     p.add_argument("--no-compare", action="store_true", help="skip the end-of-run lookup comparison with a fresh Lance table")
     p.add_argument("--compare", metavar="TABLE", help="only compare TABLE's lookups (a finished run's, in --workdir/t) "
                    "with fresh Lance tables of its rows and of its first --base-rows keys")
     args = p.parse_args()
     if args.plot:
         plot(args.plot, args.png)
+        print_summary(summarize(args.plot))
         return
     if args.compare:
         scratch = tempfile.mkdtemp(prefix="memwal-bench-compare-")
@@ -418,15 +538,21 @@ def main() -> None:
     # and the PNG drawn, rather than left running with the broker.
     signal.signal(signal.SIGTERM, interrupt)
     work = args.workdir or tempfile.mkdtemp(prefix="memwal-bench-soak-")
-    title = f"soak: {args.rate:,} rows/s, {args.base_rows:,}-row base; {today()}, commit {git_rev()}"
+    title = f"soak: {args.rate:,} rows/s, {args.base_rows:,}-row base, {args.broker}, {args.prober_refresh} refresh; {today()}, commit {git_rev()}"
     print(f"{title}\n{machine()}", flush=True)
-    maintain = prober = None
+    maintain = prober = control = None
     try:
         uri = os.path.join(work, "t")
-        Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)", initial_data=base_table(args.base_rows)).close()
+        base = base_table(args.base_rows)
+        Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)", initial_data=base).close()
+        control_csv = os.path.join(work, "control.csv")
+        if not args.no_control:
+            Table.create(os.path.join(work, "static"), SCHEMA, ["id"], "bucket(id, 4)", initial_data=base).close()
+            lance.write_dataset(base, os.path.join(work, "plain")).create_scalar_index("id", "BTREE")
+        del base
         spark = local_session(app="memwal-bench-soak")
         spark.sparkContext.setLogLevel("ERROR")
-        with start_local_broker(os.path.join(work, "broker")) as broker:
+        with open_broker(args.broker, os.path.join(work, "broker")) as broker:
             broker.create_topic("soak", 3)
             maintain = subprocess.Popen(
                 [sys.executable, "-m", "memwal", "-v", "maintain", uri, "--interval", str(args.maintain_interval),
@@ -434,15 +560,23 @@ def main() -> None:
                 stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "maintain.log"), "w"),
             )
             job = Ingest(lambda: ingest(spark, bootstrap=broker.bootstrap, topic="soak", table_uri=uri, checkpoint=os.path.join(work, "ckpt"),
+                                        kafka_options=broker.kafka_options,
                                         max_offsets_per_trigger=args.batch_rows, options=SinkOptions(source="kafka-json", op_field=None)),
                          args.restarts)
-            producer = Producer(broker.bootstrap, "soak", args.rate, args.base_rows, job.rows,
+            producer = Producer(broker.producer_config(), "soak", args.rate, args.base_rows, job.rows,
                                 int(args.rate * args.max_backlog_seconds))
             producer.start()
             lookups_csv, scans_csv = os.path.join(work, "lookups.csv"), os.path.join(work, "scans.csv")
             prober = multiprocessing.get_context("spawn").Process(
-                target=probe, args=(uri, args.base_rows, lookups_csv, scans_csv, args.sample), daemon=True)
+                target=probe, args=(uri, args.base_rows, lookups_csv, scans_csv, args.sample, args.prober_refresh == "background"),
+                daemon=True)
             prober.start()
+            if not args.no_control:
+                control = multiprocessing.get_context("spawn").Process(
+                    target=control_probe, args=(os.path.join(work, "static"), os.path.join(work, "plain"), uri, args.base_rows, control_csv,
+                          args.prober_refresh == "background"),
+                    daemon=True)
+                control.start()
             table = Table.open(uri)
             waited = time.time()
             while job.rows() == 0 and time.time() - waited < 300 and job.alive():
@@ -468,6 +602,9 @@ def main() -> None:
                     now = time.time()
                     rows = job.rows()
                     took = [s for at, s, _ in read_probes(lookups_csv) if last_t <= at < now]
+                    ctl = read_control(control_csv) if control is not None else []
+                    ctl_took = {w: [s for at, which, s in ctl if which == w and last_t <= at < now] for w in ("memwal", "lance")}
+                    other_took = [s for at, which, s in ctl if which in ("inline", "background") and last_t <= at < now]
                     scans = [s for s in read_scans(scans_csv) if last_t <= s[0] < now]
                     ds = lance.dataset(uri)
                     scan = scans[-1] if scans else None
@@ -492,6 +629,9 @@ def main() -> None:
                         "freshness_s": round(scan[0] - scan[1] - scan[3], 1) if scan and scan[3] > 1e9 else "",
                         "maintain_rss_bytes": rss_bytes(maintain.pid),
                         "prober_rss_bytes": rss_bytes(prober.pid),
+                        **{f"control_{w}_p{q}_ms": round(pct(v, q) * 1000, 2) if v else ""
+                           for w, v in ctl_took.items() for q in (50, 99)},
+                        **{f"other_refresh_p{q}_ms": round(pct(other_took, q) * 1000, 2) if other_took else "" for q in (50, 99)},
                     }
                     writer.writerow(r)
                     print(f"{r['t_s'] / 60:5.1f} {r['rows_per_s']:8,} {r['backlog']:8,} {pending:8} {r['base_fragments']:6} "
@@ -513,6 +653,8 @@ def main() -> None:
                 print("interrupted; drawing what was sampled", flush=True)
             out.close()
             prober.terminate()
+            if control is not None:
+                control.terminate()
             producer.stop.set()
             job.stop()
             producer.join(60)
@@ -522,14 +664,16 @@ def main() -> None:
         if not args.no_compare:
             print_comparison(compare_fresh(uri, work, start_rows=args.base_rows))
     finally:
-        if prober is not None and prober.is_alive():
-            prober.terminate()
+        for p in (prober, control):
+            if p is not None and p.is_alive():
+                p.terminate()
         if maintain is not None:
             maintain.terminate()
             maintain.wait(60)
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
     plot(args.csv, args.png, title)
+    print_summary(summarize(args.csv))
     print(f"\nwrote {args.csv} and {args.png}")
 
 
