@@ -62,7 +62,7 @@ COLUMNS = [
     "live_bytes", "index_bytes", "live_rows", "lookup_p50_ms", "lookup_p99_ms", "lookups", "scan_rows_per_s", "freshness_s", "query_restarts", "produce_failed",
     "maintain_rss_bytes", "prober_rss_bytes",
     "control_memwal_p50_ms", "control_memwal_p99_ms", "control_lance_p50_ms", "control_lance_p99_ms",
-    "other_refresh_p50_ms", "other_refresh_p99_ms",
+    "inline_refresh_p50_ms", "inline_refresh_p99_ms",
 ]
 CONTROL_COLUMNS = COLUMNS[-6:]
 
@@ -202,20 +202,21 @@ def control_probe(static_uri: str, plain_uri: str, live_uri: str, base: int, out
     read path as the prober's, with no growth and no history) and a plain Lance table of the
     same rows with a BTREE. Both share the machine with the run, so their latency over the hour
     is what the load alone does to a lookup; the live table's latency divided by theirs is what
-    the table's growth and history do. A third reader looks up the live table the other way
-    than the prober (``inline``: refreshed in the read that finds its snapshot stale, when the
-    prober refreshes in the background; else ``background``): the two ways under one load.
-    Takes the three in turn, appending ``wall time, which, seconds`` lines (``which``:
-    ``memwal``, ``lance``, ``inline`` or ``background``) to ``out_path``. Runs until killed."""
+    the table's growth and history do. When the prober refreshes in the background, a third
+    reader looks up the live table refreshing inline (in the read that finds its snapshot
+    stale): the two ways under one load. (Not the other way round: a refresh thread on the
+    growing table in this process would load the yardstick with the table's work.) Takes them
+    in turn, appending ``wall time, which, seconds`` lines (``which``: ``memwal``, ``lance`` or
+    ``inline``) to ``out_path``. Runs until killed."""
     reader = readers.open(static_uri, refresh_interval_ms=1000, refresh_in_background=background)
-    other = "inline" if background else "background"
-    live = readers.open(live_uri, refresh_interval_ms=1000, refresh_in_background=not background)
+    kinds = ("memwal", "lance", "inline") if background else ("memwal", "lance")
+    live = readers.open(live_uri, refresh_interval_ms=1000) if background else None
     plain = lance.dataset(plain_uri)
     rng = random.Random(2)
     with open(out_path, "a", buffering=1) as f:
         for i in itertools.count():
             key = rng.randrange(base)
-            which = ("memwal", "lance", other)[i % 3]
+            which = kinds[i % len(kinds)]
             t0 = time.perf_counter()
             try:
                 if which == "memwal":
@@ -224,7 +225,9 @@ def control_probe(static_uri: str, plain_uri: str, live_uri: str, base: int, out
                     plain.to_table(columns=["val"], filter=f"id = {key}")
                 else:
                     live.get(key, columns=["val"])
-            except Exception:  # noqa: BLE001 - a failed lookup is a sample without one
+            except Exception as e:  # noqa: BLE001 - a failed lookup is a sample without one
+                logging.warning("control lookup (%s) failed: %s", which, e)
+                time.sleep(0.05)
                 continue
             f.write(f"{time.time()},{which},{time.perf_counter() - t0}\n")
             time.sleep(0.05)
@@ -232,11 +235,16 @@ def control_probe(static_uri: str, plain_uri: str, live_uri: str, base: int, out
 
 def read_control(path: str) -> list[tuple[float, str, float]]:
     out = []
-    with open(path) as f:
-        for line in f:
-            parts = line.strip().split(",")
-            if len(parts) == 3:
-                out.append((float(parts[0]), parts[1], float(parts[2])))
+    try:
+        with open(path) as f:
+            for line in f:
+                parts = line.strip().split(",")
+                try:
+                    out.append((float(parts[0]), parts[1], float(parts[2])))
+                except (IndexError, ValueError):
+                    continue  # the line being written
+    except FileNotFoundError:
+        pass  # the control has not started (or could not)
     return out
 
 
@@ -300,7 +308,7 @@ def plot(csv_path: str, png_path: str, title: str = "") -> None:
         ("lookup ms", [("lookup_p50_ms", "p50"), ("lookup_p99_ms", "p99"),
                        ("control_memwal_p50_ms", "p50, static memwal table (load alone)"),
                        ("control_lance_p50_ms", "p50, static plain Lance table"),
-                       ("other_refresh_p50_ms", "p50, live table, the other refresh")]),
+                       ("inline_refresh_p50_ms", "p50, live table, refreshed inline")]),
         ("MB", [("disk_bytes", "table on disk"), ("live_bytes", "base version's data files"),
                 ("index_bytes", "base version's index files")]),
         ("manifest KB", [("manifest_bytes", "base manifest")]),
@@ -450,9 +458,9 @@ def summarize(csv_path: str, window_s: float = 600, trend_s: float = 1800) -> di
         return {}
     num = lambda r, k: float(r[k]) if r.get(k) not in (None, "", "nan") else None  # noqa: E731
     end = num(rows[-1], "t_s") or 0.0
+    out: dict[str, float] = {"minutes": round(end / 60, 1)}
     first = [r for r in rows if num(r, "t_s") <= window_s]
     last = [r for r in rows if num(r, "t_s") > end - window_s]
-    out: dict[str, float] = {}
     for k in ("lookup_p50_ms", "lookup_p99_ms", *CONTROL_COLUMNS):
         a = [v for r in first if (v := num(r, k)) is not None]
         b = [v for r in last if (v := num(r, k)) is not None]
@@ -476,14 +484,16 @@ def summarize(csv_path: str, window_s: float = 600, trend_s: float = 1800) -> di
     return out
 
 
-def print_summary(s: dict[str, float]) -> None:
+def print_summary(s: dict[str, float], window_min: float = 10, trend_min: float = 30) -> None:
     if not s:
         return
-    print("\nfirst / last 10 minutes (medians of the samples), target last/first <= 1.5x:")
+    print(f"\nfirst / last {window_min:g} minutes (medians of the samples), target last/first <= 1.5x:")
+    if s.get("minutes", 0) < 2 * window_min:
+        print("  (the run is shorter than two windows: they overlap, and ratios near 1 mean nothing)")
     for k, name in (("lookup_p50_ms", "lookup p50"), ("lookup_p99_ms", "lookup p99"),
                     ("control_memwal_p50_ms", "static memwal table p50"), ("control_memwal_p99_ms", "static memwal table p99"),
                     ("control_lance_p50_ms", "static Lance table p50"), ("control_lance_p99_ms", "static Lance table p99"),
-                    ("other_refresh_p50_ms", "live, other refresh, p50"), ("other_refresh_p99_ms", "live, other refresh, p99")):
+                    ("inline_refresh_p50_ms", "live, inline refresh, p50"), ("inline_refresh_p99_ms", "live, inline refresh, p99")):
         if f"{k}_ratio" in s:
             print(f"  {name:24} {s[f'{k}_first']:8.2f} -> {s[f'{k}_last']:8.2f} ms  {s[f'{k}_ratio']:.2f}x")
     for q in (50, 99):
@@ -491,9 +501,9 @@ def print_summary(s: dict[str, float]) -> None:
             print(f"  p{q}: the live table's ratio over the static memwal table's (the load divided out): {s[f'p{q}_ratio_over_load']:.2f}x")
     for k in ("uncompacted_sstables", "base_fragments", "manifest_bytes"):
         if f"{k}_slope_per_min" in s:
-            print(f"  {k}: {s[f'{k}_slope_per_min']:+.3f} per minute over the last 30 minutes (mean {s[f'{k}_mean']:,})")
+            print(f"  {k}: {s[f'{k}_slope_per_min']:+.3f} per minute over the last {trend_min:g} minutes (mean {s[f'{k}_mean']:,})")
     if "disk_over_live" in s:
-        print(f"  disk / base data files, last 10 minutes: {s['disk_over_live']:.2f} (target <= 2)")
+        print(f"  disk / base data files, last {window_min:g} minutes: {s['disk_over_live']:.2f} (target <= 2)")
 
 
 def main() -> None:
@@ -577,6 +587,7 @@ def main() -> None:
                           args.prober_refresh == "background"),
                     daemon=True)
                 control.start()
+                open(control_csv, "a").close()  # sampled before the control's first line
             table = Table.open(uri)
             waited = time.time()
             while job.rows() == 0 and time.time() - waited < 300 and job.alive():
@@ -604,7 +615,7 @@ def main() -> None:
                     took = [s for at, s, _ in read_probes(lookups_csv) if last_t <= at < now]
                     ctl = read_control(control_csv) if control is not None else []
                     ctl_took = {w: [s for at, which, s in ctl if which == w and last_t <= at < now] for w in ("memwal", "lance")}
-                    other_took = [s for at, which, s in ctl if which in ("inline", "background") and last_t <= at < now]
+                    inline_took = [s for at, which, s in ctl if which == "inline" and last_t <= at < now]
                     scans = [s for s in read_scans(scans_csv) if last_t <= s[0] < now]
                     ds = lance.dataset(uri)
                     scan = scans[-1] if scans else None
@@ -631,7 +642,7 @@ def main() -> None:
                         "prober_rss_bytes": rss_bytes(prober.pid),
                         **{f"control_{w}_p{q}_ms": round(pct(v, q) * 1000, 2) if v else ""
                            for w, v in ctl_took.items() for q in (50, 99)},
-                        **{f"other_refresh_p{q}_ms": round(pct(other_took, q) * 1000, 2) if other_took else "" for q in (50, 99)},
+                        **{f"inline_refresh_p{q}_ms": round(pct(inline_took, q) * 1000, 2) if inline_took else "" for q in (50, 99)},
                     }
                     writer.writerow(r)
                     print(f"{r['t_s'] / 60:5.1f} {r['rows_per_s']:8,} {r['backlog']:8,} {pending:8} {r['base_fragments']:6} "

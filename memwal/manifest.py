@@ -320,9 +320,20 @@ class ManifestStore:
     # -- MemWAL index -----------------------------------------------------------------------
 
     def mem_wal_index(self, base_version: int) -> MemWalIndex | None:
-        """The MemWAL index details of a base table version (None if MemWAL is not initialized)."""
-        if base_version in self._indexes:
-            return self._indexes.get(base_version)
+        """The MemWAL index details of a base table version (None if MemWAL is not initialized).
+
+        One cache call: a reader's refresh thread and its reads may ask at once, and a check
+        followed by a get could see the entry evicted in between and answer None."""
+        sizes: list[int] = []
+
+        def load() -> MemWalIndex | None:
+            result, size = self._read_mem_wal_index(base_version)
+            sizes.append(size)
+            return result
+
+        return self._indexes.get_or_load(base_version, load, lambda _: sizes[-1] if sizes else 256)
+
+    def _read_mem_wal_index(self, base_version: int) -> tuple[MemWalIndex | None, int]:
         data = None
         for path in (
             paths.base_manifest_path(self.table_uri, base_version),
@@ -344,4 +355,4 @@ class ManifestStore:
                 size += len(idx.index_details.value)
                 break
         # The base manifest file is read whole, but only its MemWAL details are kept.
-        return self._indexes.put(base_version, result, size)
+        return result, size

@@ -25,6 +25,7 @@ from memwal.compactor import Compactor
 from memwal.state import TableState
 from memwal.indexes import IndexMaintainer
 from memwal.readers.bm25 import CorpusStats, score, tokenize
+from memwal.readers import reader as reader_module
 from memwal.readers.sstables import KeySet
 from memwal.schema import TOMBSTONE
 
@@ -344,10 +345,12 @@ def _wait_for(condition, what: str, timeout: float = 60.0) -> None:
         time.sleep(0.02)
 
 
-def test_a_background_refresh_publishes_new_snapshots_with_their_sstable_keys_loaded(table_uri):
+def test_a_background_refresh_publishes_new_snapshots_with_their_sstable_keys_loaded(table_uri, monkeypatch):
     """Lookups on a background-refreshed reader see later flushes without refreshing in the
     read: the refresh thread swaps in each new snapshot with every live SSTable's key set
     already loaded, and the rows match an inline reader's."""
+    # However slow the thread is on a loaded machine, reads must not refresh themselves here.
+    monkeypatch.setattr(reader_module, "BACKGROUND_STALE_INTERVALS", 10**9)
     rows = lambda ids, body: pa.Table.from_pylist([{"id": i, "cat": "a", "body": body, "vec": [0.0] * 4} for i in ids], schema=SCHEMA)  # noqa: E731
     with Table.create(table_uri, SCHEMA, ["id"], "bucket(id, 2)") as t:
         t.write(rows(range(10), "v1"))
@@ -355,7 +358,10 @@ def test_a_background_refresh_publishes_new_snapshots_with_their_sstable_keys_lo
         Compactor(t.state).run_once()
         with readers.open(table_uri, refresh_interval_ms=100, refresh_in_background=True) as r:
             first = r._snapshot
-            assert r.get(3)["body"] == "v1"  # from the base; its predicate warms new base versions
+            inline_refreshes = []
+            refresh = r.refresh
+            r.refresh = lambda: inline_refreshes.append(1) or refresh()  # counts, then refreshes
+            assert r.get(3)["body"] == "v1"  # from the base: it makes r a lookup reader, warmed ahead
             t.write(rows(range(5, 15), "v2"))
             t.flush()
             inline = readers.open(table_uri)
@@ -375,16 +381,21 @@ def test_a_background_refresh_publishes_new_snapshots_with_their_sstable_keys_lo
             Compactor(t.state).run_once()  # a new base version, and the SSTables retire
             _wait_for(lambda: r._snapshot.base_version > snap.base_version, "the compacted base version")
             assert {x["id"]: x["body"] for x in r.scan().to_pylist()} == {i: ("v1" if i < 5 else "v2") for i in range(15)}
+            assert inline_refreshes == [], "a read refreshed the snapshot itself"
 
 
 def test_a_background_refresh_ends_with_close_or_with_its_reader(table_uri):
-    Table.create(table_uri, SCHEMA, ["id"], "bucket(id, 2)").close()
-    r = readers.open(table_uri, refresh_interval_ms=50, refresh_in_background=True)
-    uri = r.state.uri
+    t = Table.create(table_uri, SCHEMA, ["id"], "bucket(id, 2)")
+    closed = readers.open(table_uri, refresh_interval_ms=50, refresh_in_background=True)
+    uri = closed.state.uri
     assert len(_refresh_threads(uri)) == 1
-    r.close()
-    _wait_for(lambda: not _refresh_threads(uri), "close() to end the refresh thread")
-    assert r.get(1) is None  # a closed reader still reads, refreshing inline
+    closed.close()
+    assert not _refresh_threads(uri), "close() returned before its refresh thread ended"
+    assert closed.get(1) is None
+    t.write(pa.Table.from_pylist([{"id": 1, "cat": "a", "body": "x", "vec": [0.0] * 4}], schema=SCHEMA))
+    t.flush()
+    t.close()
+    _wait_for(lambda: closed.get(1) is not None, "a closed reader to refresh in its reads")
     r = readers.open(table_uri, refresh_interval_ms=50, refresh_in_background=True)
     assert len(_refresh_threads(uri)) == 1
     del r
@@ -416,3 +427,20 @@ def test_an_sstable_key_set_answers_as_a_dict_of_its_rows_would(rows, probes, ke
     expected = dict(rows)
     for k in [*expected, *(cast(p) for p in probes)]:
         assert keys.tombstone(k) == expected.get(k)
+
+
+def test_a_late_background_refresh_never_replaces_a_newer_snapshot(table_uri):
+    """A refresh that started before another but finishes after it (the thread's, slow
+    while a read refreshed itself) must not take the reader back to the older state."""
+    rows = lambda body: pa.Table.from_pylist([{"id": 7, "cat": "a", "body": body, "vec": [0.0] * 4}], schema=SCHEMA)  # noqa: E731
+    with Table.create(table_uri, SCHEMA, ["id"], "bucket(id, 2)") as t:
+        t.write(rows("v1"))
+        t.flush()
+        with readers.open(table_uri, refresh_interval_ms=3_600_000, refresh_in_background=True) as r:
+            started, older = time.monotonic(), r.state.snapshot()  # what the slow refresh took
+            t.write(rows("v2"))
+            t.flush()
+            r.refresh()
+            assert r.get(7)["body"] == "v2"
+            assert r._publish(older, started) is not older  # ... publishing when it finishes
+            assert r.get(7)["body"] == "v2"

@@ -99,7 +99,9 @@ class Reader:
         self.refresh_interval_ms = refresh_interval_ms
         self.version = version
         self._snapshot: Snapshot | None = None
+        #: when the current snapshot was started (monotonic): its age, and which of two is newer
         self._taken_at = 0.0
+        self._publishing = threading.Lock()
         self._wal = WalTailReader(state.uri, state.io, state.manifests, state.primary_key)
         #: immutable SSTable data this reader has read, bounded by ``cache_bytes``
         self.sstables = sstables.SSTableCache(cache_bytes, state.storage_options)
@@ -113,7 +115,7 @@ class Reader:
         self._warm_predicate: str | None = None
         self._refresher: _Refresher | None = None
         if refresh_in_background:
-            if consistency != "eventual" or version is not None or not refresh_interval_ms:
+            if consistency != "eventual" or version is not None or refresh_interval_ms is None or refresh_interval_ms <= 0:
                 raise InvalidArgumentError("refresh_in_background needs an eventual reader of the latest version with a refresh_interval_ms")
             self.refresh()  # the first snapshot in the caller's thread: a bad table fails here
             self._refresher = _Refresher(self, refresh_interval_ms / 1000)
@@ -122,6 +124,7 @@ class Reader:
 
     def refresh(self) -> Snapshot:
         """Take a new snapshot now: latest base version and shard manifests."""
+        started = time.monotonic()
         if self.version is not None:
             # Time travel reads the base table as it was at that version: the table state
             # that compaction had produced then. SSTables carry no base version, so mixing
@@ -129,32 +132,44 @@ class Reader:
             snap = Snapshot(self.state.dataset(self.version), self.state.manifests.mem_wal_index(self.version), ())
         else:
             snap = self.state.snapshot()
-        self._snapshot = snap
-        self._taken_at = time.monotonic()
-        return snap
+        return self._publish(snap, started)
+
+    def _publish(self, snap: Snapshot, started: float) -> Snapshot:
+        """Make ``snap`` (started at ``started``) the current snapshot unless one started later
+        already is, and return the current one. Invariant: the snapshot a read sees never goes
+        back in time, though a background refresh that started before a read's own refresh
+        finishes after it."""
+        with self._publishing:
+            if self._snapshot is None or started >= self._taken_at:
+                self._snapshot, self._taken_at = snap, started
+            return self._snapshot
 
     def _refresh_and_warm(self) -> None:
-        """The background refresh: take a snapshot, load what the next reads of it would load
-        first (the key sets of SSTables not seen yet; the base version's deletion files and
-        index pages, through the last lookup's predicate), then publish it. A read never waits for any of it: it
-        uses the previous snapshot until this one is ready, and swapping the attribute is atomic."""
+        """The background refresh: take a snapshot, load what the next lookups on it would load
+        first, then publish it; until then reads use the previous snapshot. For a reader that
+        serves point lookups, what they load first is the key sets of SSTables not seen yet
+        and, on a new base version, its deletion files and index pages (through the last
+        lookup's predicate); a reader that only scans loads nothing ahead."""
+        started = time.monotonic()
         snap = self.state.snapshot()
-        pk = list(self.state.primary_key)
-        for shard in snap.shards:
-            for sst in shard.live_sstables:
-                self.sstables.keys(paths.sstable_path(snap.dataset.uri, shard.shard_id, sst.path), pk)
         predicate = self._warm_predicate
-        if predicate is not None and (self._snapshot is None or snap.base_version != self._snapshot.base_version):
-            # Not base_point_read: asked for live rows only, Lance builds the deletion mask of
-            # every fragment, which loads each fragment's deletion file of the new version
-            # (every compaction commit rewrites those of the fragments its updates touch).
-            snap.dataset.to_table(columns=pk, filter=predicate)
-        self._snapshot = snap
-        self._taken_at = time.monotonic()
+        if predicate is not None:
+            pk = list(self.state.primary_key)
+            for shard in snap.shards:
+                for sst in shard.live_sstables:
+                    self.sstables.keys(paths.sstable_path(snap.dataset.uri, shard.shard_id, sst.path), pk)
+            current = self._snapshot
+            if current is None or snap.base_version != current.base_version:
+                # Not base_point_read: asked for live rows only, Lance builds the deletion mask
+                # of every fragment, which loads each fragment's deletion file of the new version
+                # (every compaction commit rewrites those of the fragments its updates touch).
+                snap.dataset.to_table(columns=pk, filter=predicate)
+        self._publish(snap, started)
 
     def close(self) -> None:
-        """Stop the background refresh, if any (a reader left to the garbage collector stops
-        it too). The reader still reads, refreshing in the read as an inline reader does."""
+        """Stop the background refresh, if any, waiting for one in progress (a reader left to
+        the garbage collector stops it too, within one interval). The reader still reads,
+        refreshing in the read as an inline reader does."""
         if self._refresher is not None:
             self._refresher.stop()
             self._refresher = None
@@ -195,9 +210,9 @@ class Reader:
 
     # -- point lookups -------------------------------------------------------------------------
 
-    def _lookup(self, key: dict[str, Any], columns: Sequence[str] | None) -> pa.Table:
+    def _lookup(self, key: dict[str, Any], columns: Sequence[str] | None, pinned: Snapshot | None = None) -> pa.Table:
         shard_id = self.state.shard_of_key(key)
-        snap, tail = self._view([shard_id])
+        snap, tail = (pinned.restrict([shard_id]), None) if pinned is not None else self._view([shard_id])
         if tail is not None:
             hit = tail.filter(_key_mask(tail, key))
             if hit.num_rows:  # the unflushed WAL holds the newest version of this key
@@ -237,7 +252,10 @@ class Reader:
         if kt.num_rows == 0:
             return out_schema.empty_table()
         if kt.num_rows <= POINT_LOOKUP_BATCH:
-            parts = [self._lookup(k, columns) for k in kt.to_pylist()]
+            # An eventual reader's lookups share one snapshot, as one scan would: a refresh
+            # between two of them must not show one key before a change and the next after it.
+            pinned = self.snapshot if self.consistency == "eventual" else None
+            parts = [self._lookup(k, columns, pinned) for k in kt.to_pylist()]
             parts = [p for p in parts if p.num_rows]
             return pa.concat_tables([p.cast(out_schema) for p in parts]) if parts else out_schema.empty_table()
         return self.scan(columns=columns, where=keys_predicate(kt))
@@ -585,9 +603,10 @@ class _Refresher:
     """Refreshes a reader's snapshot every ``interval`` seconds on a daemon thread.
 
     It holds the reader only weakly between refreshes, so a reader nobody uses any more is
-    collected and its thread ends within one interval; :meth:`Reader.close` ends it at once.
-    A failed refresh is logged and retried at the next interval; meanwhile reads use the last
-    snapshot, and past ``BACKGROUND_STALE_INTERVALS`` intervals they refresh themselves.
+    collected and its thread ends within one interval; :meth:`Reader.close` ends it, after the
+    refresh in progress if any. A failed refresh is logged and retried at the next interval;
+    meanwhile reads use the last snapshot, and once it is ``BACKGROUND_STALE_INTERVALS``
+    intervals old (counted from when it was started) they refresh themselves.
     """
 
     def __init__(self, reader: Reader, interval: float) -> None:
@@ -611,6 +630,8 @@ class _Refresher:
 
     def stop(self) -> None:
         self._stopped.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
 
 
 def open(  # noqa: A001 - mirrors lance.dataset / builtin open naming users expect
