@@ -99,53 +99,55 @@ def main() -> None:
     p.add_argument("--gap-sstables", type=int, default=10, help="flushes (x4 shards) compacted but not indexed, for part 4")
     p.add_argument("--gap-sstable-rows", type=int, default=2_000, help="rows per flush in part 4")
     p.add_argument("--scans-only", action="store_true", help="parts 1 and 2 only (lookups and scans)")
+    p.add_argument("--vectors-only", action="store_true", help="parts 3 and 4 only (vector search)")
     p.add_argument("--workdir")
     p.add_argument("--json")
     args = p.parse_args()
     results: dict = {"date": today(), "machine": machine(), "commit": git_rev(), "args": vars(args)}
     rng = np.random.default_rng(0)
     with work_dir(args.workdir, "memwal-bench-read-") as work:
-        base = base_rows(args.base_rows)
-        plain_uri = os.path.join(work, "plain")
-        plain = lance.write_dataset(base, plain_uri)
-        plain.create_scalar_index("id", "BTREE")
-        plain = lance.dataset(plain_uri)
-        uri = os.path.join(work, "memwal")
+        base = base_rows(args.vector_rows if args.vectors_only else args.base_rows)
         # No maintenance runs here: lift the write stall so 100 SSTables can pile up.
         no_stall = Bounds(slowdown_sstables=10**6, stop_sstables=10**6)
-        table = Table.create(uri, SCHEMA, ["id"], "unsharded", initial_data=base, bounds=no_stall,
-                             writer=WriterConfig(max_memtable_rows=100_000))
-        keys = [int(k) for k in rng.integers(0, args.base_rows, args.lookups)]
+        if not args.vectors_only:
+            plain_uri = os.path.join(work, "plain")
+            plain = lance.write_dataset(base, plain_uri)
+            plain.create_scalar_index("id", "BTREE")
+            plain = lance.dataset(plain_uri)
+            uri = os.path.join(work, "memwal")
+            table = Table.create(uri, SCHEMA, ["id"], "unsharded", initial_data=base, bounds=no_stall,
+                                 writer=WriterConfig(max_memtable_rows=100_000))
+            keys = [int(k) for k in rng.integers(0, args.base_rows, args.lookups)]
 
-        # 1 + 2: lookups and scans
-        plain_lookup = lambda k: plain.to_table(filter=f"id = {k}", columns=["id", "val", "name"])  # noqa: E731
-        plain_lat = time_calls(plain_lookup, keys)
-        plain_scan = scan_rate(plain_uri, plain=True)
-        results["plain"] = {"lookup_p50_ms": pct(plain_lat, 50) * 1000, "lookup_p99_ms": pct(plain_lat, 99) * 1000,
-                            "scan_rows_per_s": plain_scan["fresh"]}
-        print(f"{'table':36} {'lookup p50 / p99 ms':>20} {'x plain p50':>12} {'scan rows/s':>14}"
-              f"   compacted / this: fresh, CPU, warm")
-        print(f"{'plain Lance + BTREE (no MemWAL)':36} {pct(plain_lat, 50) * 1000:9.2f} / {pct(plain_lat, 99) * 1000:6.2f} "
-              f"{1.0:12.2f} {plain_scan['fresh']:14,.0f}")
-        results["memwal"] = []
-        made = 0
-        compacted_scan: dict[str, float] = {}
-        for sstables in (0, 10, 100):
-            add_sstables(table, sstables - made, args.sstable_rows, args.base_rows, rng)
-            made = sstables
-            reader = readers.open(uri, refresh_interval_ms=None)
-            assert reader.snapshot.num_live_sstables == sstables
-            reader.get(keys[0])  # warm the planner
-            lat = time_calls(lambda k, r=reader: r.get(k, columns=["id", "val", "name"]), keys)
-            scan = scan_rate(uri)
-            ratio = pct(lat, 50) / pct(plain_lat, 50)
-            compacted_scan = scan if sstables == 0 else compacted_scan
-            # The scan target: within 1.5x of the compacted table's rows/s at 10 SSTables.
-            slower = {k: compacted_scan[k] / scan[k] for k in scan}
-            print(f"{f'memwal, {sstables} SSTables':36} {pct(lat, 50) * 1000:9.2f} / {pct(lat, 99) * 1000:6.2f} {ratio:12.2f} "
-                  f"{scan['fresh']:14,.0f}   {slower['fresh']:.2f}, {slower['fresh_cpu']:.2f}, {slower['warm']:.2f}")
-            results["memwal"].append({"sstables": sstables, "lookup_p50_ms": pct(lat, 50) * 1000, "lookup_p99_ms": pct(lat, 99) * 1000,
-                                      "x_plain_p50": ratio, "scan_rows_per_s": scan["fresh"], "scan": scan, "scan_x_compacted": slower})
+            # 1 + 2: lookups and scans
+            plain_lookup = lambda k: plain.to_table(filter=f"id = {k}", columns=["id", "val", "name"])  # noqa: E731
+            plain_lat = time_calls(plain_lookup, keys)
+            plain_scan = scan_rate(plain_uri, plain=True)
+            results["plain"] = {"lookup_p50_ms": pct(plain_lat, 50) * 1000, "lookup_p99_ms": pct(plain_lat, 99) * 1000,
+                                "scan_rows_per_s": plain_scan["fresh"]}
+            print(f"{'table':36} {'lookup p50 / p99 ms':>20} {'x plain p50':>12} {'scan rows/s':>14}"
+                  f"   compacted / this: fresh, CPU, warm")
+            print(f"{'plain Lance + BTREE (no MemWAL)':36} {pct(plain_lat, 50) * 1000:9.2f} / {pct(plain_lat, 99) * 1000:6.2f} "
+                  f"{1.0:12.2f} {plain_scan['fresh']:14,.0f}")
+            results["memwal"] = []
+            made = 0
+            compacted_scan: dict[str, float] = {}
+            for sstables in (0, 10, 100):
+                add_sstables(table, sstables - made, args.sstable_rows, args.base_rows, rng)
+                made = sstables
+                reader = readers.open(uri, refresh_interval_ms=None)
+                assert reader.snapshot.num_live_sstables == sstables
+                reader.get(keys[0])  # warm the planner
+                lat = time_calls(lambda k, r=reader: r.get(k, columns=["id", "val", "name"]), keys)
+                scan = scan_rate(uri)
+                ratio = pct(lat, 50) / pct(plain_lat, 50)
+                compacted_scan = scan if sstables == 0 else compacted_scan
+                # The scan target: within 1.5x of the compacted table's rows/s at 10 SSTables.
+                slower = {k: compacted_scan[k] / scan[k] for k in scan}
+                print(f"{f'memwal, {sstables} SSTables':36} {pct(lat, 50) * 1000:9.2f} / {pct(lat, 99) * 1000:6.2f} {ratio:12.2f} "
+                      f"{scan['fresh']:14,.0f}   {slower['fresh']:.2f}, {slower['fresh_cpu']:.2f}, {slower['warm']:.2f}")
+                results["memwal"].append({"sstables": sstables, "lookup_p50_ms": pct(lat, 50) * 1000, "lookup_p99_ms": pct(lat, 99) * 1000,
+                                          "x_plain_p50": ratio, "scan_rows_per_s": scan["fresh"], "scan": scan, "scan_x_compacted": slower})
 
         if args.scans_only:
             report(results, args.json)
@@ -183,9 +185,28 @@ def main() -> None:
             results["vector"].append({"nprobes": nprobes, "overfetch": overfetch, "p50_ms": pct(lat, 50) * 1000,
                                       "p99_ms": pct(lat, 99) * 1000, "recall_at_10": float(np.mean(recall))})
 
-        # 4: the indexed read plan while the base index lags behind compaction
+        # 3b: what scoring small SSTables exactly costs: the default plan against the SSTables'
+        # own indexes only, alternating query by query, nprobes 20 and overfetch 4.
         import memwal.readers.reader as reader_module
 
+        exact_default = reader_module.EXACT_SSTABLE_MAX_ROWS
+        took: dict[str, list[float]] = {"exact": [], "indexes": []}
+        hits: dict[str, list[float]] = {"exact": [], "indexes": []}
+        for i, (q, want) in enumerate(zip(queries, truth)):
+            for name in (("exact", "indexes") if i % 2 == 0 else ("indexes", "exact")):
+                reader_module.EXACT_SSTABLE_MAX_ROWS = exact_default if name == "exact" else 0
+                t0 = time.perf_counter()
+                got = r.search(q, k=10, nprobes=20, columns=["id"], overfetch=4.0)
+                took[name].append(time.perf_counter() - t0)
+                hits[name].append(len(set(got.column("id").to_pylist()) & want) / 10)
+        reader_module.EXACT_SSTABLE_MAX_ROWS = exact_default
+        print(f"  small SSTables (< {exact_default:,} rows) scored exactly (the default) against by their indexes only, nprobes 20, overfetch 4:")
+        for name in ("exact", "indexes"):
+            print(f"    {name:8} p50 {pct(took[name], 50) * 1000:6.1f} ms  p99 {pct(took[name], 99) * 1000:6.1f} ms  recall@10 {np.mean(hits[name]):.3f}")
+        results["exact_small_sstables"] = {n: {"p50_ms": pct(took[n], 50) * 1000, "p99_ms": pct(took[n], 99) * 1000,
+                                               "recall_at_10": float(np.mean(hits[n]))} for n in took}
+
+        # 4: the indexed read plan while the base index lags behind compaction
         add_sstables(vt, args.gap_sstables, args.gap_sstable_rows, args.vector_rows, rng)
         Compactor(vt.state).run_once()  # everything compacted; the IVF index does not cover it yet
         ds = lance.dataset(vuri)
