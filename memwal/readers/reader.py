@@ -552,8 +552,8 @@ def _unindexed_sstable_rows(cache: sstables.SSTableCache, snap: Snapshot, column
 
 
 #: SSTables with fewer rows than this are scored exactly in a vector search, beside what
-#: Lance's planner finds through their own (approximate, IVF_HNSW_SQ) index: at ~0.3 us per
-#: 64-d row (below) that is at most ~1.2 ms an SSTable, and it makes a small SSTable's recall 1.
+#: Lance's planner finds through their own (approximate, IVF_HNSW_SQ) index: it makes a small
+#: SSTable's recall 1, for ~0.4 ms per ~500-row SSTable (bench/read.py, docs/benchmarks.md).
 EXACT_SSTABLE_MAX_ROWS = 4096
 
 #: The indexed read plan reads the index gap's SSTables instead of scanning the unindexed
