@@ -472,11 +472,13 @@ class Reader:
             # vector index (they have none): search their newest rows exactly. Small SSTables
             # are scored exactly too: Lance indexes a flushed MemTable with IVF_HNSW_SQ, whose
             # graph search can miss a small SSTable's nearest row (seen: the nearest of 77).
-            exact_sst = _unindexed_sstable_rows(self.sstables, plan_snap, col, wanted, pk)
+            # Every column: ``where`` may name columns the result does not return.
+            exact_sst = _unindexed_sstable_rows(self.sstables, plan_snap, col, self.state.schema.names, pk)
             if exact_sst is not None:
-                exact_sst = filter_rows(exact_sst, where)
-                found = without_keys(found, exact_sst, pk)  # the exact distance replaces the index's
-                extra.append(exact_sst)
+                # These rows are their keys' newest: they replace whatever the index found for
+                # those keys, whether or not they match ``where``, and count if they match it.
+                found = without_keys(found, exact_sst, pk)
+                extra.append(filter_rows(exact_sst, where).select(wanted))
             if unindexed_rows and not use_gap:
                 flat = snap.dataset.scanner(fragments=unindexed, columns=wanted, filter=where).to_table()
                 newer = self.sstables.delta(snap, None, self.state.schema.names, pk)
@@ -525,7 +527,7 @@ class Reader:
         return text.search(self.state, self.sstables, self.text_stats, snap, tail, query, k, col, where, out)
 
 
-def _unindexed_sstable_rows(cache: sstables.SSTableCache, snap: Snapshot, column: str, wanted: list[str], pk: list[str]) -> pa.Table | None:
+def _unindexed_sstable_rows(cache: sstables.SSTableCache, snap: Snapshot, column: str, columns: list[str], pk: list[str]) -> pa.Table | None:
     """Live rows of SSTables without a vector index on ``column``, or with fewer than
     ``EXACT_SSTABLE_MAX_ROWS`` rows, that no newer generation of their shard supersedes
     (tombstones dropped); None if there are none."""
@@ -537,15 +539,17 @@ def _unindexed_sstable_rows(cache: sstables.SSTableCache, snap: Snapshot, column
             small = 0 < sst.physical_rows < EXACT_SSTABLE_MAX_ROWS
             if not small and cache.has_index(path, column, "VectorIndexDetails"):
                 continue
-            # Cached reads (an SSTable never changes), and one anti-join against every newer
-            # SSTable's keys at once: uncached, one read per pair, this cost a search with 12
-            # small SSTables 22 ms (docs/benchmarks.md).
-            rows = cache.rows(path, columns=wanted)
-            rows = rows.filter(pc.invert(rows.column(TOMBSTONE))).drop_columns([TOMBSTONE])
+            # A small SSTable's rows (whole: one cache entry whatever the columns asked) and
+            # every newer SSTable's keys come from the reader's cache (an SSTable never
+            # changes), with one anti-join against all newer keys: uncached, one read per pair,
+            # this cost a search with 12 small SSTables 22 ms (docs/benchmarks.md). A large one
+            # without an index is read uncached, so it cannot push the key sets out.
+            rows = cache.rows(path) if small else cache.read(path, columns=[*columns, TOMBSTONE])
+            rows = rows.filter(pc.invert(rows.column(TOMBSTONE))).select(columns)
             newer = [cache.rows(paths.sstable_path(snap.dataset.uri, shard.shard_id, n.path), columns=pk).select(pk) for n in ssts[i + 1 :]]
             if newer:
                 rows = without_keys(rows, pa.concat_tables(newer), pk)
-            out.append(rows.select(wanted))
+            out.append(rows)
     if not out:
         return None
     return pa.concat_tables(out)
@@ -652,7 +656,8 @@ def open(  # noqa: A001 - mirrors lance.dataset / builtin open naming users expe
     By default the read that finds the snapshot stale refreshes it and pays for it (opening
     the new base version, reading new SSTables' keys). ``refresh_in_background=True`` does
     that on a thread of the reader's own and swaps the snapshot in when it is ready, so
-    lookups never wait for a refresh: for a process that serves reads (close it with
+    lookups do not wait for a refresh (unless the thread falls five intervals behind): for a
+    process that serves reads (close it with
     :meth:`Reader.close` or a ``with`` block). ``version`` reads the base table as of that
     version (time travel).
     """
