@@ -61,10 +61,11 @@ COLUMNS = [
     "t_s", "rows_per_s", "backlog", "uncompacted_sstables", "base_fragments", "manifest_bytes", "disk_bytes",
     "live_bytes", "index_bytes", "live_rows", "lookup_p50_ms", "lookup_p99_ms", "lookups", "scan_rows_per_s", "freshness_s", "query_restarts", "produce_failed",
     "maintain_rss_bytes", "prober_rss_bytes",
-    "control_memwal_p50_ms", "control_memwal_p99_ms", "control_lance_p50_ms", "control_lance_p99_ms",
-    "inline_refresh_p50_ms", "inline_refresh_p99_ms",
 ]
-CONTROL_COLUMNS = COLUMNS[-6:]
+#: The control prober's lookups by kind (its CSV's ``which``) -> the prefix of their columns.
+CONTROL_KINDS = {"memwal": "control_memwal", "lance": "control_lance", "inline": "inline_refresh"}
+CONTROL_COLUMNS = [f"{prefix}_p{q}_ms" for prefix in CONTROL_KINDS.values() for q in (50, 99)]
+COLUMNS += CONTROL_COLUMNS
 
 
 class Producer(threading.Thread):
@@ -235,16 +236,13 @@ def control_probe(static_uri: str, plain_uri: str, live_uri: str, base: int, out
 
 def read_control(path: str) -> list[tuple[float, str, float]]:
     out = []
-    try:
-        with open(path) as f:
-            for line in f:
-                parts = line.strip().split(",")
-                try:
-                    out.append((float(parts[0]), parts[1], float(parts[2])))
-                except (IndexError, ValueError):
-                    continue  # the line being written
-    except FileNotFoundError:
-        pass  # the control has not started (or could not)
+    with open(path) as f:
+        for line in f:
+            parts = line.strip().split(",")
+            try:
+                out.append((float(parts[0]), parts[1], float(parts[2])))
+            except (IndexError, ValueError):
+                continue  # the line being written
     return out
 
 
@@ -582,12 +580,12 @@ def main() -> None:
                 daemon=True)
             prober.start()
             if not args.no_control:
+                open(control_csv, "a").close()  # sampled before the control's first line
                 control = multiprocessing.get_context("spawn").Process(
                     target=control_probe, args=(os.path.join(work, "static"), os.path.join(work, "plain"), uri, args.base_rows, control_csv,
                           args.prober_refresh == "background"),
                     daemon=True)
                 control.start()
-                open(control_csv, "a").close()  # sampled before the control's first line
             table = Table.open(uri)
             waited = time.time()
             while job.rows() == 0 and time.time() - waited < 300 and job.alive():
@@ -614,8 +612,7 @@ def main() -> None:
                     rows = job.rows()
                     took = [s for at, s, _ in read_probes(lookups_csv) if last_t <= at < now]
                     ctl = read_control(control_csv) if control is not None else []
-                    ctl_took = {w: [s for at, which, s in ctl if which == w and last_t <= at < now] for w in ("memwal", "lance")}
-                    inline_took = [s for at, which, s in ctl if which == "inline" and last_t <= at < now]
+                    ctl_took = {w: [s for at, which, s in ctl if which == w and last_t <= at < now] for w in CONTROL_KINDS}
                     scans = [s for s in read_scans(scans_csv) if last_t <= s[0] < now]
                     ds = lance.dataset(uri)
                     scan = scans[-1] if scans else None
@@ -640,9 +637,8 @@ def main() -> None:
                         "freshness_s": round(scan[0] - scan[1] - scan[3], 1) if scan and scan[3] > 1e9 else "",
                         "maintain_rss_bytes": rss_bytes(maintain.pid),
                         "prober_rss_bytes": rss_bytes(prober.pid),
-                        **{f"control_{w}_p{q}_ms": round(pct(v, q) * 1000, 2) if v else ""
+                        **{f"{CONTROL_KINDS[w]}_p{q}_ms": round(pct(v, q) * 1000, 2) if v else ""
                            for w, v in ctl_took.items() for q in (50, 99)},
-                        **{f"inline_refresh_p{q}_ms": round(pct(inline_took, q) * 1000, 2) if inline_took else "" for q in (50, 99)},
                     }
                     writer.writerow(r)
                     print(f"{r['t_s'] / 60:5.1f} {r['rows_per_s']:8,} {r['backlog']:8,} {pending:8} {r['base_fragments']:6} "

@@ -204,7 +204,8 @@ class ManifestStore:
         self.io = io
         # Manifests are immutable once written; bounded by the bytes of the files read.
         self._shards: ByteLRU[tuple[str, int], ShardManifest] = ByteLRU(self.CACHE_BYTES)
-        self._indexes: ByteLRU[int, MemWalIndex | None] = ByteLRU(self.CACHE_BYTES)
+        #: base version -> (its MemWAL index, the bytes it is counted as)
+        self._indexes: ByteLRU[int, tuple[MemWalIndex | None, int]] = ByteLRU(self.CACHE_BYTES)
         #: Shards already seen with a manifest: GC keeps a shard's newest manifest, so one need
         #: not be checked again (a shard read back without one is skipped by every caller).
         self._known_shards: set[str] = set()
@@ -324,16 +325,10 @@ class ManifestStore:
 
         One cache call: a reader's refresh thread and its reads may ask at once, and a check
         followed by a get could see the entry evicted in between and answer None."""
-        sizes: list[int] = []
-
-        def load() -> MemWalIndex | None:
-            result, size = self._read_mem_wal_index(base_version)
-            sizes.append(size)
-            return result
-
-        return self._indexes.get_or_load(base_version, load, lambda _: sizes[-1] if sizes else 256)
+        return self._indexes.get_or_load(base_version, lambda: self._read_mem_wal_index(base_version), lambda e: e[1])[0]
 
     def _read_mem_wal_index(self, base_version: int) -> tuple[MemWalIndex | None, int]:
+        """The version's MemWAL index from its manifest file, and the bytes the cache counts it as."""
         data = None
         for path in (
             paths.base_manifest_path(self.table_uri, base_version),

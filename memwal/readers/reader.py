@@ -155,9 +155,8 @@ class Reader:
         predicate = self._warm_predicate
         if predicate is not None:
             pk = list(self.state.primary_key)
-            for shard in snap.shards:
-                for sst in shard.live_sstables:
-                    self.sstables.keys(paths.sstable_path(snap.dataset.uri, shard.shard_id, sst.path), pk)
+            for path in snap.sstable_paths():
+                self.sstables.keys(path, pk)
             current = self._snapshot
             if current is None or snap.base_version != current.base_version:
                 # Not base_point_read: asked for live rows only, Lance builds the deletion mask
