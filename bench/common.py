@@ -106,6 +106,23 @@ def trigger_cadence(timestamps: Sequence[str], durations: Sequence[Mapping[str, 
     return {"cadence_ms_p50": pct(gaps, 50), "cadence_ms_p90": pct(gaps, 90), "spark_duration_ms_mean": means}
 
 
+def read_samples(path: str, *fields) -> list[tuple]:
+    """The lines of a prober's comma-separated log, each field converted by ``fields`` (one
+    callable per field); a line without that many fields, or that does not convert, is the
+    one being written and is skipped."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            parts = line.strip().split(",")
+            if len(parts) != len(fields):
+                continue
+            try:
+                out.append(tuple(convert(v) for convert, v in zip(fields, parts)))
+            except ValueError:
+                continue
+    return out
+
+
 def summary_ms(values: list[float]) -> str:
     return f"{pct(values, 50) * 1000:.0f} / {pct(values, 99) * 1000:.0f}"
 

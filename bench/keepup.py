@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import git_rev, machine, pct, report, today  # noqa: E402
+from common import git_rev, machine, pct, read_samples, report, today  # noqa: E402
 
 from memwal import Table, readers  # noqa: E402
 from memwal.streaming import SinkOptions, ingest, local_session  # noqa: E402
@@ -128,13 +128,8 @@ def probe_lookups(uri: str, base: int, out: str) -> None:
 
 
 def read_probes(path: str) -> list[tuple[float, float, bool]]:
-    out = []
-    with open(path) as f:
-        for line in f:
-            parts = line.strip().split(",")
-            if len(parts) == 3:
-                out.append((float(parts[0]), float(parts[1]), parts[2] == "1"))
-    return out
+    """``wall time, seconds, hit`` lines of a lookup prober."""
+    return read_samples(path, float, float, lambda v: v == "1")
 
 
 def main() -> None:

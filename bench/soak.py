@@ -49,7 +49,7 @@ import lance  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import git_rev, machine, pct, today  # noqa: E402
+from common import git_rev, machine, pct, read_samples, today  # noqa: E402
 from ingest import open_broker  # noqa: E402
 from keepup import SCHEMA, base_table, disk_bytes, read_probes  # noqa: E402
 
@@ -235,25 +235,13 @@ def control_probe(static_uri: str, plain_uri: str, live_uri: str, base: int, out
 
 
 def read_control(path: str) -> list[tuple[float, str, float]]:
-    out = []
-    with open(path) as f:
-        for line in f:
-            parts = line.strip().split(",")
-            try:
-                out.append((float(parts[0]), parts[1], float(parts[2])))
-            except (IndexError, ValueError):
-                continue  # the line being written
-    return out
+    """``wall time, which, seconds`` lines of the control prober."""
+    return read_samples(path, float, str, float)
 
 
 def read_scans(path: str) -> list[tuple[float, float, int, float]]:
-    out = []
-    with open(path) as f:
-        for line in f:
-            parts = line.strip().split(",")
-            if len(parts) == 4:
-                out.append((float(parts[0]), float(parts[1]), int(parts[2]), float(parts[3])))
-    return out
+    """``wall time, seconds, rows, newest val`` lines of the prober's scans."""
+    return read_samples(path, float, float, int, float)
 
 
 def newest_manifest_bytes(uri: str) -> int:
