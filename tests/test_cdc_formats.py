@@ -11,8 +11,11 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import fastavro
+import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from brokers import produce
 from helpers import approx, keyed_changes, table_rows
 
@@ -20,6 +23,7 @@ from memwal import Table, readers
 from memwal.errors import InvalidArgumentError
 from memwal.streaming import SinkOptions, ingest
 from memwal.streaming.avro import AvroDecoder
+from memwal.streaming.avro_native import plan, record_fits
 from memwal.streaming.dead_letters import dead_letter_uri, read_dead_letters
 from memwal.streaming.debezium import DebeziumDecoder
 from memwal.streaming.decode import value_decoder
@@ -158,6 +162,135 @@ def test_corrupt_avro_records_and_foreign_schema_ids_are_isolated_with_reasons()
         value_decoder(AVRO_TABLE, "avro")  # neither a schema nor a registry
     with pytest.raises(InvalidArgumentError):
         value_decoder(AVRO_TABLE, "avro", avro_schema="{not a schema")
+
+
+# -- the native Avro path against fastavro ------------------------------------------------------
+
+#: Avro type -> (Arrow column type of the table, strategy for a value).
+_FLOAT32 = st.floats(width=32, allow_nan=False)
+_AVRO_TYPES = {
+    "boolean": (pa.bool_(), st.booleans()),
+    "int": (pa.int64(), st.integers(-(2**31), 2**31 - 1)),
+    "long": (pa.int64(), st.integers(-(2**63), 2**63 - 1)),
+    "float": (pa.float32(), _FLOAT32),
+    "double": (pa.float64(), st.floats(allow_nan=False)),
+    "string": (pa.string(), st.text(max_size=12)),
+    "bytes": (pa.binary(), st.binary(max_size=12)),
+    "floats": (pa.list_(pa.float32()), st.lists(_FLOAT32, max_size=6)),
+    "doubles": (pa.list_(pa.float64()), st.lists(st.floats(allow_nan=False), max_size=6)),
+}
+
+
+def _avro_type(name: str):
+    return {"type": "array", "items": "float" if name == "floats" else "double"} if name in ("floats", "doubles") else name
+
+
+@st.composite
+def native_batches(draw):
+    """A flat Avro schema the native path takes, records of it, and each record's encoding,
+    some of them damaged (cut short, trailing bytes, other bytes, empty) or null."""
+    kinds = draw(st.lists(st.tuples(st.sampled_from(sorted(_AVRO_TYPES)), st.sampled_from(["plain", "null first", "null last"])),
+                          min_size=1, max_size=5))
+    fields, table = [], [("id", pa.int64())]
+    for i, (name, nullable) in enumerate(kinds):
+        t = _avro_type(name)
+        fields.append({"name": f"f{i}", "type": t if nullable == "plain" else (["null", t] if nullable == "null first" else [t, "null"])})
+        table.append((f"f{i}", _AVRO_TYPES[name][0]))
+    schema = {"type": "record", "name": "r", "fields": [{"name": "id", "type": "long"}, *fields]}
+    records = []
+    for k in range(draw(st.integers(1, 12))):
+        rec = {"id": k}
+        for i, (name, nullable) in enumerate(kinds):
+            value = _AVRO_TYPES[name][1]
+            rec[f"f{i}"] = draw(value if nullable == "plain" else st.none() | value)
+        records.append(rec)
+    values = []
+    for rec in records:
+        body = avro_bytes(rec, schema)
+        damage = draw(st.sampled_from(["none"] * 6 + ["cut", "trailing", "other", "empty", "null"]))
+        if damage == "cut" and body:
+            body = body[: draw(st.integers(0, len(body) - 1))]
+        elif damage == "trailing":
+            body += draw(st.binary(min_size=1, max_size=4))
+        elif damage == "other":
+            body = draw(st.binary(max_size=24))
+        elif damage == "empty":
+            body = b""
+        values.append(None if damage == "null" else body)
+    return schema, pa.schema(table), values
+
+
+def _fastavro_alone(schema, value: bytes | None) -> dict | None:
+    """The record fastavro decodes from ``value`` alone, if it uses up all its bytes."""
+    if value is None:
+        return None
+    buf = io.BytesIO(value)
+    try:
+        record = fastavro.schemaless_reader(buf, fastavro.parse_schema(schema))
+    except Exception:  # noqa: BLE001 - any failure is a record that does not decode
+        return None
+    return record if buf.tell() == len(value) else None
+
+
+def _not_utf8(schema, value: bytes) -> bool:
+    try:
+        fastavro.schemaless_reader(io.BytesIO(value), fastavro.parse_schema(schema))
+    except UnicodeDecodeError:
+        return True
+    except Exception:  # noqa: BLE001 - failed on something else
+        return False
+    return False
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(native_batches())
+def test_native_avro_decoding_matches_fastavro_record_by_record(batch):
+    """The model: a value is a row iff fastavro decodes it alone with no byte left, and the
+    row is what ``from_pylist`` makes of fastavro's record; every other value is a dead letter.
+    Damaged values must not hang the native decoder (it spins on a block cut mid-record)."""
+    schema, table, values = batch
+    text = json.dumps(schema)
+    steps = plan(text)
+    assert steps is not None
+    decoder = AvroDecoder(table, None, None, text)
+    expected = {i: r for i, r in enumerate(_fastavro_alone(schema, v) for v in values) if r is not None}
+    # The layout walk alone: a value that fastavro decodes exactly fits (so it takes the native
+    # path), and one that does not fit fails in fastavro too, unless only its UTF-8 is at fault.
+    present = [i for i, v in enumerate(values) if v is not None]
+    fits = record_fits(steps, pa.array([values[i] for i in present], pa.binary()))
+    for i, fit in zip(present, fits):
+        assert bool(fit) == (i in expected) or (fit and _not_utf8(schema, values[i])), (i, values[i])
+    got = decoder.decode_batch(values, [None] * len(values))
+    assert sorted(got.errors) == sorted(set(range(len(values))) - set(expected))
+    order = np.argsort(got.positions)
+    assert got.positions[order].tolist() == sorted(expected)
+    want = pa.Table.from_pylist([expected[i] for i in sorted(expected)], schema=decoder.parse_schema)
+    assert got.rows.take(pa.array(order, pa.int64())).equals(want)
+
+
+def test_trailing_bytes_after_the_last_record_of_a_batch_make_it_a_dead_letter_on_both_paths():
+    schema = {**AVRO_SCHEMA, "fields": [*AVRO_SCHEMA["fields"], {"name": "at", "type": {"type": "long", "logicalType": "timestamp-micros"}}]}
+    for s in (AVRO_SCHEMA, schema):  # native, then fastavro (a logical type)
+        text = json.dumps(s)
+        values = [avro_bytes({"id": i, "at": 0}, s) for i in range(3)]
+        values[2] += b"\x00"
+        d = AvroDecoder(AVRO_TABLE, "op", None, text).decode_batch(values, [None] * 3)
+        assert sorted(avro_rows(d)) == [0, 1] and list(d.errors) == [2], (plan(text) is not None, d.errors)
+
+
+def test_only_flat_writer_schemas_without_logical_types_take_the_native_path():
+    record = {"type": "record", "name": "r", "fields": [{"name": "id", "type": "long"}]}
+
+    def with_field(t):
+        return json.dumps({**record, "fields": [*record["fields"], {"name": "x", "type": t}]})
+
+    assert plan(json.dumps(AVRO_SCHEMA)) is not None
+    assert plan(with_field({"type": "string", "avro.java.string": "String"})) is not None
+    for t in ({"type": "long", "logicalType": "timestamp-millis"}, {"type": "enum", "name": "e", "symbols": ["a"]},
+              {"type": "map", "values": "long"}, {"type": "array", "items": "long"}, ["null", "long", "string"],
+              {"type": "record", "name": "inner", "fields": []}, {"type": "fixed", "name": "f", "size": 2}):
+        assert plan(with_field(t)) is None, t
+    assert plan("[1, 2]") is None and plan("not json") is None
 
 
 class Registry:

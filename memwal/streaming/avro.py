@@ -4,7 +4,9 @@ rows of a table.
 **Bulk decoding.** Kafka carries each record as the bare binary encoding of one Avro datum;
 Avro's object container format is exactly such encodings concatenated in a block behind a
 header. So a batch of values becomes one in-memory container (header, one block, no copy of
-a record apart from the concatenation) that fastavro's compiled reader decodes in one call,
+a record apart from the concatenation). For flat records (:mod:`memwal.streaming.avro_native`)
+Arrow's Rust decoder reads it straight into columns, once each value's layout is checked;
+otherwise, and for values that do not fit, fastavro's compiled reader decodes it in one call,
 and Arrow builds the columns from its output in one more (``Table.from_pylist`` into the
 table's schema). A batch that fails as a whole is bisected to find the records at fault; a
 record decoded alone must also use up exactly its bytes, so trailing garbage is caught.
@@ -34,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal.errors import InvalidArgumentError, MemwalError
+from memwal.streaming.avro_native import NativeReader, Step, conform_rows, plan, record_fits
 from memwal.streaming.decode import Binaries, Decoded, _json_type, _reason, binary_array, bisect_failures
 
 #: Confluent wire format: magic byte 0, 4-byte big-endian schema id, then the Avro datum.
@@ -87,23 +90,50 @@ class WriterSchema:
         self.reader = reader  # parsed reader schema, None: the writer schema itself
         self.sync = os.urandom(16)
         self.header = _container_header(schema_json, self.sync)
+        #: How to walk a record of this schema for the native path; None: fastavro only (also
+        #: when a reader schema differs, as Avro's resolution is fastavro's).
+        self.steps: tuple[Step, ...] | None = plan(schema_json) if reader is None else None
+        self._native: NativeReader | None = None
+
+    def _container(self, data: bytes, n: int) -> bytes:
+        """``n`` records' concatenated encodings as one Avro object container of one block."""
+        return self.header + _zigzag(n) + _zigzag(len(data)) + data + self.sync
+
+    def read_native(self, bodies: pa.BinaryArray, parse_schema: pa.Schema) -> tuple[pa.Table, np.ndarray] | None:
+        """The rows of the values of ``bodies`` whose layout fits the schema, decoded by Arrow
+        into ``parse_schema``, and their indices in ``bodies``; None when the native path
+        cannot take them (then fastavro decodes them all, and gives the reasons)."""
+        if self.steps is None:
+            return None
+        fits = np.flatnonzero(record_fits(self.steps, bodies))
+        if not len(fits):
+            return None
+        chosen = bodies if len(fits) == len(bodies) else bodies.take(pa.array(fits, pa.int64()))
+        try:
+            if self._native is None:
+                self._native = NativeReader()
+            rows = conform_rows(self._native.read(self._container(_concatenated(chosen), len(chosen))), parse_schema)
+        except Exception:  # noqa: BLE001 - e.g. a string that is not UTF-8: fastavro names it
+            return None
+        return None if rows is None or rows.num_rows != len(fits) else (rows, fits)
 
     def read(self, bodies: pa.BinaryArray) -> list[dict[str, Any]]:
         """Decode every value of ``bodies`` (bare Avro data) in one call."""
         fastavro = _fastavro()
         n = len(bodies)
         data = _concatenated(bodies)
-        block = self.header + _zigzag(n) + _zigzag(len(data)) + data + self.sync
-        records = list(fastavro.reader(io.BytesIO(block), reader_schema=self.reader))
+        records = list(fastavro.reader(io.BytesIO(self._container(data, n)), reader_schema=self.reader))
         if len(records) != n:
             raise MemwalError(f"expected {n} Avro record(s), decoded {len(records)}")
-        if n == 1:
-            # Alone, a record must use up exactly its bytes (in a block, a misfit shifts the
-            # next record and fails there; the last one has no next record).
-            buf = io.BytesIO(data)
+        if n:
+            # The last record must use up exactly its bytes: in a block, a misfit shifts the
+            # next record and fails there, but the last one has no next record (and the block
+            # reader ignores bytes left in a block).
+            last = bodies[n - 1].as_py()
+            buf = io.BytesIO(last)
             fastavro.schemaless_reader(buf, self.parsed, self.reader)
-            if buf.tell() != len(data):
-                raise MemwalError(f"{len(data) - buf.tell()} byte(s) left over after the Avro record")
+            if buf.tell() != len(last):
+                raise MemwalError(f"{len(last) - buf.tell()} byte(s) left over after the Avro record")
         return records
 
 
@@ -219,6 +249,15 @@ class AvroDecoder:
                 errors.update({int(i): _reason(e) for i in group})
                 continue
             group_bodies = bodies.take(pa.array(group, pa.int64()))
+            native = writer.read_native(group_bodies, self.parse_schema)
+            if native is not None:
+                rows, fits = native
+                tables.append(rows)
+                positions.append(group[fits])
+                rest = np.setdiff1d(np.arange(len(group)), fits)  # what fastavro must judge
+                if not len(rest):
+                    continue
+                group, group_bodies = group[rest], group_bodies.take(pa.array(rest, pa.int64()))
 
             def attempt(idx: np.ndarray, writer=writer, group_bodies=group_bodies) -> pa.Table:
                 records = writer.read(group_bodies.take(pa.array(idx, pa.int64())))

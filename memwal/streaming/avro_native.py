@@ -1,0 +1,243 @@
+"""Native decoding of flat Avro records: a batch of values read into Arrow columns by Arrow's
+Rust Avro decoder (through DataFusion, a memwal dependency) instead of fastavro's Python
+objects, ~9x faster on a record with a 64-float vector (docs/benchmarks.md, "Input formats").
+
+**The record layout is checked first.** Arrow's Avro decoder reads a block byte-driven: a
+block whose last record is cut short makes it spin forever (measured with DataFusion 55:
+trailing bytes after a record, which Kafka values can carry), and a block of zero bytes
+makes no row. So no value reaches it before :func:`record_fits` has walked every record's
+encoding from the schema alone, vectorized over the batch (varints, lengths, array blocks; no
+value is built), and found that it ends exactly at the value's last byte. A value that does
+not fit is left to fastavro, which gives the reason it is a dead letter, so both paths reject
+what fastavro rejects.
+
+**Only schemas whose decoding is the same both ways** take this path (:func:`plan`): a record
+of fields that are booleans, ints, longs, floats, doubles, strings or bytes, arrays of
+booleans, floats or doubles, or a union of null and one of those; no logical types, named
+types or schema resolution. The rows are cast to the reader's types as ``Table.from_pylist``
+would build them from fastavro's dicts; a test compares the two on generated records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+#: Avro's primitive types the walk can step over, by encoding: fixed width in bytes, a varint,
+#: or a varint length then that many bytes.
+_FIXED = {"boolean": 1, "float": 4, "double": 8}
+_VARINT = {"int", "long"}
+_LENGTH = {"string", "bytes"}
+#: A varint is at most 10 bytes (64 bits in groups of 7).
+_VARINT_MAX = 10
+
+
+@dataclass(frozen=True)
+class Step:
+    """How to step over one field's encoding: ``kind`` is "fixed" (``width`` bytes), "varint",
+    "length" (a varint length, then that many bytes), "array" (blocks of ``width``-byte items)
+    or "nullable" (a union branch index, then ``inner`` unless the branch is ``null_branch``)."""
+
+    kind: str
+    width: int = 0
+    inner: "Step | None" = None
+    null_branch: int = 0
+
+
+def _primitive(t: object) -> str | None:
+    if isinstance(t, dict) and "logicalType" not in t and isinstance(t.get("type"), str):
+        t = t["type"]
+    return t if isinstance(t, str) and (t in _FIXED or t in _VARINT or t in _LENGTH) else None
+
+
+def _step(t: object) -> Step | None:
+    name = _primitive(t)
+    if name in _FIXED:
+        return Step("fixed", _FIXED[name])
+    if name in _VARINT:
+        return Step("varint")
+    if name in _LENGTH:
+        return Step("length")
+    if isinstance(t, dict) and t.get("type") == "array" and "logicalType" not in t and _primitive(t.get("items")) in _FIXED:
+        return Step("array", _FIXED[_primitive(t["items"])])
+    if isinstance(t, list) and len(t) == 2 and t.count("null") == 1:
+        other = t[1 - t.index("null")]
+        inner = None if isinstance(other, list) else _step(other)
+        return None if inner is None else Step("nullable", inner=inner, null_branch=t.index("null"))
+    return None
+
+
+def plan(schema_json: str) -> tuple[Step, ...] | None:
+    """The steps over a record of this writer schema, one per field; None if any field is of
+    a type the native path does not take (then fastavro decodes every record)."""
+    try:
+        schema = json.loads(schema_json)
+    except ValueError:
+        return None
+    if not isinstance(schema, dict) or schema.get("type") != "record" or not isinstance(schema.get("fields"), list):
+        return None
+    steps = [_step(f.get("type")) if isinstance(f, dict) else None for f in schema["fields"]]
+    return None if any(s is None for s in steps) else tuple(steps)  # type: ignore[return-value]
+
+
+class _Walk:
+    """Positions of every record of a batch in its concatenated bytes, advanced field by field.
+    ``bad`` marks a record whose encoding left its value (or was malformed); its position is
+    then meaningless and it is never advanced again."""
+
+    def __init__(self, data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        # Padding lets a varint read past the last value's end without an index check; what
+        # it reads there only matters to records already out of bounds, hence bad.
+        self.buf = np.concatenate([data, np.zeros(_VARINT_MAX, np.uint8)])
+        self.pos = starts.astype(np.int64)
+        self.end = ends.astype(np.int64)
+        self.bad = np.zeros(len(starts), bool)
+
+    def _check(self, idx: np.ndarray) -> np.ndarray:
+        self.bad[idx] |= self.pos[idx] > self.end[idx]
+        return idx[~self.bad[idx]]
+
+    def varint(self, idx: np.ndarray) -> np.ndarray:
+        """Read one zig-zag varint at each record of ``idx`` (all good) and step over it."""
+        pos = self.pos[idx]
+        value = np.zeros(len(idx), np.uint64)
+        length = np.zeros(len(idx), np.int64)
+        active = np.ones(len(idx), bool)
+        last = len(self.buf) - 1
+        for k in range(_VARINT_MAX):
+            if not active.any():
+                break
+            b = self.buf[np.minimum(pos + k, last)].astype(np.uint64)
+            value = np.where(active, value | ((b & np.uint64(0x7F)) << np.uint64(7 * k)), value)
+            length[active] = k + 1
+            active &= (b & np.uint64(0x80)) != 0
+        self.bad[idx[active]] = True  # more than 10 bytes: not a varint
+        self.pos[idx] = pos + length
+        return (value >> np.uint64(1)).astype(np.int64) ^ -(value & np.uint64(1)).astype(np.int64)
+
+    def skip(self, idx: np.ndarray, nbytes: np.ndarray) -> None:
+        """Step over ``nbytes`` at each record of ``idx``; a count that is negative or runs past
+        the value's end makes the record bad (checked before the sum, which could overflow)."""
+        room = self.end[idx] - self.pos[idx]
+        wrong = (nbytes < 0) | (nbytes > room)
+        self.bad[idx[wrong]] = True
+        ok = idx[~wrong]
+        self.pos[ok] += nbytes[~wrong]
+
+    def step(self, s: Step, idx: np.ndarray) -> None:
+        idx = idx[~self.bad[idx]]
+        if not len(idx):
+            return
+        if s.kind == "fixed":
+            self.pos[idx] += s.width
+        elif s.kind == "varint":
+            self.varint(idx)
+        elif s.kind == "length":
+            n = self.varint(idx)
+            keep = ~self.bad[idx]
+            self.skip(idx[keep], n[keep])
+        elif s.kind == "array":
+            live = idx
+            while len(live):
+                count = self.varint(live)
+                negative = count < 0
+                if negative.any():  # a block of -count items, preceded by its size in bytes
+                    self.varint(live[negative])
+                    count = np.abs(count)
+                keep = ~self.bad[live] & (count != 0)
+                live, count = live[keep], count[keep]
+                # count * width without overflow: a count past the value's end is bad anyway.
+                room = (self.end[live] - self.pos[live]) // s.width
+                too_many = count > room
+                self.bad[live[too_many]] = True
+                live, count = live[~too_many], count[~too_many]
+                self.pos[live] += count * s.width
+                live = self._check(live)
+        elif s.kind == "nullable":
+            branch = self.varint(idx)
+            wrong = (branch != 0) & (branch != 1)
+            self.bad[idx[wrong]] = True
+            assert s.inner is not None
+            self.step(s.inner, idx[~wrong & (branch != s.null_branch)])
+        self._check(idx)
+
+
+def record_fits(steps: tuple[Step, ...], values: pa.BinaryArray) -> np.ndarray:
+    """For each (non-null) value, whether it is exactly one record of the plan's schema as far
+    as its layout goes: every field's encoding well formed and the last one ending at the
+    value's last byte. It does not look inside strings (UTF-8) or at the values themselves."""
+    n = len(values)
+    if n == 0:
+        return np.zeros(0, bool)
+    offsets = np.frombuffer(values.buffers()[1], np.int32, n + 1, values.offset * 4).astype(np.int64)
+    data_buf = values.buffers()[2]
+    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    walk = _Walk(data, offsets[:-1], offsets[1:])
+    everyone = np.arange(n, dtype=np.int64)
+    for s in steps:
+        walk.step(s, everyone)
+    return ~walk.bad & (walk.pos == walk.end)
+
+
+def _scratch_dir() -> str | None:
+    """Where the block is written for the decoder to read: memory-backed where there is one."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+class NativeReader:
+    """Reads a block of records of one writer schema through DataFusion's Avro reader (one
+    partition, so rows keep the block's order). Each call writes the container to a scratch
+    file: DataFusion reads Avro only from files."""
+
+    def __init__(self) -> None:
+        from datafusion import SessionConfig, SessionContext
+
+        self._ctx = SessionContext(SessionConfig().with_target_partitions(1))
+
+    def read(self, container: bytes) -> pa.Table:
+        fd, path = tempfile.mkstemp(suffix=".avro", prefix="memwal-", dir=_scratch_dir())
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(container)
+            return self._ctx.read_avro(path).to_arrow_table()
+        finally:
+            os.unlink(path)
+
+
+def _castable(src: pa.DataType, dst: pa.DataType) -> bool:
+    """Whether casting ``src`` to ``dst`` gives what ``Table.from_pylist`` makes of fastavro's
+    Python values of that Avro type (so the native path accepts exactly what fastavro does)."""
+    if pa.types.is_null(src) or src == dst:
+        return True
+    if pa.types.is_integer(src):
+        return pa.types.is_integer(dst) or pa.types.is_floating(dst)
+    if pa.types.is_floating(src):
+        return pa.types.is_floating(dst)
+    if pa.types.is_string(src) or pa.types.is_large_string(src):
+        return pa.types.is_string(dst) or pa.types.is_large_string(dst)
+    if pa.types.is_binary(src) or pa.types.is_large_binary(src):
+        return pa.types.is_binary(dst) or pa.types.is_large_binary(dst)
+    if pa.types.is_list(src) or pa.types.is_large_list(src):
+        return (pa.types.is_list(dst) or pa.types.is_large_list(dst)) and _castable(src.value_type, dst.value_type)
+    return False
+
+
+def conform_rows(table: pa.Table, parse_schema: pa.Schema) -> pa.Table | None:
+    """The decoded rows in the reader's ``parse_schema`` (its fields missing from the record
+    are null, the record's other fields dropped), or None if a field's Avro type is not one
+    ``from_pylist`` would take into that column."""
+    columns = []
+    for f in parse_schema:
+        if f.name not in table.column_names:
+            columns.append(pa.nulls(table.num_rows, f.type))
+            continue
+        col = table.column(f.name)
+        if not _castable(col.type, f.type):
+            return None
+        columns.append(col.cast(f.type))
+    return pa.table(columns, schema=parse_schema)
