@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import io
 import json
 import os
 import platform
@@ -13,7 +14,7 @@ import statistics
 import subprocess
 import tempfile
 
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -84,6 +85,36 @@ def batch_rows(batch: int, size: int, base: int, seed: int = 1) -> list[dict]:
             }
         )
     return rows
+
+
+#: The workload's rows as Avro records (``--value-format avro``; bench/formats.py too).
+AVSC = {
+    "type": "record",
+    "name": "row",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "val", "type": ["null", "double"]},
+        {"name": "name", "type": ["null", "string"]},
+        {"name": "vec", "type": ["null", {"type": "array", "items": "float"}]},
+        {"name": "op", "type": ["null", "string"], "default": None},
+    ],
+}
+
+
+def value_encoder(fmt: str) -> Callable[[dict], bytes]:
+    """Encodes one workload row as a Kafka value: "json", or "avro" (bare datum of AVSC)."""
+    if fmt == "json":
+        return lambda r: json.dumps(r).encode()
+    import fastavro
+
+    parsed = fastavro.parse_schema(AVSC)
+
+    def avro(r: dict) -> bytes:
+        b = io.BytesIO()
+        fastavro.schemaless_writer(b, parsed, r)
+        return b.getvalue()
+
+    return avro
 
 
 def pct(values: list[float], p: float) -> float:

@@ -1,7 +1,8 @@
 """Decode benchmark of ``memwal ingest``'s value formats, in one run: records per second of
 the prepare stage's decoder for each format, as a ratio to the JSON decoder on the same rows
-(the baseline), plus Avro decoded record by record (fastavro's ``schemaless_reader`` per
-value) to show what the bulk path saves.
+(the baseline), plus Avro decoded by fastavro alone (memwal's path before Arrow's Avro reader
+took flat schemas) and record by record (fastavro's ``schemaless_reader`` per value) to show
+what each bulk path saves.
 
 The rows are the workload of docs/benchmarks.md (id, val, name, a 64-float vector); every
 format encodes the same rows. No Spark, no Kafka: only the decoding a read task does.
@@ -22,31 +23,13 @@ import fastavro
 import pyarrow as pa
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import DIM, SCHEMA, base_rows, git_rev, machine, report, today  # noqa: E402
+from common import AVSC, DIM, SCHEMA, base_rows, git_rev, machine, report, today, value_encoder  # noqa: E402
 
+from memwal.streaming.avro import AvroDecoder  # noqa: E402
 from memwal.streaming.decode import value_decoder  # noqa: E402
 
-AVSC = {
-    "type": "record",
-    "name": "row",
-    "fields": [
-        {"name": "id", "type": "long"},
-        {"name": "val", "type": ["null", "double"]},
-        {"name": "name", "type": ["null", "string"]},
-        {"name": "vec", "type": ["null", {"type": "array", "items": "float"}]},
-        {"name": "op", "type": ["null", "string"], "default": None},
-    ],
-}
-
-
 def encodings(rows: list[dict]) -> dict[str, tuple[list, list]]:
-    parsed = fastavro.parse_schema(AVSC)
-
-    def avro(r: dict) -> bytes:
-        b = io.BytesIO()
-        fastavro.schemaless_writer(b, parsed, r)
-        return b.getvalue()
-
+    avro = value_encoder("avro")
     keys = [json.dumps({"id": r["id"]}).encode() for r in rows]
     bare = [avro(r) for r in rows]
     return {
@@ -57,6 +40,7 @@ def encodings(rows: list[dict]) -> dict[str, tuple[list, list]]:
                                      "source": {"lsn": 100 + i}}}).encode() for i, r in enumerate(rows)], keys),
         "avro": (bare, keys),
         "avro (Confluent header)": ([b"\x00\x00\x00\x00\x07" + v for v in bare], keys),
+        "avro, fastavro only": (bare, keys),
     }
 
 
@@ -75,6 +59,7 @@ def main() -> None:
         "debezium-json (wrapped)": value_decoder(schema, "debezium-json", primary_key=["id"], sequence_field="pos"),
         "avro": value_decoder(schema, "avro", avro_schema=avsc),
         "avro (Confluent header)": value_decoder(schema, "avro", avro_schema=avsc, avro_schema_id=7),
+        "avro, fastavro only": AvroDecoder(schema, avro_schema=avsc, native=False),
     }
     results: dict = {"machine": machine(), "date": today(), "commit": git_rev(), "rows": args.rows, "dim": DIM}
     for name, (values, keys) in encodings(rows).items():

@@ -31,7 +31,8 @@ and kept under ``--cache-dir``) x micro-batch size (``--sizes``), memwal against
 sink on the same records in one run, each memwal cell with its per-batch time breakdown
 (:class:`memwal.streaming.timing.BatchTiming`), then the backlog catch-up rate with adaptive
 micro-batches against memwal's Python write path on the same records; ``--plot FILE``
-draws rows/s against both axes (matplotlib, the ``bench`` extra).
+draws rows/s against both axes (matplotlib, the ``bench`` extra). ``--value-format avro``
+sends the catch-up's records as Avro (bare datums of bench/common.py's AVSC) instead of JSON.
 
 ``--broker`` picks the broker: ``noida`` (noida-db, the demo broker; the default) or
 ``kafka09`` (Apache Kafka 0.9.0.1 from tests/brokers.py, Java). noida answers a fetch with
@@ -56,7 +57,7 @@ import lance  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import DIM, SCHEMA, base_rows, batch_rows, git_rev, machine, pct, report, today, trigger_cadence, work_dir  # noqa: E402
+from common import AVSC, DIM, SCHEMA, base_rows, batch_rows, git_rev, machine, pct, report, today, trigger_cadence, value_encoder, work_dir  # noqa: E402
 from probe_reader import ProbeReader  # noqa: E402
 
 from memwal import Table, WriterConfig, readers  # noqa: E402
@@ -111,11 +112,12 @@ def open_broker(kind: str, workdir: str):
         yield BenchBroker(kind, b)
 
 
-def produce_batches(broker, topic: str, batches: int, size: int, base: int, first: int = 0) -> int:
+def produce_batches(broker, topic: str, batches: int, size: int, base: int, first: int = 0, value_format: str = "json") -> int:
+    encode = value_encoder(value_format)
     sent = 0
     for b in range(first, first + batches):
         rows = batch_rows(b, size, base)
-        sent += broker.produce(topic, ((str(r["id"]).encode(), json.dumps(r).encode(), r["id"] % 3) for r in rows))
+        sent += broker.produce(topic, ((str(r["id"]).encode(), encode(r), r["id"] % 3) for r in rows))
     return sent
 
 
@@ -578,19 +580,20 @@ def catch_up(args, spark, broker, work: str) -> dict:
     topic = "backlog"
     broker.create_topic(topic, 3)
     size = 10_000
-    sent = produce_batches(broker, topic, args.backlog_records // size, size, n)
+    sent = produce_batches(broker, topic, args.backlog_records // size, size, n, value_format=args.value_format)
     uri = _copy(mem_base, os.path.join(work, "backlog-memwal"))
     policy = AdaptiveSizing(steady_rows=size, max_rows=args.adaptive_max_rows)
     job = ingest(spark, bootstrap=broker.bootstrap, topic=topic, table_uri=uri, checkpoint=os.path.join(work, "ckpt-backlog"),
                  kafka_options=broker.kafka_options, available_now=True, adaptive=policy,
-                 options=SinkOptions(source="kafka-json", op_field=None))
+                 options=SinkOptions(source="kafka-json", op_field=None, value_format=args.value_format,
+                                     avro_schema=json.dumps(AVSC) if args.value_format == "avro" else None))
     t0 = time.perf_counter()
     job.await_termination()
     elapsed = time.perf_counter() - t0
     sizes = [job.listener.sizes[b] for b in sorted(job.listener.sizes)]
     spark_rate = sent / elapsed
     sink_rate = sum(r.rows for r in job.sink.reports) / sum(r.seconds for r in job.sink.reports)
-    print(f"\nbacklog catch-up, {sent:,} records waiting, adaptive micro-batches: {spark_rate:,.0f} rows/s through Spark "
+    print(f"\nbacklog catch-up, {sent:,} {args.value_format} records waiting, adaptive micro-batches: {spark_rate:,.0f} rows/s through Spark "
           f"({len(sizes)} batches: " + ", ".join(f"{d.rows:,} {d.kind}" for d in sizes[:6]) + (" ..." if len(sizes) > 6 else "") + ")")
     timings = [job.listener.timings[b] for b in sorted(job.listener.timings)]
     breakdown = print_breakdown("catch-up per batch", timings)
@@ -607,7 +610,8 @@ def catch_up(args, spark, broker, work: str) -> dict:
     py_rate = sent / (time.perf_counter() - t0)
     print(f"memwal's Python write path on the same records: {py_rate:,.0f} rows/s; Spark catch-up = {spark_rate / py_rate:.2f}x of it "
           f"(query wall time, start-up included; in the sink: {sink_rate:,.0f} rows/s = {sink_rate / py_rate:.2f}x)")
-    return {"records": sent, "spark_rows_per_s": spark_rate, "sink_rows_per_s": sink_rate, "python_rows_per_s": py_rate, "ratio": spark_rate / py_rate,
+    return {"records": sent, "value_format": args.value_format,
+            "spark_rows_per_s": spark_rate, "sink_rows_per_s": sink_rate, "python_rows_per_s": py_rate, "ratio": spark_rate / py_rate,
             "sizes": [(d.rows, d.kind) for d in sizes], "breakdown": breakdown}
 
 
@@ -667,6 +671,7 @@ def main() -> None:
     p.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/memwal-bench"), help="--axes: where the bases are kept")
     p.add_argument("--plot", help="--axes: draw rows/s against both axes into this PNG")
     p.add_argument("--catch-up-only", action="store_true", help="--axes: only the backlog catch-up")
+    p.add_argument("--value-format", choices=("json", "avro"), default="json", help="--axes: the catch-up records' value format")
     p.add_argument("--writer-process", action="store_true", help="--freshness-only: the sink's writer process (SinkOptions.writer_process)")
     p.add_argument("--single-stage-max-rows", type=int, default=SinkOptions.single_stage_max_rows,
                    help="--freshness-only: SinkOptions.single_stage_max_rows (0: always two stages)")
