@@ -597,6 +597,9 @@ def catch_up(args, spark, broker, work: str) -> dict:
           f"({len(sizes)} batches: " + ", ".join(f"{d.rows:,} {d.kind}" for d in sizes[:6]) + (" ..." if len(sizes) > 6 else "") + ")")
     timings = [job.listener.timings[b] for b in sorted(job.listener.timings)]
     breakdown = print_breakdown("catch-up per batch", timings)
+    in_batches = sum(t.total_ms for t in timings) / 1000
+    print(f"  micro-batches: {in_batches:.1f} s of the query's {elapsed:.1f} s; each: "
+          + ", ".join(f"{t.rows // 1000}k {t.total_ms / 1000:.1f} s (read {t.read_ms / 1000:.1f}, decode {t.decode_ms / 1000:.1f})" for t in timings))
     # The yardstick: memwal's Python write path on the same records, decoded once up front.
     py_uri = _copy(mem_base, os.path.join(work, "backlog-python"))
     rows = [batch_rows(b, size, n) for b in range(args.backlog_records // size)]

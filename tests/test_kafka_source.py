@@ -459,10 +459,15 @@ def test_the_source_pickles_by_value_once_this_process_has_read() -> None:
             cloudpickle.unregister_pickle_by_value(kafka_source)
 
 
-def test_fetches_do_not_wait_for_new_records_unless_the_user_says_so() -> None:
-    """A read task reads planned offsets only; a long-poll fetch would hold up the next range."""
+def test_fetches_do_not_wait_for_new_records_or_back_off_unless_the_user_says_so() -> None:
+    """A read task reads planned offsets only; a long-poll fetch, or a fetch backed off because
+    the previous range's prefetch filled the queue, would hold up the next range."""
     from memwal.streaming import kafka_source as src
 
     base = {"kafka.bootstrap.servers": "127.0.0.1:9", "subscribe": "t"}
-    assert src._Settings(base).consumer_conf()["fetch.wait.max.ms"] == src._FETCH_WAIT_MS
-    assert src._Settings({**base, "kafka.fetch.wait.max.ms": "250"}).consumer_conf()["fetch.wait.max.ms"] == "250"
+    for key, default in (("fetch.wait.max.ms", src._FETCH_WAIT_MS), ("fetch.queue.backoff.ms", src._FETCH_QUEUE_BACKOFF_MS)):
+        assert src._Settings(base).consumer_conf()[key] == default
+        assert src._Settings({**base, f"kafka.{key}": "250"}).consumer_conf()[key] == "250"
+    import confluent_kafka
+
+    confluent_kafka.Consumer(src._Settings(base).consumer_conf()).close()  # librdkafka knows both settings

@@ -83,7 +83,7 @@ def _concatenated(arr: pa.BinaryArray) -> bytes:
 class WriterSchema:
     """One writer schema, parsed, with what decoding a batch of its records needs."""
 
-    def __init__(self, schema_json: str, reader: Any | None) -> None:
+    def __init__(self, schema_json: str, reader: Any | None, native: bool = True) -> None:
         fastavro = _fastavro()
         self.json = schema_json
         self.parsed = fastavro.parse_schema(json.loads(schema_json))
@@ -92,7 +92,7 @@ class WriterSchema:
         self.header = _container_header(schema_json, self.sync)
         #: How to walk a record of this schema for the native path; None: fastavro only (also
         #: when a reader schema differs, as Avro's resolution is fastavro's).
-        self.steps: tuple[Step, ...] | None = plan(schema_json) if reader is None else None
+        self.steps: tuple[Step, ...] | None = plan(schema_json) if reader is None and native else None
         self._native: NativeReader | None = None
 
     def _container(self, data: bytes, n: int) -> bytes:
@@ -182,7 +182,8 @@ class AvroDecoder:
     sequence field (record fields of those names), like :class:`~memwal.streaming.decode.JsonDecoder`."""
 
     def __init__(self, schema: pa.Schema, op_field: str | None = "op", sequence_field: str | None = None,
-                 avro_schema: str | None = None, schema_id: int | None = None, registry: str | None = None) -> None:
+                 avro_schema: str | None = None, schema_id: int | None = None, registry: str | None = None,
+                 native: bool = True) -> None:
         if avro_schema is None and registry is None:
             raise InvalidArgumentError("--format avro needs --avro-schema FILE.avsc or --schema-registry URL")
         if schema_id is not None and registry is not None:
@@ -203,15 +204,16 @@ class AvroDecoder:
         except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as e:
             raise InvalidArgumentError(f"the Avro schema does not parse: {_reason(e)}") from e
         self.avro_schema = avro_schema
+        self.native = native  # False: fastavro decodes every schema (the native path's yardstick)
         self._writers: dict[int | None, WriterSchema] = {}
 
     def _writer(self, schema_id: int | None) -> WriterSchema:
         w = self._writers.get(schema_id)
         if w is None:
             if self.registry is not None and schema_id is not None:
-                w = WriterSchema(registry_schema(self.registry, schema_id), self.reader)
+                w = WriterSchema(registry_schema(self.registry, schema_id), self.reader, self.native)
             else:
-                w = WriterSchema(str(self.avro_schema), None)
+                w = WriterSchema(str(self.avro_schema), None, self.native)
             self._writers[schema_id] = w
         return w
 

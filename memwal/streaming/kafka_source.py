@@ -210,6 +210,8 @@ _FETCH_PARTITION_BYTES = 8 << 20
 _FETCH_SIZE_KEYS = ("fetch.message.max.bytes", "max.partition.fetch.bytes", "fetch.max.bytes", "receive.message.max.bytes")
 # librdkafka's fetch.wait.max.ms unless the user sets it (see _Settings.consumer_conf).
 _FETCH_WAIT_MS = 10
+# librdkafka's fetch.queue.backoff.ms unless the user sets it (see _Settings.consumer_conf).
+_FETCH_QUEUE_BACKOFF_MS = 10
 
 
 class KafkaReceiveError(RuntimeError):
@@ -342,6 +344,13 @@ class _Settings:
         # 0.9 took 0.49-0.52 s in a third of the reads against 0.015 s otherwise, which made
         # reading most of a 10k-record micro-batch (bench/ingest.py --axes --broker kafka09).
         conf["fetch.wait.max.ms"] = _FETCH_WAIT_MS
+        # A read task stops at its range's end, with more records prefetched behind it; when
+        # they fill the partition's queue, librdkafka postpones that partition's next fetch by
+        # fetch.queue.backoff.ms (1,000 ms by default), and a pooled consumer given the same
+        # partition again within that second waited for it: in a 1M-record catch-up from
+        # Kafka 0.9, a third of the reads' first fetches came after 1.0 s (the 40k and 80k
+        # micro-batches took 2.9 and 2.1 s; 0.9 and 1.3 s with 10 ms; docs/benchmarks.md).
+        conf["fetch.queue.backoff.ms"] = _FETCH_QUEUE_BACKOFF_MS
         conf.update(self.kafka_conf)
         conf.update({
             "enable.auto.commit": False,
