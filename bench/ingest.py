@@ -62,6 +62,7 @@ from probe_reader import ProbeReader  # noqa: E402
 
 from memwal import Table, WriterConfig, readers  # noqa: E402
 from memwal.streaming import SinkOptions, ingest, kafka_stream, local_session  # noqa: E402
+from memwal.streaming.adaptive import AdaptiveSizing  # noqa: E402
 from memwal.streaming.local_broker import start_local_broker  # noqa: E402
 
 PROBE = -1
@@ -573,7 +574,6 @@ def run_axes(args, spark, broker, work: str) -> dict:
 def catch_up(args, spark, broker, work: str) -> dict:
     """``--backlog-records`` waiting, drained with adaptive micro-batches; memwal's Python
     write path (Table.write of the same rows, decoded) on the same records as the yardstick."""
-    from memwal.streaming.adaptive import AdaptiveSizing
 
     n = args.bases[0]
     naive_base, mem_base = cached_base(args.cache_dir, n)
@@ -582,7 +582,7 @@ def catch_up(args, spark, broker, work: str) -> dict:
     size = 10_000
     sent = produce_batches(broker, topic, args.backlog_records // size, size, n, value_format=args.value_format)
     uri = _copy(mem_base, os.path.join(work, "backlog-memwal"))
-    policy = AdaptiveSizing(steady_rows=size, max_rows=args.adaptive_max_rows)
+    policy = AdaptiveSizing(steady_rows=size, max_rows=args.adaptive_max_rows, growth=args.adaptive_growth)
     job = ingest(spark, bootstrap=broker.bootstrap, topic=topic, table_uri=uri, checkpoint=os.path.join(work, "ckpt-backlog"),
                  kafka_options=broker.kafka_options, available_now=True, adaptive=policy,
                  options=SinkOptions(source="kafka-json", op_field=None, value_format=args.value_format,
@@ -671,6 +671,7 @@ def main() -> None:
     p.add_argument("--records-per-cell", type=int, default=300_000, help="--axes: records per cell (at least 2 micro-batches; the first is warm-up)")
     p.add_argument("--backlog-records", type=int, default=1_000_000, help="--axes: records waiting for the catch-up (0: skip)")
     p.add_argument("--adaptive-max-rows", type=int, default=400_000, help="--axes: the catch-up's largest micro-batch")
+    p.add_argument("--adaptive-growth", type=float, default=AdaptiveSizing.growth, help="--axes: the catch-up's micro-batch growth factor")
     p.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/memwal-bench"), help="--axes: where the bases are kept")
     p.add_argument("--plot", help="--axes: draw rows/s against both axes into this PNG")
     p.add_argument("--catch-up-only", action="store_true", help="--axes: only the backlog catch-up")

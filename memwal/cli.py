@@ -626,7 +626,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--schema-registry", metavar="URL",
         help="with --format avro: values carry the Confluent header; writer schemas are fetched from this schema registry by id")
     s.add_argument("--adaptive-max-rows", type=int, metavar="N",
-        help="adaptive micro-batches: --max-offsets-per-trigger records (default 10000) when caught up, doubling per micro-batch "
+        help="adaptive micro-batches: --max-offsets-per-trigger records (default 10000) when caught up, growing 8x per micro-batch "
         "while a backlog waits, up to N records (the batch log line says why)")
     s.add_argument("--adaptive-max-bytes", type=int, metavar="B", help="with --adaptive-max-rows: at most B bytes per micro-batch (~1 KiB a record)")
     s.add_argument("--op-field", help="JSON field holding the operation (upsert/delete); '' for none (default: the sink's)")
