@@ -502,6 +502,7 @@ def main() -> None:
     p.add_argument("--max-backlog-seconds", type=float, default=60, help="the producer pauses beyond this backlog")
     p.add_argument("--restarts", type=int, default=3, help="times a dead ingest query is restarted from its checkpoint")
     p.add_argument("--maintain-interval", type=float, default=5.0)
+    p.add_argument("--maintain-nice", type=int, default=0, help="memwal maintain --nice: how much lower its CPU priority is")
     p.add_argument("--reader-grace", type=float, default=30.0, help="GC keeps compacted SSTables this long for readers")
     p.add_argument("--workdir", help="keep the table here (default: a temporary directory, removed)")
     p.add_argument("--csv", default="soak.csv")
@@ -552,7 +553,7 @@ def main() -> None:
             broker.create_topic("soak", 3)
             maintain = subprocess.Popen(
                 [sys.executable, "-m", "memwal", "-v", "maintain", uri, "--interval", str(args.maintain_interval),
-                 "--reader-grace", str(args.reader_grace), "--base-retention", "60"],
+                 "--reader-grace", str(args.reader_grace), "--base-retention", "60", "--nice", str(args.maintain_nice)],
                 stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "maintain.log"), "w"),
             )
             job = Ingest(lambda: ingest(spark, bootstrap=broker.bootstrap, topic="soak", table_uri=uri, checkpoint=os.path.join(work, "ckpt"),

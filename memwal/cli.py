@@ -18,6 +18,7 @@ configure_process()  # before anything imports Lance
 import argparse  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
+import os  # noqa: E402
 import re  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -315,9 +316,23 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _nice_increment(value: str) -> int:
+    """``--nice``: 0-19, how much lower than the caller's the CPU priority is (raising it
+    would need privileges)."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if not 0 <= n <= 19:
+        raise argparse.ArgumentTypeError(f"{n} is not between 0 and 19")
+    return n
+
+
 def cmd_maintain(args: argparse.Namespace) -> int:
     from memwal.maintenance import Maintenance
 
+    if args.nice:
+        os.nice(args.nice)  # a positive increment needs no privilege
     config = MaintenanceConfig(
         interval_seconds=args.interval,
         compact=not args.no_compact,
@@ -694,6 +709,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--once", action="store_true", help="run one cycle and exit")
     maintenance, gc = MaintenanceConfig(), GcConfig()
     s.add_argument("--interval", type=float, default=maintenance.interval_seconds, metavar="S", help="seconds between cycles (default %(default)s)")
+    s.add_argument("--nice", type=_nice_increment, default=maintenance.nice, metavar="N",
+        help="lower this process's CPU priority by N (os.nice), so readers and writers on the same machine come first (default %(default)s)")
     s.add_argument("--max-generations-per-commit", type=int, default=maintenance.max_generations_per_commit,
         help="consecutive generations compacted in one commit (default %(default)s)")
     s.add_argument("--fold-fraction", type=float, default=maintenance.fold.fraction, metavar="F",

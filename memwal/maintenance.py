@@ -76,6 +76,12 @@ class MaintenanceConfig:
     enforce_bounds: bool = True
     #: The bounds to enforce; None: the table's own (``metadata.bounds``, which writers use too).
     bounds: Bounds | None = None
+    #: ``memwal maintain`` lowers its own CPU priority by this much (``os.nice``), so that on a
+    #: busy machine the readers and writers beside it get the cores first: a third to a half of
+    #: a soak's slowest lookups overlapped a compaction (docs/benchmarks.md, "Soak"). 0 (the
+    #: default) until an hour's run shows compaction still keeps up; a service run in a user's
+    #: own process (``Maintenance.run``) never changes that process's priority.
+    nice: int = 0
 
 
 class Maintenance:

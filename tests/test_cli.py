@@ -203,3 +203,31 @@ def test_cli_status_reports_metrics_of_a_newer_format_instead_of_misreading_them
     assert "format version 99" in text and "upgrade memwal" in text and "cycles" not in text
     status = json.loads(memwal("status", uri, "--json").stdout)
     assert "format version 99" in status["extra"]["maintenance"]["unreadable"]
+
+
+def test_maintain_lowers_its_own_cpu_priority_when_asked(tmp_path):
+    """``memwal maintain --nice N``: the running service's niceness is the caller's + N (read
+    from /proc, the kernel's own account of the process); a value outside 0-19 is refused."""
+    import time
+
+    src = tmp_path / "rows.jsonl"
+    src.write_text("".join(json.dumps({"id": i, "v": i}) + "\n" for i in range(3)))
+    uri = str(tmp_path / "t")
+    memwal("init", uri, "--schema-from", str(src), "--primary-key", "id")
+    service = subprocess.Popen([sys.executable, "-m", "memwal", "maintain", uri, "--interval", "0.2", "--nice", "7"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        niceness = None
+        while time.monotonic() < deadline and service.poll() is None:
+            with open(f"/proc/{service.pid}/stat") as f:
+                niceness = int(f.read().rsplit(")", 1)[1].split()[16])
+            if niceness == os.nice(0) + 7:
+                break
+            time.sleep(0.1)
+        assert service.poll() is None, service.stderr.read() if service.stderr else ""
+        assert niceness == os.nice(0) + 7
+    finally:
+        service.terminate()
+        service.wait(30)
+    assert memwal("maintain", uri, "--once", "--nice", "20", check=False).returncode == 2
