@@ -178,11 +178,13 @@ _AVRO_TYPES = {
     "bytes": (pa.binary(), st.binary(max_size=12)),
     "floats": (pa.list_(pa.float32()), st.lists(_FLOAT32, max_size=6)),
     "doubles": (pa.list_(pa.float64()), st.lists(st.floats(allow_nan=False), max_size=6)),
+    "bools": (pa.list_(pa.bool_()), st.lists(st.booleans(), max_size=6)),
 }
 
 
 def _avro_type(name: str):
-    return {"type": "array", "items": "float" if name == "floats" else "double"} if name in ("floats", "doubles") else name
+    items = {"floats": "float", "doubles": "double", "bools": "boolean"}
+    return {"type": "array", "items": items[name]} if name in items else name
 
 
 @st.composite
@@ -204,7 +206,7 @@ def native_batches(draw):
             value = _AVRO_TYPES[name][1]
             rec[f"f{i}"] = draw(value if nullable == "plain" else st.none() | value)
         records.append(rec)
-    values = []
+    values, damages = [], []
     for rec in records:
         body = avro_bytes(rec, schema)
         damage = draw(st.sampled_from(["none"] * 6 + ["cut", "trailing", "other", "empty", "null"]))
@@ -217,7 +219,8 @@ def native_batches(draw):
         elif damage == "empty":
             body = b""
         values.append(None if damage == "null" else body)
-    return schema, pa.schema(table), values
+        damages.append(damage)
+    return schema, pa.schema(table), values, damages
 
 
 def _fastavro_alone(schema, value: bytes | None) -> dict | None:
@@ -247,35 +250,65 @@ def _not_utf8(schema, value: bytes) -> bool:
 def test_native_avro_decoding_matches_fastavro_record_by_record(batch):
     """The model: a value is a row iff fastavro decodes it alone with no byte left, and the
     row is what ``from_pylist`` makes of fastavro's record; every other value is a dead letter.
-    Damaged values must not hang the native decoder (it spins on a block cut mid-record)."""
-    schema, table, values = batch
+    Both paths (native, and fastavro for every schema) must give the model's rows. Damaged
+    values must not hang the native decoder (it spins on a block cut mid-record)."""
+    schema, table, values, damages = batch
     text = json.dumps(schema)
     steps = plan(text)
     assert steps is not None
-    decoder = AvroDecoder(table, None, None, text)
     expected = {i: r for i, r in enumerate(_fastavro_alone(schema, v) for v in values) if r is not None}
-    # The layout walk alone: a value that fastavro decodes exactly fits (so it takes the native
-    # path), and one that does not fit fails in fastavro too, unless only its UTF-8 is at fault.
+    # The layout walk alone: a value fastavro wrote fits (so it takes the native path), and a
+    # value that fits is one fastavro decodes exactly, unless only its UTF-8 is at fault.
     present = [i for i, v in enumerate(values) if v is not None]
     fits = record_fits(steps, pa.array([values[i] for i in present], pa.binary()))
     for i, fit in zip(present, fits):
-        assert bool(fit) == (i in expected) or (fit and _not_utf8(schema, values[i])), (i, values[i])
-    got = decoder.decode_batch(values, [None] * len(values))
-    assert sorted(got.errors) == sorted(set(range(len(values))) - set(expected))
-    order = np.argsort(got.positions)
-    assert got.positions[order].tolist() == sorted(expected)
-    want = pa.Table.from_pylist([expected[i] for i in sorted(expected)], schema=decoder.parse_schema)
-    assert got.rows.take(pa.array(order, pa.int64())).equals(want)
+        if damages[i] == "none":
+            assert fit, (i, values[i])
+        if fit:
+            assert i in expected or _not_utf8(schema, values[i]), (i, values[i])
+    for native in (True, False):
+        decoder = AvroDecoder(table, None, None, text, native=native)
+        got = decoder.decode_batch(values, [None] * len(values))
+        assert sorted(got.errors) == sorted(set(range(len(values))) - set(expected)), native
+        order = np.argsort(got.positions)
+        assert got.positions[order].tolist() == sorted(expected)
+        want = pa.Table.from_pylist([expected[i] for i in sorted(expected)], schema=decoder.parse_schema)
+        assert got.rows.take(pa.array(order, pa.int64())).equals(want), native
 
 
-def test_trailing_bytes_after_the_last_record_of_a_batch_make_it_a_dead_letter_on_both_paths():
-    schema = {**AVRO_SCHEMA, "fields": [*AVRO_SCHEMA["fields"], {"name": "at", "type": {"type": "long", "logicalType": "timestamp-micros"}}]}
-    for s in (AVRO_SCHEMA, schema):  # native, then fastavro (a logical type)
+def test_trailing_bytes_make_a_dead_letter_and_never_shift_the_records_after_it():
+    """Decoded from one block, a record with bytes left over shifted every later record without
+    an error (fastavro ignores what a block has left). On both paths, and for a schema the
+    native path does not take, such a value is a dead letter and the others decode right, also
+    when another value in the batch makes the native decoder fail (a string that is not UTF-8)."""
+    timestamps = {**AVRO_SCHEMA, "fields": [*AVRO_SCHEMA["fields"], {"name": "at", "type": {"type": "long", "logicalType": "timestamp-micros"}}]}
+    for s in (AVRO_SCHEMA, timestamps):
         text = json.dumps(s)
-        values = [avro_bytes({"id": i, "at": 0}, s) for i in range(3)]
-        values[2] += b"\x00"
-        d = AvroDecoder(AVRO_TABLE, "op", None, text).decode_batch(values, [None] * 3)
-        assert sorted(avro_rows(d)) == [0, 1] and list(d.errors) == [2], (plan(text) is not None, d.errors)
+        values = [avro_bytes({"id": i, "name": f"n{i}", "score": float(i), "at": 0}, s) for i in range(4)]
+        values[1] += b"\x04"  # mid-batch
+        values[3] += b"\x00"  # the batch's last value
+        bad_utf8 = bytearray(avro_bytes({"id": 9, "name": "xx", "at": 0}, s))
+        bad_utf8[bad_utf8.index(b"xx")] = 0xFF
+        for batch in (values, [*values, bytes(bad_utf8)]):
+            for native in (True, False):
+                d = AvroDecoder(AVRO_TABLE, "op", None, text, native=native).decode_batch(batch, [None] * len(batch))
+                rows = avro_rows(d)
+                assert sorted(rows) == [0, 2], (plan(text) is not None, native, d.errors)
+                assert [rows[0]["name"], rows[2]["name"], rows[2]["score"]] == ["n0", "n2", 2.0]
+                assert sorted(d.errors) == sorted({1, 3, 4} & set(range(len(batch))))
+
+
+def test_an_array_block_count_of_minus_two_to_the_63_is_judged_by_fastavro_not_a_crash():
+    schema = {"type": "record", "name": "r", "fields": [{"name": "id", "type": "long"}, {"name": "v", "type": {"type": "array", "items": "boolean"}}]}
+    text = json.dumps(schema)
+    weird = bytes.fromhex("02ffffffffffffffffff010000")  # id 1, then a block of -2**63 items
+    values = [avro_bytes({"id": 0, "v": [True]}, schema), weird]
+    assert record_fits(plan(text), pa.array(values, pa.binary())).tolist() == [True, False]
+    table = pa.schema([("id", pa.int64()), ("v", pa.list_(pa.bool_()))])
+    d = AvroDecoder(table, None, None, text).decode_batch(values, [None, None])
+    expected = _fastavro_alone(schema, weird)
+    assert avro_rows(d)[0] == {"id": 0, "v": [True]}
+    assert (1 in d.errors) == (expected is None)
 
 
 def test_only_flat_writer_schemas_without_logical_types_take_the_native_path():

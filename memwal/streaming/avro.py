@@ -3,13 +3,13 @@ rows of a table.
 
 **Bulk decoding.** Kafka carries each record as the bare binary encoding of one Avro datum;
 Avro's object container format is exactly such encodings concatenated in a block behind a
-header. So a batch of values becomes one in-memory container (header, one block, no copy of
-a record apart from the concatenation). For flat records (:mod:`memwal.streaming.avro_native`)
-Arrow's Rust decoder reads it straight into columns, once each value's layout is checked;
-otherwise, and for values that do not fit, fastavro's compiled reader decodes it in one call,
-and Arrow builds the columns from its output in one more (``Table.from_pylist`` into the
-table's schema). A batch that fails as a whole is bisected to find the records at fault; a
-record decoded alone must also use up exactly its bytes, so trailing garbage is caught.
+header. For flat records (:mod:`memwal.streaming.avro_native`) a batch's values become one
+in-memory container that Arrow's Rust decoder reads straight into columns, once each value's
+layout is checked. Otherwise, and for the values that do not fit, fastavro's compiled reader
+decodes each value alone, which must use up exactly its bytes (so trailing garbage is a dead
+letter, and cannot shift the records after it), and Arrow builds the columns from the records
+in one call (``Table.from_pylist`` into the table's schema); only a batch whose records the
+columns cannot take is bisected to find the records at fault.
 
 **Wire format.** With a schema id (``avro_schema_id``) or a registry, every value must start
 with Confluent's header: magic byte 0, then the writer schema's id (4 bytes, big-endian).
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import threading
 import urllib.error
@@ -36,8 +37,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal.errors import InvalidArgumentError, MemwalError
-from memwal.streaming.avro_native import NativeReader, Step, conform_rows, plan, record_fits
+from memwal.streaming.avro_native import NativeReader, Step, conform_rows, conformable, plan, record_fits
 from memwal.streaming.decode import Binaries, Decoded, _json_type, _reason, binary_array, bisect_failures
+
+log = logging.getLogger(__name__)
 
 #: Confluent wire format: magic byte 0, 4-byte big-endian schema id, then the Avro datum.
 MAGIC = 0
@@ -94,6 +97,7 @@ class WriterSchema:
         #: when a reader schema differs, as Avro's resolution is fastavro's).
         self.steps: tuple[Step, ...] | None = plan(schema_json) if reader is None and native else None
         self._native: NativeReader | None = None
+        self._conformable: dict[str, bool] = {}  # parse schema -> whether native rows cast to it
 
     def _container(self, data: bytes, n: int) -> bytes:
         """``n`` records' concatenated encodings as one Avro object container of one block."""
@@ -105,6 +109,11 @@ class WriterSchema:
         cannot take them (then fastavro decodes them all, and gives the reasons)."""
         if self.steps is None:
             return None
+        key = parse_schema.to_string()
+        if key not in self._conformable:
+            self._conformable[key] = conformable(self.json, parse_schema)
+        if not self._conformable[key]:
+            return None
         fits = np.flatnonzero(record_fits(self.steps, bodies))
         if not len(fits):
             return None
@@ -113,28 +122,42 @@ class WriterSchema:
             if self._native is None:
                 self._native = NativeReader()
             rows = conform_rows(self._native.read(self._container(_concatenated(chosen), len(chosen))), parse_schema)
-        except Exception:  # noqa: BLE001 - e.g. a string that is not UTF-8: fastavro names it
+        except Exception as e:  # noqa: BLE001 - e.g. a string that is not UTF-8: fastavro names it
+            log.debug("native Avro decoding of %d value(s) failed, fastavro decodes them: %s", len(chosen), _reason(e))
             return None
         return None if rows is None or rows.num_rows != len(fits) else (rows, fits)
 
-    def read(self, bodies: pa.BinaryArray) -> list[dict[str, Any]]:
-        """Decode every value of ``bodies`` (bare Avro data) in one call."""
+    def read(self, bodies: pa.BinaryArray) -> tuple[list[dict[str, Any]], np.ndarray, dict[int, str]]:
+        """Decode each value of ``bodies`` (bare Avro data) alone: the records, the indices of
+        the values they came from, and why each other value is not a record. A value must be
+        exactly one record: decoded from a block, a record with bytes left over would shift
+        every later record without an error (fastavro's block reader ignores what a block has
+        left), and one call per record costs ~10% more than the block (docs/benchmarks.md)."""
         fastavro = _fastavro()
         n = len(bodies)
         data = _concatenated(bodies)
-        records = list(fastavro.reader(io.BytesIO(self._container(data, n)), reader_schema=self.reader))
-        if len(records) != n:
-            raise MemwalError(f"expected {n} Avro record(s), decoded {len(records)}")
-        if n:
-            # The last record must use up exactly its bytes: in a block, a misfit shifts the
-            # next record and fails there, but the last one has no next record (and the block
-            # reader ignores bytes left in a block).
-            last = bodies[n - 1].as_py()
-            buf = io.BytesIO(last)
-            fastavro.schemaless_reader(buf, self.parsed, self.reader)
-            if buf.tell() != len(last):
-                raise MemwalError(f"{len(last) - buf.tell()} byte(s) left over after the Avro record")
-        return records
+        ends = np.frombuffer(bodies.buffers()[1], np.int32, n + 1, bodies.offset * 4).astype(np.int64) if n else np.zeros(1, np.int64)
+        ends = ends - ends[0]
+        buf = io.BytesIO(data)
+        records: list[dict[str, Any]] = []
+        good: list[int] = []
+        errors: dict[int, str] = {}
+        for k in range(n):
+            start, end = int(ends[k]), int(ends[k + 1])
+            buf.seek(start)
+            try:
+                record = fastavro.schemaless_reader(buf, self.parsed, self.reader)
+            except Exception as e:  # noqa: BLE001 - fastavro's errors, as the record's reason
+                errors[k] = f"the value is not an Avro record of the schema: {_reason(e)}"
+                continue
+            if buf.tell() != end:
+                errors[k] = ("the value is not an Avro record of the schema: "
+                             + (f"{end - buf.tell()} byte(s) left over after the record" if buf.tell() < end
+                                else "the record runs past the value's end"))
+                continue
+            records.append(record)
+            good.append(k)
+        return records, np.array(good, np.int64), errors
 
 
 _REGISTRY: dict[tuple[str, int], str] = {}
@@ -261,16 +284,19 @@ class AvroDecoder:
                     continue
                 group, group_bodies = group[rest], group_bodies.take(pa.array(rest, pa.int64()))
 
-            def attempt(idx: np.ndarray, writer=writer, group_bodies=group_bodies) -> pa.Table:
-                records = writer.read(group_bodies.take(pa.array(idx, pa.int64())))
-                return pa.Table.from_pylist(records, schema=self.parse_schema)
+            records, decoded, failed = writer.read(group_bodies)
+            errors.update({int(group[j]): reason for j, reason in failed.items()})
+            group = group[decoded]
+
+            def attempt(idx: np.ndarray, records=records) -> pa.Table:
+                return pa.Table.from_pylist([records[j] for j in idx], schema=self.parse_schema)
 
             try:
                 tables.append(attempt(np.arange(len(group))))
                 positions.append(group)
-            except Exception:  # noqa: BLE001 - isolate the records at fault
+            except Exception:  # noqa: BLE001 - isolate the records whose values the columns cannot take
                 good, bad = bisect_failures(len(group), attempt)
-                errors.update({int(group[j]): f"the value is not an Avro record of the schema: {reason}" for j, reason in bad.items()})
+                errors.update({int(group[j]): f"the record does not fit the table's columns: {reason}" for j, reason in bad.items()})
                 if len(good):
                     tables.append(attempt(good))
                     positions.append(group[good])

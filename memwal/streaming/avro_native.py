@@ -1,6 +1,6 @@
 """Native decoding of flat Avro records: a batch of values read into Arrow columns by Arrow's
 Rust Avro decoder (through DataFusion, a memwal dependency) instead of fastavro's Python
-objects, ~9x faster on a record with a 64-float vector (docs/benchmarks.md, "Input formats").
+objects, ~10x faster on a record with a 64-float vector (docs/benchmarks.md, "Input formats").
 
 **The record layout is checked first.** Arrow's Avro decoder reads a block byte-driven: a
 block whose last record is cut short makes it spin forever (measured with DataFusion 55:
@@ -70,6 +70,27 @@ def _step(t: object) -> Step | None:
         inner = None if isinstance(other, list) else _step(other)
         return None if inner is None else Step("nullable", inner=inner, null_branch=t.index("null"))
     return None
+
+
+#: The Arrow type Arrow's Avro decoder gives each primitive the walk takes.
+_ARROW = {"boolean": pa.bool_(), "int": pa.int32(), "long": pa.int64(), "float": pa.float32(), "double": pa.float64(),
+          "string": pa.string(), "bytes": pa.binary()}
+
+
+def _arrow_type(t: object) -> pa.DataType:
+    if isinstance(t, list):
+        return _arrow_type(t[1 - t.index("null")])
+    if isinstance(t, dict) and t.get("type") == "array":
+        return pa.list_(_ARROW[_primitive(t["items"])])  # type: ignore[index]
+    return _ARROW[_primitive(t)]  # type: ignore[index]
+
+
+def conformable(schema_json: str, parse_schema: pa.Schema) -> bool:
+    """Whether the rows of a plan-able writer schema can be cast to ``parse_schema`` as
+    :func:`conform_rows` does (decided from the schemas alone, so a table whose columns the
+    native rows cannot take, e.g. a timestamp from a ``long``, never pays for a native read)."""
+    fields = {f["name"]: _arrow_type(f["type"]) for f in json.loads(schema_json)["fields"]}
+    return all(_castable(fields[f.name], f.type) for f in parse_schema if f.name in fields)
 
 
 def plan(schema_json: str) -> tuple[Step, ...] | None:
@@ -149,6 +170,7 @@ class _Walk:
                 if negative.any():  # a block of -count items, preceded by its size in bytes
                     self.varint(live[negative])
                     count = np.abs(count)
+                    self.bad[live[count < 0]] = True  # -2**63 has no positive counterpart
                 keep = ~self.bad[live] & (count != 0)
                 live, count = live[keep], count[keep]
                 # count * width without overflow: a count past the value's end is bad anyway.
@@ -184,9 +206,43 @@ def record_fits(steps: tuple[Step, ...], values: pa.BinaryArray) -> np.ndarray:
     return ~walk.bad & (walk.pos == walk.end)
 
 
-def _scratch_dir() -> str | None:
-    """Where the block is written for the decoder to read: memory-backed where there is one."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+_SHM = "/dev/shm"
+_PREFIX = "memwal-avro-"
+
+
+def _scratch_dir(nbytes: int) -> str:
+    """Where a block of ``nbytes`` is written for the decoder to read: memory-backed where
+    there is one with room for it twice over (containers often give /dev/shm 64 MiB), else the
+    temporary directory."""
+    try:
+        st = os.statvfs(_SHM)
+        if os.access(_SHM, os.W_OK) and st.f_bavail * st.f_frsize > 2 * nbytes:
+            return _SHM
+    except OSError:
+        pass
+    return tempfile.gettempdir()
+
+
+def _sweep(directory: str) -> None:
+    """Remove scratch files left by processes that no longer run (a read task killed while
+    its block was on disk): each file's name carries its writer's process id."""
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
+        except OSError:  # alive, but another user's
+            pass
 
 
 class NativeReader:
@@ -194,13 +250,19 @@ class NativeReader:
     partition, so rows keep the block's order). Each call writes the container to a scratch
     file: DataFusion reads Avro only from files."""
 
+    _swept: set[str] = set()
+
     def __init__(self) -> None:
         from datafusion import SessionConfig, SessionContext
 
         self._ctx = SessionContext(SessionConfig().with_target_partitions(1))
 
     def read(self, container: bytes) -> pa.Table:
-        fd, path = tempfile.mkstemp(suffix=".avro", prefix="memwal-", dir=_scratch_dir())
+        directory = _scratch_dir(len(container))
+        if directory not in NativeReader._swept:  # once per process and directory
+            NativeReader._swept.add(directory)
+            _sweep(directory)
+        fd, path = tempfile.mkstemp(suffix=".avro", prefix=f"{_PREFIX}{os.getpid()}-", dir=directory)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(container)
