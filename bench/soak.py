@@ -54,6 +54,7 @@ from ingest import open_broker  # noqa: E402
 from keepup import SCHEMA, base_table, disk_bytes, read_probes  # noqa: E402
 
 from memwal import Table, readers  # noqa: E402
+from memwal.maintenance import MaintenanceConfig  # noqa: E402
 from memwal.streaming import SinkOptions, ingest, local_session  # noqa: E402
 
 #: CSV columns, in order; the PNG draws them in panels of like units.
@@ -502,7 +503,7 @@ def main() -> None:
     p.add_argument("--max-backlog-seconds", type=float, default=60, help="the producer pauses beyond this backlog")
     p.add_argument("--restarts", type=int, default=3, help="times a dead ingest query is restarted from its checkpoint")
     p.add_argument("--maintain-interval", type=float, default=5.0)
-    p.add_argument("--maintain-nice", type=int, default=0, help="memwal maintain --nice: how much lower its CPU priority is")
+    p.add_argument("--maintain-nice", type=int, default=MaintenanceConfig.nice, help="memwal maintain --nice: how much lower its CPU priority is")
     p.add_argument("--reader-grace", type=float, default=30.0, help="GC keeps compacted SSTables this long for readers")
     p.add_argument("--workdir", help="keep the table here (default: a temporary directory, removed)")
     p.add_argument("--csv", default="soak.csv")
