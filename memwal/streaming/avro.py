@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal.errors import InvalidArgumentError, MemwalError
-from memwal.streaming.avro_native import NativeReader, Step, conform_rows, conformable, plan, record_fits
+from memwal.streaming.avro_native import NativeReader, Step, conform_rows, conformable, plan, record_fits, value_offsets
 from memwal.streaming.decode import Binaries, Decoded, _json_type, _reason, binary_array, bisect_failures
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def _concatenated(arr: pa.BinaryArray) -> bytes:
     """The values of a binary array back to back: the slice of its data buffer they occupy."""
     if len(arr) == 0:
         return b""
-    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=len(arr) + 1, offset=4 * arr.offset)
+    offsets = value_offsets(arr)
     data = arr.buffers()[2]
     return data[int(offsets[0]):int(offsets[-1])].to_pybytes() if data is not None else b""
 
@@ -86,33 +86,30 @@ def _concatenated(arr: pa.BinaryArray) -> bytes:
 class WriterSchema:
     """One writer schema, parsed, with what decoding a batch of its records needs."""
 
-    def __init__(self, schema_json: str, reader: Any | None, native: bool = True) -> None:
+    def __init__(self, schema_json: str, reader: Any | None, parse_schema: pa.Schema, native: bool = True) -> None:
         fastavro = _fastavro()
         self.json = schema_json
         self.parsed = fastavro.parse_schema(json.loads(schema_json))
         self.reader = reader  # parsed reader schema, None: the writer schema itself
         self.sync = os.urandom(16)
         self.header = _container_header(schema_json, self.sync)
+        self.parse_schema = parse_schema  # what the rows are decoded into
         #: How to walk a record of this schema for the native path; None: fastavro only (also
-        #: when a reader schema differs, as Avro's resolution is fastavro's).
-        self.steps: tuple[Step, ...] | None = plan(schema_json) if reader is None and native else None
+        #: when a reader schema differs, as Avro's resolution is fastavro's, or when the table's
+        #: columns cannot take the native rows' types, so no batch pays for a native read).
+        steps = plan(schema_json) if reader is None and native else None
+        self.steps: tuple[Step, ...] | None = steps if steps is not None and conformable(schema_json, parse_schema) else None
         self._native: NativeReader | None = None
-        self._conformable: dict[str, bool] = {}  # parse schema -> whether native rows cast to it
 
     def _container(self, data: bytes, n: int) -> bytes:
         """``n`` records' concatenated encodings as one Avro object container of one block."""
         return self.header + _zigzag(n) + _zigzag(len(data)) + data + self.sync
 
-    def read_native(self, bodies: pa.BinaryArray, parse_schema: pa.Schema) -> tuple[pa.Table, np.ndarray] | None:
+    def read_native(self, bodies: pa.BinaryArray) -> tuple[pa.Table, np.ndarray] | None:
         """The rows of the values of ``bodies`` whose layout fits the schema, decoded by Arrow
-        into ``parse_schema``, and their indices in ``bodies``; None when the native path
+        into the parse schema, and their indices in ``bodies``; None when the native path
         cannot take them (then fastavro decodes them all, and gives the reasons)."""
         if self.steps is None:
-            return None
-        key = parse_schema.to_string()
-        if key not in self._conformable:
-            self._conformable[key] = conformable(self.json, parse_schema)
-        if not self._conformable[key]:
             return None
         fits = np.flatnonzero(record_fits(self.steps, bodies))
         if not len(fits):
@@ -121,11 +118,11 @@ class WriterSchema:
         try:
             if self._native is None:
                 self._native = NativeReader()
-            rows = conform_rows(self._native.read(self._container(_concatenated(chosen), len(chosen))), parse_schema)
+            rows = conform_rows(self._native.read(self._container(_concatenated(chosen), len(chosen))), self.parse_schema)
         except Exception as e:  # noqa: BLE001 - e.g. a string that is not UTF-8: fastavro names it
             log.debug("native Avro decoding of %d value(s) failed, fastavro decodes them: %s", len(chosen), _reason(e))
             return None
-        return None if rows is None or rows.num_rows != len(fits) else (rows, fits)
+        return None if rows.num_rows != len(fits) else (rows, fits)
 
     def read(self, bodies: pa.BinaryArray) -> tuple[list[dict[str, Any]], np.ndarray, dict[int, str]]:
         """Decode each value of ``bodies`` (bare Avro data) alone: the records, the indices of
@@ -136,8 +133,8 @@ class WriterSchema:
         fastavro = _fastavro()
         n = len(bodies)
         data = _concatenated(bodies)
-        ends = np.frombuffer(bodies.buffers()[1], np.int32, n + 1, bodies.offset * 4).astype(np.int64) if n else np.zeros(1, np.int64)
-        ends = ends - ends[0]
+        ends = value_offsets(bodies)
+        ends -= ends[0]
         buf = io.BytesIO(data)
         records: list[dict[str, Any]] = []
         good: list[int] = []
@@ -234,9 +231,9 @@ class AvroDecoder:
         w = self._writers.get(schema_id)
         if w is None:
             if self.registry is not None and schema_id is not None:
-                w = WriterSchema(registry_schema(self.registry, schema_id), self.reader, self.native)
+                w = WriterSchema(registry_schema(self.registry, schema_id), self.reader, self.parse_schema, self.native)
             else:
-                w = WriterSchema(str(self.avro_schema), None, self.native)
+                w = WriterSchema(str(self.avro_schema), None, self.parse_schema, self.native)
             self._writers[schema_id] = w
         return w
 
@@ -274,7 +271,7 @@ class AvroDecoder:
                 errors.update({int(i): _reason(e) for i in group})
                 continue
             group_bodies = bodies.take(pa.array(group, pa.int64()))
-            native = writer.read_native(group_bodies, self.parse_schema)
+            native = writer.read_native(group_bodies)
             if native is not None:
                 rows, fits = native
                 tables.append(rows)

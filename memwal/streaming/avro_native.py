@@ -20,6 +20,7 @@ would build them from fastavro's dicts; a test compares the two on generated rec
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -189,6 +190,12 @@ class _Walk:
         self._check(idx)
 
 
+def value_offsets(values: pa.BinaryArray) -> np.ndarray:
+    """Where each value of a binary array starts in its data buffer, and where the last ends
+    (``len(values) + 1`` offsets)."""
+    return np.frombuffer(values.buffers()[1], np.int32, len(values) + 1, values.offset * 4).astype(np.int64)
+
+
 def record_fits(steps: tuple[Step, ...], values: pa.BinaryArray) -> np.ndarray:
     """For each (non-null) value, whether it is exactly one record of the plan's schema as far
     as its layout goes: every field's encoding well formed and the last one ending at the
@@ -196,7 +203,7 @@ def record_fits(steps: tuple[Step, ...], values: pa.BinaryArray) -> np.ndarray:
     n = len(values)
     if n == 0:
         return np.zeros(0, bool)
-    offsets = np.frombuffer(values.buffers()[1], np.int32, n + 1, values.offset * 4).astype(np.int64)
+    offsets = value_offsets(values)
     data_buf = values.buffers()[2]
     data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
     walk = _Walk(data, offsets[:-1], offsets[1:])
@@ -214,35 +221,29 @@ def _scratch_dir(nbytes: int) -> str:
     """Where a block of ``nbytes`` is written for the decoder to read: memory-backed where
     there is one with room for it twice over (containers often give /dev/shm 64 MiB), else the
     temporary directory."""
-    try:
+    with contextlib.suppress(OSError):
         st = os.statvfs(_SHM)
         if os.access(_SHM, os.W_OK) and st.f_bavail * st.f_frsize > 2 * nbytes:
             return _SHM
-    except OSError:
-        pass
     return tempfile.gettempdir()
 
 
 def _sweep(directory: str) -> None:
     """Remove scratch files left by processes that no longer run (a read task killed while
-    its block was on disk): each file's name carries its writer's process id."""
-    try:
-        names = [n for n in os.listdir(directory) if n.startswith(_PREFIX)]
-    except OSError:
-        return
-    for name in names:
-        pid = name[len(_PREFIX):].split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
+    its block was on disk): each file's name carries its writer's process id. A file whose
+    process runs (``kill`` succeeds, or is refused: another user's) stays."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(directory):
+            pid = name[len(_PREFIX):].split("-", 1)[0]
+            if not name.startswith(_PREFIX) or not pid.isdigit() or int(pid) == os.getpid():
+                continue
             try:
-                os.unlink(os.path.join(directory, name))
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(directory, name))
             except OSError:
-                pass
-        except OSError:  # alive, but another user's
-            pass
+                continue
 
 
 class NativeReader:
@@ -289,17 +290,10 @@ def _castable(src: pa.DataType, dst: pa.DataType) -> bool:
     return False
 
 
-def conform_rows(table: pa.Table, parse_schema: pa.Schema) -> pa.Table | None:
+def conform_rows(table: pa.Table, parse_schema: pa.Schema) -> pa.Table:
     """The decoded rows in the reader's ``parse_schema`` (its fields missing from the record
-    are null, the record's other fields dropped), or None if a field's Avro type is not one
-    ``from_pylist`` would take into that column."""
-    columns = []
-    for f in parse_schema:
-        if f.name not in table.column_names:
-            columns.append(pa.nulls(table.num_rows, f.type))
-            continue
-        col = table.column(f.name)
-        if not _castable(col.type, f.type):
-            return None
-        columns.append(col.cast(f.type))
+    are null, the record's other fields dropped). :func:`conformable` said the casts apply;
+    a value one of them cannot take (an overflow) raises."""
+    columns = [table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+               for f in parse_schema]
     return pa.table(columns, schema=parse_schema)
