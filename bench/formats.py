@@ -1,8 +1,8 @@
 """Decode benchmark of ``memwal ingest``'s value formats, in one run: records per second of
 the prepare stage's decoder for each format, as a ratio to the JSON decoder on the same rows
-(the baseline), plus Avro decoded by fastavro alone (memwal's path before Arrow's Avro reader
-took flat schemas) and record by record (fastavro's ``schemaless_reader`` per value) to show
-what each bulk path saves.
+(the baseline), plus Avro decoded by fastavro alone (``AvroDecoder(native=False)``: the path
+of schemas Arrow's Avro reader does not take, one value at a time) to show what the native
+path saves.
 
 The rows are the workload of docs/benchmarks.md (id, val, name, a 64-float vector); every
 format encodes the same rows. No Spark, no Kafka: only the decoding a read task does.
@@ -13,13 +13,11 @@ Run: ``python bench/formats.py [--rows N] [--repeat R]``.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import sys
 import time
 
-import fastavro
 import pyarrow as pa
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -71,15 +69,6 @@ def main() -> None:
             best = min(best, time.perf_counter() - t0)
             assert not d.errors and d.rows.num_rows == args.rows
         results[name] = {"records_per_s": round(args.rows / best)}
-    parsed = fastavro.parse_schema(AVSC)
-    values = encodings(rows)["avro"][0]
-    best = float("inf")
-    for _ in range(args.repeat):
-        t0 = time.perf_counter()
-        recs = [fastavro.schemaless_reader(io.BytesIO(b), parsed) for b in values]
-        pa.Table.from_pylist(recs)
-        best = min(best, time.perf_counter() - t0)
-    results["avro, per record (schemaless_reader)"] = {"records_per_s": round(args.rows / best)}
     base = results["json"]["records_per_s"]
     print(f"decoding {args.rows} records ({DIM}-float vectors), best of {args.repeat}:")
     for name in list(results):
