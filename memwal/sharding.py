@@ -129,8 +129,17 @@ class ShardingSpec:
         """Shard values of one row given as a column -> value mapping."""
         if self.unsharded:
             return (0,)
-        one = pa.table({c: pa.array([row[c]], schema.field(c).type) for c in self.source_columns})
-        return tuple(a[0].as_py() for a in self.shard_value_arrays(one))
+        out = []
+        for f in self.fields:
+            if isinstance(f.transform, Unsharded):
+                out.append(0)
+                continue
+            missing = [c for c in f.source_columns if c not in row]
+            if missing:
+                raise UnknownColumnError(f"sharding column {missing[0]!r} is missing from the data")
+            out.append(f.transform.apply_one([row[c] for c in f.source_columns],
+                                             [schema.field(c).type for c in f.source_columns]))
+        return tuple(out)
 
     def to_json(self) -> dict[str, Any]:
         return {"spec_id": self.spec_id, "spec": self.render(), "field_ids": [f.field_id for f in self.fields]}

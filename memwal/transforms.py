@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -75,6 +75,39 @@ def murmur3_int64(values: np.ndarray, seed: np.ndarray | int = 0) -> np.ndarray:
         high = (v >> np.uint64(32)).astype(np.uint32)
         h = _mix_h1(_seed_array(seed, len(v)), _mix_k1(low))
         return _fmix(_mix_h1(h, _mix_k1(high)), 8)
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix_one(h: int, k: int) -> int:
+    """One block of Murmur3 on Python ints: what ``_mix_h1(h, _mix_k1(k))`` does per element."""
+    k = (k * 0xCC9E2D51) & _M32
+    k = (((k << 15) | (k >> 17)) * 0x1B873593) & _M32
+    h ^= k
+    return ((((h << 13) | (h >> 19)) & _M32) * 5 + 0xE6546B64) & _M32
+
+
+def murmur3_int_one(value: int, bit_width: int, seed: int = 0) -> int:
+    """Murmur3 of one integer, as :func:`murmur3_int32` (``bit_width`` <= 32) or
+    :func:`murmur3_int64` hash it, without NumPy: a point lookup routes one key, and NumPy's
+    per-call cost on one-element arrays was most of the lookup's routing (~0.13 ms)."""
+    if bit_width <= 32:
+        h, length = _mix_one(seed & _M32, value & _M32), 4
+    else:
+        bits = value & 0xFFFFFFFFFFFFFFFF
+        h, length = _mix_one(_mix_one(seed & _M32, bits & _M32), bits >> 32), 8
+    h ^= length
+    h = ((h ^ (h >> 16)) * 0x85EBCA6B) & _M32
+    h = ((h ^ (h >> 13)) * 0xC2B2AE35) & _M32
+    return h ^ (h >> 16)
+
+
+def _fits(value: int, t: pa.DataType) -> bool:
+    """Whether an integer type holds ``value`` (else the vector path raises Arrow's error)."""
+    if pa.types.is_signed_integer(t):
+        return -(1 << (t.bit_width - 1)) <= value < 1 << (t.bit_width - 1)
+    return 0 <= value < 1 << t.bit_width
 
 
 def murmur3_binary(arr: pa.Array, seed: np.ndarray | int = 0) -> np.ndarray:
@@ -200,6 +233,11 @@ class Transform(ABC):
     def apply(self, columns: Sequence[pa.Array]) -> pa.Array:
         """Shard values for every row of the source columns."""
 
+    def apply_one(self, values: Sequence[Any], types: Sequence[pa.DataType]) -> Any:
+        """The shard value of one row's source values (of ``types``), as :meth:`apply` gives
+        it; transforms with a cheaper scalar form override this."""
+        return self.apply([pa.array([v], t) for v, t in zip(values, types)])[0].as_py()
+
     def parameters(self) -> dict[str, str]:
         """Transform parameters as Lance stores them in ``ShardingField.parameters``."""
         return {}
@@ -295,6 +333,14 @@ class Bucket(Transform):
         if arr.null_count:
             buckets[np.asarray(arr.is_null())] = 0
         return pa.array(buckets, pa.int32())
+
+    def apply_one(self, values: Sequence[Any], types: Sequence[pa.DataType]) -> Any:
+        (v,), (t,) = values, types
+        if v is None:
+            return 0
+        if pa.types.is_integer(t) and type(v) is int and _fits(v, t):
+            return (murmur3_int_one(v, t.bit_width) & 0x7FFFFFFF) % self.num_buckets
+        return super().apply_one(values, types)
 
     def parameters(self) -> dict[str, str]:
         return {"num_buckets": str(self.num_buckets)}
