@@ -471,3 +471,39 @@ def test_a_late_background_refresh_never_replaces_a_newer_snapshot(table_uri):
             assert r.get(7)["body"] == "v2"
             assert r._publish(older, started) is not older  # ... publishing when it finishes
             assert r.get(7)["body"] == "v2"
+
+
+ANY_VALUE = st.one_of(st.none(), st.integers(-(2**65), 2**65), st.text(max_size=5), st.binary(max_size=5),
+                      st.floats(allow_nan=False), st.datetimes(), st.booleans())
+KEY_TYPES = {
+    pa.int32(): st.integers(-(2**31), 2**31 - 1),
+    pa.uint64(): st.integers(0, 2**64 - 1),
+    pa.string(): st.text(max_size=5),
+    pa.binary(): st.binary(max_size=5),
+    pa.bool_(): st.booleans(),
+}
+
+
+@pytest.mark.parametrize("key_type", list(KEY_TYPES), ids=str)
+def test_a_point_lookup_types_its_key_as_a_batch_of_keys_does(key_type):
+    """``get`` types one key without building a table; what it accepts, and how it types it,
+    must be what ``get_many``'s ``keys_table`` does, or a lookup would miss a row a batch
+    finds. Values of the column's own type and of any other type, on a composite key."""
+    from memwal.errors import PrimaryKeyError
+    from memwal.readers.keys import keys_table, typed_key
+
+    schema = pa.schema([("k", key_type), ("n", pa.int64())])
+
+    @given(k=st.one_of(KEY_TYPES[key_type], ANY_VALUE), n=st.integers(-(2**63), 2**63 - 1))
+    def check(k, n):
+        try:
+            batch = keys_table([(k, n)], schema.names, schema).to_pylist()[0]
+        except PrimaryKeyError:
+            with pytest.raises(PrimaryKeyError):
+                typed_key((k, n), schema.names, schema)
+            return
+        got = typed_key((k, n), schema.names, schema)
+        assert got == batch
+
+    check()
+

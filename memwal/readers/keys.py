@@ -32,7 +32,17 @@ def keys_table(keys: Iterable[Any], primary_key: Sequence[str], schema: pa.Schem
     rows = [normalize_key(k, primary_key) for k in keys]
     try:
         return pa.table({c: pa.array([r[c] for r in rows], schema.field(c).type) for c in primary_key})
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
+        raise PrimaryKeyError(f"key values do not match the key column types: {e}") from None
+
+
+def typed_key(key: Any, primary_key: Sequence[str], schema: pa.Schema) -> dict[str, Any]:
+    """One key as ``{column: value}``, typed as :func:`keys_table` types it (and refused as it
+    refuses), without building a table: a point lookup's own cost is a few microseconds."""
+    k = normalize_key(key, primary_key)
+    try:
+        return {c: pa.scalar(k[c], schema.field(c).type).as_py() for c in primary_key}
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
         raise PrimaryKeyError(f"key values do not match the key column types: {e}") from None
 
 

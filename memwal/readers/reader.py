@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from memwal.readers import sstables
 from memwal.readers.merge import drop_keys
-from memwal.readers.keys import keys_predicate, keys_table, normalize_key, quote_ident, sql_literal
+from memwal.readers.keys import keys_predicate, keys_table, quote_ident, sql_literal, typed_key
 from memwal.readers.pruning import Pruning, prune
 from memwal.readers import text
 from memwal.readers.sql import filter_rows
@@ -238,10 +238,9 @@ class Reader:
         """The live row with primary key ``key`` (scalar, tuple or dict), or None.
 
         A key value that is not of its column's type is a :class:`PrimaryKeyError`, as in
-        :meth:`get_many`: the key is typed through the same :func:`keys_table`.
+        :meth:`get_many`: :func:`typed_key` types it as :func:`keys_table` does.
         """
-        typed = keys_table([key], self.state.primary_key, self.state.schema).to_pylist()[0]
-        t = self._lookup(normalize_key(typed, self.state.primary_key), columns)
+        t = self._lookup(typed_key(key, self.state.primary_key, self.state.schema), columns)
         return t.to_pylist()[0] if t.num_rows else None
 
     def get_many(self, keys: Iterable[Any], columns: Sequence[str] | None = None) -> pa.Table:
