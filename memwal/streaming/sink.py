@@ -57,7 +57,7 @@ from memwal.sharding import ShardingSpec, ShardValues
 from memwal.state import TableState, resolve_storage
 from memwal.storage import StorageConfig
 from memwal.streaming.dead_letters import record_json
-from memwal.streaming.decode import check_rows, json_presence, operations, value_decoder
+from memwal.streaming.decode import ValueDecoder, check_rows, json_presence, operations, value_decoder
 from memwal.streaming.worker import WORKER, WorkerTable
 
 log = logging.getLogger("memwal.streaming")
@@ -352,6 +352,9 @@ class Prepare:
         self.options = options
         #: None: the executor's own environment (a config written before storage travelled).
         self.storage = storage
+        #: The value decoder of this task's batches, made by the first: an Avro decoder's
+        #: first batch parses the writer schema and starts Arrow's reader (~2-3 ms per batch).
+        self._decoder: ValueDecoder | None = None
 
     def to_json(self) -> str:
         # Spark redacts a source option whose value matches spark.redaction.regex ("secret",
@@ -405,9 +408,12 @@ class Prepare:
             order = (np.asarray(kpart.to_numpy(), dtype=np.int64) << _OFFSET_BITS) | np.asarray(offset.to_numpy(), dtype=np.int64)
             raw = data.column("value")
             kkey = data.column("key")
-            decoder = value_decoder(state.schema, opts.value_format, op_field=opts.op_field, sequence_field=opts.sequence_field,
-                                    primary_key=state.primary_key, avro_schema=opts.avro_schema,
-                                    avro_schema_id=opts.avro_schema_id, schema_registry=opts.schema_registry)
+            if self._decoder is None:  # one task, one table state: the same decoder for every batch
+                self._decoder = value_decoder(state.schema, opts.value_format, op_field=opts.op_field,
+                                              sequence_field=opts.sequence_field, primary_key=state.primary_key,
+                                              avro_schema=opts.avro_schema, avro_schema_id=opts.avro_schema_id,
+                                              schema_registry=opts.schema_registry)
+            decoder = self._decoder
             decoded = decoder.decode_batch(raw, kkey)
             parsed, positions, errors, skipped = decoded.rows, decoded.positions, dict(decoded.errors), decoded.skipped
             op_field = decoder.op_field
