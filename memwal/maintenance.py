@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from memwal import paths
 from memwal.bounds import BoundsEnforcer, FoldSchedule, compaction_order
@@ -37,7 +37,43 @@ from memwal.state import TableState
 from memwal.views import View, ViewBusyError, list_views
 from memwal.writer import ShardWriterPool
 
+if TYPE_CHECKING:
+    import lance
+
 log = logging.getLogger(__name__)
+
+
+def compact_files_within(
+    ds: "lance.LanceDataset", *, target_rows_per_fragment: int, materialize_deletions_threshold: float, max_source_rows: int
+) -> tuple[int, int]:
+    """Lance's compaction of a dataset's small and deletion-heavy fragments, rewriting at most
+    ``max_source_rows`` rows; returns (fragments removed, fragments added).
+
+    Lance's own ``max_source_rows`` stops planning at the first group of fragments that does
+    not fit in what is left of the budget: one large group early in fragment order (old
+    fragments whose deleted rows crossed the threshold, say) then blocks every group after it,
+    cycle after cycle (docs/benchmarks.md: twelve cycles in a row compacted nothing while the
+    base's small fragments piled up to its bound). Here every group is planned and the groups
+    that fit are taken in fragment order, skipping those that do not; when none fits, the
+    smallest runs alone, so that a cycle always makes progress.
+    """
+    from lance.optimize import Compaction
+
+    plan = Compaction.plan(ds, {"target_rows_per_fragment": target_rows_per_fragment,
+                                "materialize_deletions_threshold": materialize_deletions_threshold})
+    sizes = [sum(f.num_rows for f in t.fragments) for t in plan.tasks]  # live rows, as Lance counts them
+    if not sizes:
+        return 0, 0
+    chosen, budget = [], max_source_rows
+    for task, rows in zip(plan.tasks, sizes):
+        if rows <= budget:
+            chosen.append(task)
+            budget -= rows
+    if not chosen:
+        chosen = [plan.tasks[sizes.index(min(sizes))]]
+    results = [task.execute(ds) for task in chosen]
+    Compaction.commit(ds, results)
+    return sum(r.metrics.fragments_removed for r in results), sum(r.metrics.fragments_added for r in results)
 
 
 @dataclass(frozen=True)
@@ -320,13 +356,14 @@ class Maintenance:
             return 0
         if len(small) >= self.config.max_small_fragments and self.config.indexes:
             self.indexes.join_segments([f.id for f in small], max_rows=self.config.max_rows_rewritten_per_cycle)
-        metrics = self.state.dataset().optimize.compact_files(
+        removed, added = compact_files_within(
+            self.state.dataset(),
             target_rows_per_fragment=self.config.target_rows_per_fragment,
             materialize_deletions_threshold=self.config.max_deleted_fraction,
             max_source_rows=self.config.max_rows_rewritten_per_cycle,
         )
-        log.info("compacted base files: %d fragments removed, %d added", metrics.fragments_removed, metrics.fragments_added)
-        return metrics.fragments_removed
+        log.info("compacted base files: %d fragments removed, %d added", removed, added)
+        return removed
 
     def _publish(self, report: CycleReport) -> None:
         metrics = MaintenanceMetrics(last_cycle=report, totals=self.totals, updated_at=time.time())

@@ -269,3 +269,38 @@ def test_the_service_folds_what_waited_too_long_and_a_cycle_run_by_hand_folds_ev
     held = _maintenance(table.state, Bounds(max_sstables=1), interval_seconds=0.0, fold=FoldSchedule(fraction=1.0, max_wait_seconds=3600.0))
     held.run_forever(cycles=1)
     assert held.last_report.generations_compacted == 1
+
+
+def test_base_file_compaction_is_not_blocked_by_a_group_over_its_row_budget(tmp_path):
+    """Two old fragments with half their rows deleted form one compaction group larger than the
+    cycle's row budget, ahead of small new fragments in fragment order. Lance's own budget
+    plans nothing then (the soak's stuck cycles); memwal's compacts the small fragments, and
+    the next call the large group alone, keeping every live row."""
+    import lance
+    import pyarrow as pa
+
+    from memwal.maintenance import compact_files_within
+
+    def rows(lo: int, n: int) -> pa.Table:
+        return pa.table({"id": pa.array(range(lo, lo + n), pa.int64()), "v": [f"r{i}" for i in range(lo, lo + n)]})
+
+    uri = str(tmp_path / "ds")
+    lance.write_dataset(rows(0, 1500), uri)
+    lance.write_dataset(rows(1500, 1500), uri, mode="append")
+    lance.dataset(uri).delete("id % 2 = 0 AND id < 3000")  # 1,500 live rows in the two
+    lance.write_dataset(rows(3000, 2000), uri, mode="append")  # full-sized, no deletions: not a candidate, so it splits the groups
+    for i in range(6):
+        lance.write_dataset(rows(6000 + 50 * i, 50), uri, mode="append")
+    expected = lance.dataset(uri).to_table().sort_by("id")
+    opts = dict(target_rows_per_fragment=2000, materialize_deletions_threshold=0.3)
+
+    premise = lance.dataset(uri).optimize.compact_files(max_source_rows=1000, **opts)
+    assert premise.fragments_removed == 0  # Lance: the 1,500-row group first, so nothing
+
+    ds = lance.dataset(uri)
+    assert compact_files_within(ds, max_source_rows=1000, **opts) == (6, 1)
+    ds = lance.dataset(uri)
+    assert len(ds.get_fragments()) == 4
+    assert compact_files_within(ds, max_source_rows=1000, **opts) == (2, 1)  # over budget, but all that is due
+    ds = lance.dataset(uri)
+    assert len(ds.get_fragments()) == 3 and ds.to_table().sort_by("id").equals(expected)
