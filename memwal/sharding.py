@@ -127,19 +127,11 @@ class ShardingSpec:
 
     def shard_values_of(self, row: Mapping[str, Any], schema: pa.Schema) -> ShardValues:
         """Shard values of one row given as a column -> value mapping."""
-        if self.unsharded:
-            return (0,)
-        out = []
-        for f in self.fields:
-            if isinstance(f.transform, Unsharded):
-                out.append(0)
-                continue
-            missing = [c for c in f.source_columns if c not in row]
-            if missing:
-                raise UnknownColumnError(f"sharding column {missing[0]!r} is missing from the data")
-            out.append(f.transform.apply_one([row[c] for c in f.source_columns],
-                                             [schema.field(c).type for c in f.source_columns]))
-        return tuple(out)
+        missing = [c for c in self.source_columns if c not in row]
+        if missing:
+            raise UnknownColumnError(f"sharding column {missing[0]!r} is missing from the data")
+        return tuple(f.transform.apply_one([row[c] for c in f.source_columns], [schema.field(c).type for c in f.source_columns])
+                     for f in self.fields)
 
     def to_json(self) -> dict[str, Any]:
         return {"spec_id": self.spec_id, "spec": self.render(), "field_ids": [f.field_id for f in self.fields]}

@@ -267,6 +267,9 @@ class Unsharded(Transform):
     def apply(self, columns: Sequence[pa.Array]) -> pa.Array:
         raise ShardingSpecError("unsharded has no source columns; use ShardingSpec.shard_values")
 
+    def apply_one(self, values: Sequence[Any], types: Sequence[pa.DataType]) -> Any:
+        return 0
+
     def render(self, columns: Sequence[str]) -> str:
         return "unsharded"
 

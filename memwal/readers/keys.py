@@ -10,6 +10,11 @@ from memwal.errors import PrimaryKeyError
 from memwal.sqltext import quote_ident, sql_literal
 
 
+#: What Arrow raises for a key value its column's type cannot hold (a negative value for an
+#: unsigned column is Python's OverflowError).
+_NOT_OF_THE_TYPE = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError)
+
+
 def normalize_key(key: Any, primary_key: Sequence[str]) -> dict[str, Any]:
     """``{column: value}`` for a key given as a scalar (single-column keys), a tuple in key
     order, or a mapping."""
@@ -32,7 +37,7 @@ def keys_table(keys: Iterable[Any], primary_key: Sequence[str], schema: pa.Schem
     rows = [normalize_key(k, primary_key) for k in keys]
     try:
         return pa.table({c: pa.array([r[c] for r in rows], schema.field(c).type) for c in primary_key})
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
+    except _NOT_OF_THE_TYPE as e:
         raise PrimaryKeyError(f"key values do not match the key column types: {e}") from None
 
 
@@ -42,7 +47,7 @@ def typed_key(key: Any, primary_key: Sequence[str], schema: pa.Schema) -> dict[s
     k = normalize_key(key, primary_key)
     try:
         return {c: pa.scalar(k[c], schema.field(c).type).as_py() for c in primary_key}
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
+    except _NOT_OF_THE_TYPE as e:
         raise PrimaryKeyError(f"key values do not match the key column types: {e}") from None
 
 
