@@ -57,11 +57,14 @@ from memwal import Table, readers  # noqa: E402
 from memwal.maintenance import MaintenanceConfig  # noqa: E402
 from memwal.streaming import SinkOptions, ingest, local_session  # noqa: E402
 
+#: Fragments under this many rows are the ones base-file compaction merges.
+SMALL_FRAGMENT_ROWS = MaintenanceConfig.small_fragment_rows
+
 #: CSV columns, in order; the PNG draws them in panels of like units.
 COLUMNS = [
     "t_s", "rows_per_s", "backlog", "uncompacted_sstables", "base_fragments", "manifest_bytes", "disk_bytes",
     "live_bytes", "index_bytes", "live_rows", "lookup_p50_ms", "lookup_p99_ms", "lookups", "scan_rows_per_s", "freshness_s", "query_restarts", "produce_failed",
-    "maintain_rss_bytes", "prober_rss_bytes",
+    "maintain_rss_bytes", "prober_rss_bytes", "small_base_fragments",
 ]
 #: The control prober's lookups by kind (its CSV's ``which``) -> the prefix of their columns.
 CONTROL_KINDS = {"memwal": "control_memwal", "lance": "control_lance", "inline": "inline_refresh"}
@@ -286,12 +289,13 @@ def plot(csv_path: str, png_path: str, title: str = "") -> None:
     with open(csv_path) as f:
         rows = [{k: float(v) if v not in ("", "nan") else float("nan") for k, v in r.items()} for r in csv.DictReader(f)]
     for r in rows:  # CSVs written before the columns existed
-        for col in ("index_bytes", "maintain_rss_bytes", "prober_rss_bytes", *CONTROL_COLUMNS):
+        for col in ("index_bytes", "maintain_rss_bytes", "prober_rss_bytes", "small_base_fragments", *CONTROL_COLUMNS):
             r.setdefault(col, float("nan"))
     t = [r["t_s"] / 60 for r in rows]
     panels = [
         ("rows/s ingested", [("rows_per_s", "rows/s")]),
-        ("count", [("uncompacted_sstables", "uncompacted SSTables"), ("base_fragments", "base fragments")]),
+        ("count", [("uncompacted_sstables", "uncompacted SSTables"), ("base_fragments", "base fragments"),
+                   ("small_base_fragments", "base fragments under maintenance's small_fragment_rows")]),
         ("lookup ms", [("lookup_p50_ms", "p50"), ("lookup_p99_ms", "p99"),
                        ("control_memwal_p50_ms", "p50, static memwal table (load alone)"),
                        ("control_lance_p50_ms", "p50, static plain Lance table"),
@@ -459,7 +463,7 @@ def summarize(csv_path: str, window_s: float = 600, trend_s: float = 1800) -> di
         if live and ctl:
             out[f"p{q}_ratio_over_load"] = round(live / ctl, 2)
     tail = [r for r in rows if num(r, "t_s") > end - trend_s]
-    for k in ("uncompacted_sstables", "base_fragments", "manifest_bytes"):
+    for k in ("uncompacted_sstables", "base_fragments", "small_base_fragments", "manifest_bytes"):
         pts = [(num(r, "t_s") / 60, v) for r in tail if (v := num(r, k)) is not None]
         if len(pts) > 2:
             mx, my = statistics.mean(x for x, _ in pts), statistics.mean(y for _, y in pts)
@@ -486,7 +490,7 @@ def print_summary(s: dict[str, float], window_min: float = 10, trend_min: float 
     for q in (50, 99):
         if f"p{q}_ratio_over_load" in s:
             print(f"  p{q}: the live table's ratio over the static memwal table's (the load divided out): {s[f'p{q}_ratio_over_load']:.2f}x")
-    for k in ("uncompacted_sstables", "base_fragments", "manifest_bytes"):
+    for k in ("uncompacted_sstables", "base_fragments", "small_base_fragments", "manifest_bytes"):
         if f"{k}_slope_per_min" in s:
             print(f"  {k}: {s[f'{k}_slope_per_min']:+.3f} per minute over the last {trend_min:g} minutes (mean {s[f'{k}_mean']:,})")
     if "disk_over_live" in s:
@@ -605,13 +609,17 @@ def main() -> None:
                     ctl_took = {w: [s for at, which, s in ctl if which == w and last_t <= at < now] for w in CONTROL_KINDS}
                     scans = [s for s in read_scans(scans_csv) if last_t <= s[0] < now]
                     ds = lance.dataset(uri)
+                    frags = [f.metadata for f in ds.get_fragments()]
                     scan = scans[-1] if scans else None
                     r = {
                         "t_s": round(now - start, 1),
                         "rows_per_s": round((rows - last_rows) / (now - last_t)),
                         "backlog": producer.sent - rows,
                         "uncompacted_sstables": pending,
-                        "base_fragments": len(ds.get_fragments()),
+                        "base_fragments": len(frags),
+                        # what base-file compaction owes; the others are full (the count of
+                        # those grows with the rows, one per target_rows_per_fragment)
+                        "small_base_fragments": sum(f.num_rows < SMALL_FRAGMENT_ROWS for f in frags),
                         "manifest_bytes": newest_manifest_bytes(uri),
                         "disk_bytes": disk_bytes(uri),
                         "live_bytes": live_bytes(ds),
