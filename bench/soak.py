@@ -519,6 +519,7 @@ def main() -> None:
                    help="the local broker: noida-db (the demo's) or Apache Kafka 0.9 (tests/brokers.py; needs Java)")
     p.add_argument("--prober-refresh", choices=("background", "inline"), default="background",
                    help="how the probers' readers refresh: on a thread of their own (refresh_in_background) or in the lookup that finds the snapshot stale")
+    p.add_argument("--writer-process", action="store_true", help="the sink's writer process (SinkOptions.writer_process)")
     p.add_argument("--no-control", action="store_true", help="skip the control prober (lookups of static tables beside the run)")
     p.add_argument("--no-compare", action="store_true", help="skip the end-of-run lookup comparison with a fresh Lance table")
     p.add_argument("--compare", metavar="TABLE", help="only compare TABLE's lookups (a finished run's, in --workdir/t) "
@@ -563,7 +564,8 @@ def main() -> None:
             )
             job = Ingest(lambda: ingest(spark, bootstrap=broker.bootstrap, topic="soak", table_uri=uri, checkpoint=os.path.join(work, "ckpt"),
                                         kafka_options=broker.kafka_options,
-                                        max_offsets_per_trigger=args.batch_rows, options=SinkOptions(source="kafka-json", op_field=None)),
+                                        max_offsets_per_trigger=args.batch_rows, options=SinkOptions(source="kafka-json", op_field=None,
+                                                                                      writer_process=args.writer_process)),
                          args.restarts)
             producer = Producer(broker.producer_config(), "soak", args.rate, args.base_rows, job.rows,
                                 int(args.rate * args.max_backlog_seconds))
@@ -661,6 +663,9 @@ def main() -> None:
             if control is not None:
                 control.terminate()
             producer.stop.set()
+            totals = job.job.sink.totals()  # the last query's (a restart starts them again)
+            print(f"shard writers: {int(totals.get('writer_opens', 0)):,} opens and {int(totals.get('fenced_retries', 0)):,} "
+                  f"fenced retries in {int(totals.get('batches', 0)):,} micro-batches", flush=True)
             job.stop()
             producer.join(60)
         spark.stop()
