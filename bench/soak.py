@@ -57,9 +57,6 @@ from memwal import Table, readers  # noqa: E402
 from memwal.maintenance import MaintenanceConfig  # noqa: E402
 from memwal.streaming import SinkOptions, ingest, local_session  # noqa: E402
 
-#: Fragments under this many rows are the ones base-file compaction merges.
-SMALL_FRAGMENT_ROWS = MaintenanceConfig.small_fragment_rows
-
 #: CSV columns, in order; the PNG draws them in panels of like units.
 COLUMNS = [
     "t_s", "rows_per_s", "backlog", "uncompacted_sstables", "base_fragments", "manifest_bytes", "disk_bytes",
@@ -70,6 +67,8 @@ COLUMNS = [
 CONTROL_KINDS = {"memwal": "control_memwal", "lance": "control_lance", "inline": "inline_refresh"}
 CONTROL_COLUMNS = [f"{prefix}_p{q}_ms" for prefix in CONTROL_KINDS.values() for q in (50, 99)]
 COLUMNS += CONTROL_COLUMNS
+#: The counts the issue wants flat: the summary gives each its slope over the last 30 minutes.
+FLAT_COLUMNS = ("uncompacted_sstables", "base_fragments", "small_base_fragments", "manifest_bytes")
 
 
 class Producer(threading.Thread):
@@ -463,7 +462,7 @@ def summarize(csv_path: str, window_s: float = 600, trend_s: float = 1800) -> di
         if live and ctl:
             out[f"p{q}_ratio_over_load"] = round(live / ctl, 2)
     tail = [r for r in rows if num(r, "t_s") > end - trend_s]
-    for k in ("uncompacted_sstables", "base_fragments", "small_base_fragments", "manifest_bytes"):
+    for k in FLAT_COLUMNS:
         pts = [(num(r, "t_s") / 60, v) for r in tail if (v := num(r, k)) is not None]
         if len(pts) > 2:
             mx, my = statistics.mean(x for x, _ in pts), statistics.mean(y for _, y in pts)
@@ -490,7 +489,7 @@ def print_summary(s: dict[str, float], window_min: float = 10, trend_min: float 
     for q in (50, 99):
         if f"p{q}_ratio_over_load" in s:
             print(f"  p{q}: the live table's ratio over the static memwal table's (the load divided out): {s[f'p{q}_ratio_over_load']:.2f}x")
-    for k in ("uncompacted_sstables", "base_fragments", "small_base_fragments", "manifest_bytes"):
+    for k in FLAT_COLUMNS:
         if f"{k}_slope_per_min" in s:
             print(f"  {k}: {s[f'{k}_slope_per_min']:+.3f} per minute over the last {trend_min:g} minutes (mean {s[f'{k}_mean']:,})")
     if "disk_over_live" in s:
@@ -621,7 +620,7 @@ def main() -> None:
                         "base_fragments": len(frags),
                         # what base-file compaction owes; the others are full (the count of
                         # those grows with the rows, one per target_rows_per_fragment)
-                        "small_base_fragments": sum(f.num_rows < SMALL_FRAGMENT_ROWS for f in frags),
+                        "small_base_fragments": sum(f.num_rows < MaintenanceConfig.small_fragment_rows for f in frags),
                         "manifest_bytes": newest_manifest_bytes(uri),
                         "disk_bytes": disk_bytes(uri),
                         "live_bytes": live_bytes(ds),
