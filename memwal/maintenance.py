@@ -22,10 +22,10 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from memwal import paths
-from memwal.bounds import BoundsEnforcer, FoldSchedule, compaction_order
+from memwal.bounds import BoundsEnforcer, FoldSchedule, compact_files_within, compaction_order, has_mergeable_neighbours
 from memwal.compactor import DAMAGE_ERRORS, CompactionResult, Compactor
 from memwal.errors import ConcurrencyError, TableDamagedError, WalGapError
 from memwal.gc import GarbageCollector, GcConfig
@@ -37,43 +37,7 @@ from memwal.state import TableState
 from memwal.views import View, ViewBusyError, list_views
 from memwal.writer import ShardWriterPool
 
-if TYPE_CHECKING:
-    import lance
-
 log = logging.getLogger(__name__)
-
-
-def compact_files_within(
-    ds: "lance.LanceDataset", *, target_rows_per_fragment: int, materialize_deletions_threshold: float, max_source_rows: int
-) -> tuple[int, int]:
-    """Lance's compaction of a dataset's small and deletion-heavy fragments, rewriting at most
-    ``max_source_rows`` rows; returns (fragments removed, fragments added).
-
-    Lance's own ``max_source_rows`` stops planning at the first group of fragments that does
-    not fit in what is left of the budget: one large group early in fragment order (old
-    fragments whose deleted rows crossed the threshold, say) then blocks every group after it,
-    cycle after cycle (docs/benchmarks.md: twelve cycles in a row compacted nothing while the
-    base's small fragments piled up to its bound). Here every group is planned and the groups
-    that fit are taken in fragment order, skipping those that do not; when none fits, the
-    smallest runs alone, so that a cycle always makes progress.
-    """
-    from lance.optimize import Compaction
-
-    plan = Compaction.plan(ds, {"target_rows_per_fragment": target_rows_per_fragment,
-                                "materialize_deletions_threshold": materialize_deletions_threshold})
-    sizes = [sum(f.num_rows for f in t.fragments) for t in plan.tasks]  # live rows, as Lance counts them
-    if not sizes:
-        return 0, 0
-    chosen, budget = [], max_source_rows
-    for task, rows in zip(plan.tasks, sizes):
-        if rows <= budget:
-            chosen.append(task)
-            budget -= rows
-    if not chosen:
-        chosen = [plan.tasks[sizes.index(min(sizes))]]
-    results = [task.execute(ds) for task in chosen]
-    Compaction.commit(ds, results)
-    return sum(r.metrics.fragments_removed for r in results), sum(r.metrics.fragments_added for r in results)
 
 
 @dataclass(frozen=True)
@@ -98,7 +62,14 @@ class MaintenanceConfig:
     small_fragment_rows: int = 100_000
     #: ... and once there are this many, they are merged (Lance compact_files).
     max_small_fragments: int = 32
+    #: Base fragments are compacted up to this many rows, doubled as often as it takes for
+    #: ``max_full_fragments`` fragments to hold the base (memwal.bounds.fragment_target), so
+    #: their number stays bounded as the table grows. Fewer, larger fragments mean fewer files
+    #: for a reader to open and a smaller manifest; the price is that each doubling of the
+    #: table rewrites it once, within ``max_rows_rewritten_per_cycle`` per cycle. With
+    #: ``max_small_fragments`` on top, the base stays under the table's ``max_base_fragments``.
     target_rows_per_fragment: int = 1_048_576
+    max_full_fragments: int = 16
     #: ... and so are fragments once this share of their rows is deleted (the old versions of
     #: updated keys). A point lookup no longer pays for deleted rows (the base point read takes
     #: them and drops them itself); what they cost is disk and scan work, against a rewrite of
@@ -145,7 +116,10 @@ class Maintenance:
             self.bounds,
             reader_grace_seconds=self.config.gc_config.reader_grace_seconds,
             target_rows_per_fragment=self.config.target_rows_per_fragment,
-            before_compaction=self.indexes.join_segments if self.config.indexes else None,
+            max_full_fragments=self.config.max_full_fragments,
+            max_deleted_fraction=self.config.max_deleted_fraction,
+            max_rows_rewritten=self.config.max_rows_rewritten_per_cycle,
+            before_compaction=self._join_index_segments if self.config.indexes else None,
         )
         #: Called after every cycle that committed a compaction (views refresh from here).
         self.after_compaction: list[Callable[[CycleReport], None]] = []
@@ -209,7 +183,7 @@ class Maintenance:
                 rows_compacted=rows,
                 rows_per_second=rows / busy if busy else 0.0,
             )
-        if self.config.compact and done.get("compaction_commits"):
+        if self.config.compact:  # also when nothing was folded: a doubling takes several cycles
             done["base_fragments_compacted"] = self._compact_base_files()
         if self.config.indexes:
             # After the base-file compaction: Lance's compact_files commit drops the recorded
@@ -345,24 +319,36 @@ class Maintenance:
                 log.exception("refreshing view %s failed", name)
         return done
 
+    def _join_index_segments(self, fragment_ids: list[int]) -> int:
+        return self.indexes.join_segments(fragment_ids, max_rows=self.config.max_rows_rewritten_per_cycle)
+
     def _compact_base_files(self) -> int:
-        """Merge the small base fragments that each compaction commit adds, once there are many,
-        and rewrite fragments whose deleted rows (the old versions of updated keys) pile up."""
+        """Merge the small base fragments that each compaction commit adds, once there are many;
+        rewrite fragments whose deleted rows (the old versions of updated keys) pile up; and
+        merge neighbouring full fragments once the table has outgrown its fragment target."""
         ds = self.state.dataset()
         frags = [f.metadata for f in ds.get_fragments()]
         small = [f for f in frags if f.num_rows < self.config.small_fragment_rows]
         deleted = [f for f in frags if f.num_deletions > self.config.max_deleted_fraction * f.physical_rows]
-        if len(small) < self.config.max_small_fragments and not deleted:
+        target = self.enforcer.fragment_target(sum(f.num_rows for f in frags))
+        outgrown = has_mergeable_neighbours([f.num_rows for f in frags], self.config.small_fragment_rows, target)
+        if len(small) < self.config.max_small_fragments and not deleted and not outgrown:
             return 0
-        if len(small) >= self.config.max_small_fragments and self.config.indexes:
-            self.indexes.join_segments([f.id for f in small], max_rows=self.config.max_rows_rewritten_per_cycle)
+        if self.config.indexes:
+            # Lance merges only fragments the same index segments cover.
+            joining = [f.id for f in small] if len(small) >= self.config.max_small_fragments else []
+            if outgrown:
+                joining += [f.id for f in frags if self.config.small_fragment_rows <= f.num_rows < target]
+            if joining:
+                self._join_index_segments(joining)
         removed, added = compact_files_within(
             self.state.dataset(),
-            target_rows_per_fragment=self.config.target_rows_per_fragment,
+            target_rows_per_fragment=target,
             materialize_deletions_threshold=self.config.max_deleted_fraction,
             max_source_rows=self.config.max_rows_rewritten_per_cycle,
         )
-        log.info("compacted base files: %d fragments removed, %d added", removed, added)
+        if removed:  # a pair in two index segments that may not be joined stays, and is checked each cycle
+            log.info("compacted base files: %d fragments removed, %d added", removed, added)
         return removed
 
     def _publish(self, report: CycleReport) -> None:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from helpers import PEOPLE, people
 from memwal import Bounds, Table, WriterConfig, WriteStalledError, paths, readers
-from memwal.bounds import FoldSchedule, compaction_order
+from memwal.bounds import FoldSchedule, compaction_order, fragment_target, has_mergeable_neighbours
 from memwal.errors import ConcurrencyError, InvalidArgumentError
 from memwal.gc import GcConfig
 from memwal.maintenance import Maintenance, MaintenanceConfig
@@ -168,6 +168,57 @@ def test_maintenance_merges_base_fragments_over_their_bound(table_uri):
     assert "base_fragments" not in report.bounds_exceeded
     assert len(table.state.dataset().get_fragments()) <= 3
     assert readers.open(table_uri).count() == 35
+
+
+@given(
+    live_rows=st.integers(0, 10**12),
+    target=st.integers(1, 10**7),
+    max_full=st.integers(1, 1000),
+)
+def test_the_fragment_target_doubles_just_enough_for_the_full_fragments_to_hold_the_base(live_rows, target, max_full):
+    t = fragment_target(live_rows, target, max_full)
+    doublings = (t // target).bit_length() - 1
+    assert t == target << doublings  # the configured target, doubled
+    assert live_rows <= t * max_full  # max_full fragments of t rows hold the base ...
+    assert t == target or live_rows > (t // 2) * max_full  # ... and half of t would not
+
+
+def test_mergeable_neighbours_are_two_fragments_not_small_both_under_the_target():
+    assert has_mergeable_neighbours([100, 60, 90], small_rows=10, target=100)
+    assert not has_mergeable_neighbours([60, 100, 90], small_rows=10, target=100)
+    assert not has_mergeable_neighbours([50, 5, 50], small_rows=10, target=100)  # small ones have their own rule
+    assert not has_mergeable_neighbours([5, 5], small_rows=10, target=100)
+
+
+def test_the_fragment_bound_holds_as_the_table_outgrows_its_fragment_size(table_uri):
+    """Fragments compacted to a fixed size grow in number with the table, past any bound (the
+    soak's base: 18 full fragments at 19M rows, and a bound of 64 that compaction could not
+    have enforced past 64M). Here each fold adds a fragment that is already full at the
+    configured size; the bound of 6 still holds at every size, because the fragment target
+    doubles as the table grows, and every row stays readable."""
+    table = Table.create(table_uri, PEOPLE, ["id"], "unsharded", initial_data=people(range(1000, 1005)))
+    m = _maintenance(
+        table.state,
+        Bounds(max_base_fragments=6),
+        max_generations_per_commit=1,  # one fragment per flushed generation
+        target_rows_per_fragment=5,
+        small_fragment_rows=5,  # so no fragment here counts as small
+    )
+    assert m.enforcer.max_full_fragments == 3  # half the bound, under the config's 16
+    for round_ in range(6):
+        _flushes(table, 4, start=20 * round_)
+        for _ in range(10):  # cycles until nothing is left to merge
+            report = m.run_cycle()
+            if not report.base_fragments_compacted:
+                break
+        rows = [f.metadata.num_rows for f in table.state.dataset().get_fragments()]
+        target = m.enforcer.fragment_target(sum(rows))
+        assert not has_mergeable_neighbours(rows, 5, target), (round_, rows, target)
+        assert report.base_fragments <= 6 and "base_fragments" not in report.bounds_exceeded, (round_, rows)
+    assert target > 5  # it did have to double
+    r = readers.open(table_uri)
+    assert r.count() == 125
+    assert r.get(0)["name"] == "f00" and r.get(119)["name"] == "f3119" and r.get(1004)["name"] is not None
 
 
 def test_maintenance_removes_base_versions_over_their_bound(table_uri):
