@@ -27,7 +27,7 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping
 
 import lance
 
@@ -47,11 +47,9 @@ def fragment_target(live_rows: int, target_rows_per_fragment: int, max_full_frag
 
     Invariant: a base compacted to this target holds about ``max_full_fragments`` full
     fragments or fewer, whatever its size (a fixed target lets their number grow with the
-    table, past any bound on fragments). Why the cost stays linear: the target doubles only
-    when the table has doubled since the last doubling, and then each fragment is merged with
-    its neighbour once; the rows rewritten by all doublings up to a base of N rows are at most
-    about 2N, on top of the fold's own writes. Between doublings, fragments compacted to the
-    target are left alone.
+    table, past any bound on fragments). Why the cost follows the table's growth and not its
+    size: the target doubles only once the table has doubled since the last doubling, and a
+    fragment at the target is not rewritten for its size again until then.
     """
     if target_rows_per_fragment < 1 or max_full_fragments < 1:
         raise InvalidArgumentError(
@@ -64,24 +62,14 @@ def fragment_target(live_rows: int, target_rows_per_fragment: int, max_full_frag
     return target
 
 
-def has_mergeable_neighbours(fragment_rows: Sequence[int], small_rows: int, target: int) -> bool:
-    """Whether two neighbouring base fragments, neither small, are both under ``target`` rows
-    (the live rows of each, in fragment order): Lance's compaction would merge them.
-
-    This is what is left to merge once the table has outgrown its :func:`fragment_target`:
-    right after a doubling every neighbouring pair qualifies, and each merge leaves one
-    fragment fewer, so the check stops firing once every pair holds a fragment at the target
-    (then at most about twice the base's rows over the target are not small). Deleted rows
-    can bring a fragment back under the target; it is then merged again, as Lance's planner
-    would anyway. Small fragments are left to their own rule, which waits until there are many.
-    """
-    return any(
-        small_rows <= a < target and small_rows <= b < target for a, b in zip(fragment_rows, fragment_rows[1:])
-    )
-
-
 def compact_files_within(
-    ds: lance.LanceDataset, *, target_rows_per_fragment: int, materialize_deletions_threshold: float, max_source_rows: int
+    ds: lance.LanceDataset,
+    *,
+    target_rows_per_fragment: int,
+    materialize_deletions_threshold: float,
+    max_source_rows: int,
+    min_large_fragments: int = 0,
+    small_rows: int = 0,
 ) -> tuple[int, int]:
     """Lance's compaction of a dataset's small and deletion-heavy fragments, rewriting at most
     ``max_source_rows`` rows; returns (fragments removed, fragments added).
@@ -93,21 +81,26 @@ def compact_files_within(
     base's small fragments piled up to its bound). Here every group is planned and the groups
     that fit are taken in fragment order, skipping those that do not; when none fits, the
     smallest runs alone, so that a cycle always makes progress.
+
+    With ``min_large_fragments``, only groups that merge at least that many fragments of
+    ``small_rows`` rows or more are taken: a compaction for the number of full fragments
+    leaves the small ones to their own rule, which waits until there are many.
     """
     from lance.optimize import Compaction
 
     plan = Compaction.plan(ds, {"target_rows_per_fragment": target_rows_per_fragment,
                                 "materialize_deletions_threshold": materialize_deletions_threshold})
-    sizes = [sum(f.num_rows for f in t.fragments) for t in plan.tasks]  # live rows, as Lance counts them
+    tasks = [t for t in plan.tasks if sum(f.num_rows >= small_rows for f in t.fragments) >= min_large_fragments]
+    sizes = [sum(f.num_rows for f in t.fragments) for t in tasks]  # live rows, as Lance counts them
     if not sizes:
         return 0, 0
     chosen, budget = [], max_source_rows
-    for task, rows in zip(plan.tasks, sizes):
+    for task, rows in zip(tasks, sizes):
         if rows <= budget:
             chosen.append(task)
             budget -= rows
     if not chosen:
-        chosen = [plan.tasks[sizes.index(min(sizes))]]
+        chosen = [tasks[sizes.index(min(sizes))]]
     results = [task.execute(ds) for task in chosen]
     Compaction.commit(ds, results)
     return sum(r.metrics.fragments_removed for r in results), sum(r.metrics.fragments_added for r in results)

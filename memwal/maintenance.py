@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from memwal import paths
-from memwal.bounds import BoundsEnforcer, FoldSchedule, compact_files_within, compaction_order, has_mergeable_neighbours
+from memwal.bounds import BoundsEnforcer, FoldSchedule, compact_files_within, compaction_order
 from memwal.compactor import DAMAGE_ERRORS, CompactionResult, Compactor
 from memwal.errors import ConcurrencyError, TableDamagedError, WalGapError
 from memwal.gc import GarbageCollector, GcConfig
@@ -325,20 +325,23 @@ class Maintenance:
     def _compact_base_files(self) -> int:
         """Merge the small base fragments that each compaction commit adds, once there are many;
         rewrite fragments whose deleted rows (the old versions of updated keys) pile up; and
-        merge neighbouring full fragments once the table has outgrown its fragment target."""
+        merge neighbouring full fragments under the fragment target once there are more than
+        ``max_full_fragments`` (after the table outgrew its target)."""
         ds = self.state.dataset()
         frags = [f.metadata for f in ds.get_fragments()]
-        small = [f for f in frags if f.num_rows < self.config.small_fragment_rows]
+        small_rows = self.config.small_fragment_rows
+        small = [f for f in frags if f.num_rows < small_rows]
         deleted = [f for f in frags if f.num_deletions > self.config.max_deleted_fraction * f.physical_rows]
         target = self.enforcer.fragment_target(sum(f.num_rows for f in frags))
-        outgrown = has_mergeable_neighbours([f.num_rows for f in frags], self.config.small_fragment_rows, target)
-        if len(small) < self.config.max_small_fragments and not deleted and not outgrown:
+        many_small = len(small) >= self.config.max_small_fragments
+        too_many_full = len(frags) - len(small) > self.enforcer.max_full_fragments
+        if not (many_small or deleted or too_many_full):
             return 0
         if self.config.indexes:
             # Lance merges only fragments the same index segments cover.
-            joining = [f.id for f in small] if len(small) >= self.config.max_small_fragments else []
-            if outgrown:
-                joining += [f.id for f in frags if self.config.small_fragment_rows <= f.num_rows < target]
+            joining = [f.id for f in small] if many_small else []
+            if too_many_full:
+                joining += [f.id for f in frags if small_rows <= f.num_rows < target]
             if joining:
                 self._join_index_segments(joining)
         removed, added = compact_files_within(
@@ -346,8 +349,13 @@ class Maintenance:
             target_rows_per_fragment=target,
             materialize_deletions_threshold=self.config.max_deleted_fraction,
             max_source_rows=self.config.max_rows_rewritten_per_cycle,
+            # For the full fragments alone, merge them and leave the small ones to wait: a pair
+            # that cannot merge (two index segments that are too large to join) would otherwise
+            # make every cycle compact the small ones.
+            min_large_fragments=0 if many_small or deleted else 2,
+            small_rows=small_rows,
         )
-        if removed:  # a pair in two index segments that may not be joined stays, and is checked each cycle
+        if removed:
             log.info("compacted base files: %d fragments removed, %d added", removed, added)
         return removed
 
