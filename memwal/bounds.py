@@ -244,9 +244,11 @@ class BoundsEnforcer:
         self.bounds = bounds
         self.reader_grace_seconds = reader_grace_seconds
         self.target_rows_per_fragment = target_rows_per_fragment
-        #: at most half the fragment bound: the other half is room for the small fragments
-        #: that folds add between base-file compactions
+        #: at most half the fragment bound, so that merging full fragments alone can bring the
+        #: base under it; the small fragments' rule is maintenance's, and when full and small
+        #: fragments together pass the bound, :meth:`enforce` compacts both
         self.max_full_fragments = max(1, min(max_full_fragments, bounds.max_base_fragments // 2))
+        fragment_target(0, target_rows_per_fragment, self.max_full_fragments)  # a bad config fails here, not every cycle
         self.max_deleted_fraction = max_deleted_fraction
         self.max_rows_rewritten = max_rows_rewritten
         self.disk_check_seconds = disk_check_seconds
@@ -264,9 +266,10 @@ class BoundsEnforcer:
         current :meth:`fragment_target`; returns (fragments removed, fragments added)."""
         ds = ds or self.state.dataset()
         frags = [f.metadata for f in ds.get_fragments()]
-        target = self.fragment_target(sum(f.num_rows for f in frags))
+        # Physical rows, as Lance's planner counts a fragment against the target.
+        target = self.fragment_target(sum(f.physical_rows for f in frags))
         if self.before_compaction is not None:
-            self.before_compaction([f.id for f in frags if f.num_rows < target])
+            self.before_compaction([f.id for f in frags if f.physical_rows < target])
             ds = self.state.dataset()
         return compact_files_within(
             ds,

@@ -65,9 +65,12 @@ class MaintenanceConfig:
     #: Base fragments are compacted up to this many rows, doubled as often as it takes for
     #: ``max_full_fragments`` fragments to hold the base (memwal.bounds.fragment_target), so
     #: their number stays bounded as the table grows. Fewer, larger fragments mean fewer files
-    #: for a reader to open and a smaller manifest; the price is that each doubling of the
-    #: table rewrites it once, within ``max_rows_rewritten_per_cycle`` per cycle. With
-    #: ``max_small_fragments`` on top, the base stays under the table's ``max_base_fragments``.
+    #: for a reader to open and a smaller manifest. The price: merging two full fragments
+    #: rewrites about twice the target (a sixteenth of the table's rows with the defaults) in
+    #: one cycle, over ``max_rows_rewritten_per_cycle`` once the target has doubled, so such a
+    #: cycle's cost grows with the table; they come about once per new full fragment. With
+    #: ``max_small_fragments`` on top, the base stays under the table's default
+    #: ``max_base_fragments`` where fragments can merge; the bound enforcer covers the rest.
     target_rows_per_fragment: int = 1_048_576
     max_full_fragments: int = 16
     #: ... and so are fragments once this share of their rows is deleted (the old versions of
@@ -76,8 +79,9 @@ class MaintenanceConfig:
     #: the fragment and a remap of its index segment. Rewrites per second are about the update
     #: rate / (this share x rows per fragment), so a higher share rewrites less.
     max_deleted_fraction: float = 0.3
-    #: At most this many rows are rewritten by one cycle's base-file compaction (the oldest
-    #: fragments first), so a cycle's cost does not grow with the table.
+    #: At most this many rows are rewritten by one cycle's base-file compaction (the groups
+    #: that fit, in fragment order), or one group alone, the smallest, when none fits (two full
+    #: fragments once the fragment target has doubled: see ``target_rows_per_fragment``).
     max_rows_rewritten_per_cycle: int = 2_000_000
     #: Enforce the bounds on the base (fragments, manifest size, versions, disk) every cycle.
     enforce_bounds: bool = True
@@ -332,16 +336,20 @@ class Maintenance:
         small_rows = self.config.small_fragment_rows
         small = [f for f in frags if f.num_rows < small_rows]
         deleted = [f for f in frags if f.num_deletions > self.config.max_deleted_fraction * f.physical_rows]
-        target = self.enforcer.fragment_target(sum(f.num_rows for f in frags))
+        # Physical rows, as Lance's planner counts a fragment against the target: a fragment at
+        # the target whose deleted rows bring it under counts as full, not as one to merge.
+        target = self.enforcer.fragment_target(sum(f.physical_rows for f in frags))
         many_small = len(small) >= self.config.max_small_fragments
-        too_many_full = len(frags) - len(small) > self.enforcer.max_full_fragments
+        too_many_full = sum(f.num_rows >= small_rows and f.physical_rows < target for f in frags) > 1 and (
+            len(frags) - len(small) > self.enforcer.max_full_fragments
+        )
         if not (many_small or deleted or too_many_full):
             return 0
         if self.config.indexes:
             # Lance merges only fragments the same index segments cover.
             joining = [f.id for f in small] if many_small else []
             if too_many_full:
-                joining += [f.id for f in frags if small_rows <= f.num_rows < target]
+                joining += [f.id for f in frags if f.num_rows >= small_rows and f.physical_rows < target]
             if joining:
                 self._join_index_segments(joining)
         removed, added = compact_files_within(
