@@ -27,7 +27,7 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import lance
 
@@ -68,8 +68,7 @@ def compact_files_within(
     target_rows_per_fragment: int,
     materialize_deletions_threshold: float,
     max_source_rows: int,
-    min_large_fragments: int = 0,
-    small_rows: int = 0,
+    take: Callable[[Sequence[Any]], bool] | None = None,
 ) -> tuple[int, int]:
     """Lance's compaction of a dataset's small and deletion-heavy fragments, rewriting at most
     ``max_source_rows`` rows; returns (fragments removed, fragments added).
@@ -82,15 +81,16 @@ def compact_files_within(
     that fit are taken in fragment order, skipping those that do not; when none fits, the
     smallest runs alone, so that a cycle always makes progress.
 
-    With ``min_large_fragments``, only groups that merge at least that many fragments of
-    ``small_rows`` rows or more are taken: a compaction for the number of full fragments
-    leaves the small ones to their own rule, which waits until there are many.
+    With ``take``, only the groups it accepts (called with each group's fragment metadata)
+    are considered: a compaction for one reason (too many full fragments, a deletion-heavy
+    fragment) then leaves the small fragments to their own rule, which waits until there are
+    many.
     """
     from lance.optimize import Compaction
 
     plan = Compaction.plan(ds, {"target_rows_per_fragment": target_rows_per_fragment,
                                 "materialize_deletions_threshold": materialize_deletions_threshold})
-    tasks = [t for t in plan.tasks if sum(f.num_rows >= small_rows for f in t.fragments) >= min_large_fragments]
+    tasks = [t for t in plan.tasks if take is None or take(t.fragments)]
     sizes = [sum(f.num_rows for f in t.fragments) for t in tasks]  # live rows, as Lance counts them
     if not sizes:
         return 0, 0

@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from memwal import paths
 from memwal.bounds import BoundsEnforcer, FoldSchedule, compact_files_within, compaction_order
@@ -352,16 +352,23 @@ class Maintenance:
                 joining += [f.id for f in frags if f.num_rows >= small_rows and f.physical_rows < target]
             if joining:
                 self._join_index_segments(joining)
+        deleted_ids = {f.id for f in deleted}
+
+        def wanted(group: Sequence[Any]) -> bool:
+            """The Lance groups this compaction is for. Without many small fragments, a group
+            holding only small ones (the tail fragment and the newest folds) waits: otherwise a
+            pending deletion-heavy fragment, or a pair of full ones in two index segments too
+            large to join, would make every cycle rewrite that tail."""
+            if many_small or any(f.id in deleted_ids for f in group):
+                return True
+            return too_many_full and sum(f.num_rows >= small_rows for f in group) >= 2
+
         removed, added = compact_files_within(
             self.state.dataset(),
             target_rows_per_fragment=target,
             materialize_deletions_threshold=self.config.max_deleted_fraction,
             max_source_rows=self.config.max_rows_rewritten_per_cycle,
-            # For the full fragments alone, merge them and leave the small ones to wait: a pair
-            # that cannot merge (two index segments that are too large to join) would otherwise
-            # make every cycle compact the small ones.
-            min_large_fragments=0 if many_small or deleted else 2,
-            small_rows=small_rows,
+            take=wanted,
         )
         if removed:
             log.info("compacted base files: %d fragments removed, %d added", removed, added)

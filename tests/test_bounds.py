@@ -364,10 +364,14 @@ def test_a_compaction_for_the_full_fragments_leaves_the_small_ones_to_their_rule
     lance.write_dataset(rows(2000, 5000), uri, mode="append")  # at the target: splits the groups
     for i in range(6):
         lance.write_dataset(rows(7000 + 50 * i, 50), uri, mode="append")
-    opts = dict(target_rows_per_fragment=4000, materialize_deletions_threshold=0.3, max_source_rows=10**6, small_rows=100)
-    assert compact_files_within(lance.dataset(uri), min_large_fragments=2, **opts) == (2, 1)
+    opts = dict(target_rows_per_fragment=4000, materialize_deletions_threshold=0.3, max_source_rows=10**6)
+
+    def two_full(group) -> bool:
+        return sum(f.num_rows >= 100 for f in group) >= 2
+
+    assert compact_files_within(lance.dataset(uri), take=two_full, **opts) == (2, 1)
     assert sorted(f.metadata.num_rows for f in lance.dataset(uri).get_fragments()) == [50] * 6 + [2000, 5000]
-    assert compact_files_within(lance.dataset(uri), min_large_fragments=2, **opts) == (0, 0)
+    assert compact_files_within(lance.dataset(uri), take=two_full, **opts) == (0, 0)
     compact_files_within(lance.dataset(uri), **opts)  # without the filter, the small ones merge
     assert min(f.metadata.num_rows for f in lance.dataset(uri).get_fragments()) >= 300
     assert lance.dataset(uri).count_rows() == 7300
