@@ -27,7 +27,7 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import lance
 
@@ -261,21 +261,34 @@ class BoundsEnforcer:
         """The rows this table's base fragments are compacted up to (:func:`fragment_target`)."""
         return fragment_target(live_rows, self.target_rows_per_fragment, self.max_full_fragments)
 
-    def compact(self, ds: lance.LanceDataset | None = None) -> tuple[int, int]:
+    def compact(
+        self,
+        frags: Sequence[Any] | None = None,
+        *,
+        join: Collection[int] | None = None,
+        take: Callable[[Sequence[Any]], bool] | None = None,
+    ) -> tuple[int, int]:
         """One base-file compaction within the row budget, into fragments of the table's
-        current :meth:`fragment_target`; returns (fragments removed, fragments added)."""
-        ds = ds or self.state.dataset()
-        frags = [f.metadata for f in ds.get_fragments()]
+        current :meth:`fragment_target`; returns (fragments removed, fragments added).
+
+        ``frags``: the base's fragment metadata, if the caller has listed it. ``join``: the
+        fragments whose index segments are joined first (default: all under the target).
+        ``take``: which of Lance's groups to run (:func:`compact_files_within`).
+        """
+        ds = self.state.dataset()
+        frags = [f.metadata for f in ds.get_fragments()] if frags is None else frags
         # Physical rows, as Lance's planner counts a fragment against the target.
         target = self.fragment_target(sum(f.physical_rows for f in frags))
-        if self.before_compaction is not None:
-            self.before_compaction([f.id for f in frags if f.physical_rows < target])
+        ids = [f.id for f in frags if f.physical_rows < target] if join is None else list(join)
+        if self.before_compaction is not None and ids:
+            self.before_compaction(ids)
             ds = self.state.dataset()
         return compact_files_within(
             ds,
             target_rows_per_fragment=target,
             materialize_deletions_threshold=self.max_deleted_fraction,
             max_source_rows=self.max_rows_rewritten,
+            take=take,
         )
 
     def _over(self, f: BaseFootprint) -> list[str]:

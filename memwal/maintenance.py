@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from memwal import paths
-from memwal.bounds import BoundsEnforcer, FoldSchedule, compact_files_within, compaction_order
+from memwal.bounds import BoundsEnforcer, FoldSchedule, compaction_order
 from memwal.compactor import DAMAGE_ERRORS, CompactionResult, Compactor
 from memwal.errors import ConcurrencyError, TableDamagedError, WalGapError
 from memwal.gc import GarbageCollector, GcConfig
@@ -340,18 +340,14 @@ class Maintenance:
         # the target whose deleted rows bring it under counts as full, not as one to merge.
         target = self.enforcer.fragment_target(sum(f.physical_rows for f in frags))
         many_small = len(small) >= self.config.max_small_fragments
-        too_many_full = sum(f.num_rows >= small_rows and f.physical_rows < target for f in frags) > 1 and (
-            len(frags) - len(small) > self.enforcer.max_full_fragments
-        )
+        under = [f.id for f in frags if f.num_rows >= small_rows and f.physical_rows < target]  # full, mergeable
+        too_many_full = len(under) > 1 and len(frags) - len(small) > self.enforcer.max_full_fragments
         if not (many_small or deleted or too_many_full):
             return 0
-        if self.config.indexes:
-            # Lance merges only fragments the same index segments cover.
-            joining = [f.id for f in small] if many_small else []
-            if too_many_full:
-                joining += [f.id for f in frags if f.num_rows >= small_rows and f.physical_rows < target]
-            if joining:
-                self._join_index_segments(joining)
+        # Lance merges only fragments the same index segments cover: join theirs first.
+        joining = [f.id for f in small] if many_small else []
+        if too_many_full:
+            joining += under
         deleted_ids = {f.id for f in deleted}
 
         def wanted(group: Sequence[Any]) -> bool:
@@ -363,13 +359,7 @@ class Maintenance:
                 return True
             return too_many_full and sum(f.num_rows >= small_rows for f in group) >= 2
 
-        removed, added = compact_files_within(
-            self.state.dataset(),
-            target_rows_per_fragment=target,
-            materialize_deletions_threshold=self.config.max_deleted_fraction,
-            max_source_rows=self.config.max_rows_rewritten_per_cycle,
-            take=wanted,
-        )
+        removed, added = self.enforcer.compact(frags, join=joining, take=wanted)
         if removed:
             log.info("compacted base files: %d fragments removed, %d added", removed, added)
         return removed

@@ -322,7 +322,7 @@ def test_base_file_compaction_is_not_blocked_by_a_group_over_its_row_budget(tmp_
     import lance
     import pyarrow as pa
 
-    from memwal.maintenance import compact_files_within
+    from memwal.bounds import compact_files_within
 
     def rows(lo: int, n: int) -> pa.Table:
         return pa.table({"id": pa.array(range(lo, lo + n), pa.int64()), "v": [f"r{i}" for i in range(lo, lo + n)]})
