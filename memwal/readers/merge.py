@@ -9,7 +9,10 @@ of the delta's keys (the larger the delta, the more cache misses); and one singl
 filter copying every kept base row. For the common single integer key, both key tests here
 work on the key column alone with NumPy (a sort of the delta's keys, and a bitmap over their
 range), and the copy is split over threads by record batch (Arrow's kernels release the
-GIL); the reader overlaps the SSTable reads with the base scan. Other keys take
+GIL); the reader overlaps the SSTable reads with the base scan. Lance's base scan keeps
+about one core busy, so the reader also drops the delta's keys from each base batch as Lance
+yields it (:func:`base_without_delta`), on the other core, instead of copying the whole base
+once more after the scan. Other keys take
 :mod:`memwal.lsm`'s general path. Either way the rows and their order are those of
 :func:`memwal.lsm.newest_per_key` and :func:`memwal.lsm.without_keys`.
 """
@@ -17,7 +20,8 @@ GIL); the reader overlaps the SSTable reads with the base scan. Other keys take
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -33,6 +37,9 @@ PARALLEL_MIN_ROWS = 200_000
 #: The bitmap over the delta keys' range may hold this many bytes per base row (it is
 #: allocated per scan); a wider range uses Arrow's hash-set membership test instead.
 BITMAP_BYTES_PER_ROW = 32
+#: A scan that drops the delta's keys batch by batch uses a bitmap over their range up to this
+#: size (NumPy's zeroed allocation maps pages only as keys touch them); wider, the whole base.
+BATCH_BITMAP_BYTES = 64 << 20
 
 
 def _int_key(table: pa.Table, primary_key: Sequence[str]) -> np.ndarray | None:
@@ -95,3 +102,81 @@ def drop_keys(rows: pa.Table, keys: pa.Table, primary_key: Sequence[str]) -> pa.
 
     with ThreadPoolExecutor(THREADS) as pool:
         return pa.Table.from_batches(list(pool.map(part, range(len(batches)))), rows.schema)
+
+
+@dataclass(frozen=True)
+class BatchKeyDrop:
+    """A scan delta's single integer keys as a bitmap over their range, to drop from base
+    record batches one at a time.
+
+    ``present[k - lo]`` is True exactly when ``k`` is a delta key, for ``k`` in
+    ``[lo, lo + n)`` with ``n = len(present) - 1``; the last entry is False and stands for
+    every key outside the range. A base key's offset ``k - lo`` is taken modulo 2**64 and
+    clipped to ``n``: a key below ``lo`` wraps to at least ``n`` (no int64 key is ``2**64 - n``
+    or more below ``lo``, since ``lo + n`` is at most ``2**63``), so one subtraction, one
+    minimum and one gather test every row.
+    """
+
+    key: str
+    lo: int
+    present: np.ndarray
+
+    @classmethod
+    def of(cls, delta: pa.Table | None, primary_key: Sequence[str]) -> "BatchKeyDrop | None":
+        """The delta's keys (none for no delta), or None when they are not a single integer
+        key with a range of at most ``BATCH_BITMAP_BYTES``: those take :func:`drop_keys`."""
+        if delta is None or delta.num_rows == 0:
+            return cls(primary_key[0], 0, np.zeros(1, dtype=bool))
+        keys = _int_key(delta, primary_key)
+        if keys is None:
+            return None
+        lo, hi = int(keys.min()), int(keys.max())
+        if hi - lo >= BATCH_BITMAP_BYTES:
+            return None
+        present = np.zeros(hi - lo + 2, dtype=bool)
+        present[keys - lo] = True
+        return cls(primary_key[0], lo, present)
+
+    def drop(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``batch`` without the rows whose key is a delta key, order kept; the batch itself
+        when it has none (no copy)."""
+        n = len(self.present) - 1
+        if not n or not batch.num_rows:
+            return batch
+        ids = batch.column(self.key).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        with np.errstate(over="ignore"):
+            offset = (ids - np.int64(self.lo)).view(np.uint64)
+        hit = self.present[np.minimum(offset, np.uint64(n)).view(np.int64)]
+        return batch.filter(pa.array(~hit)) if hit.any() else batch
+
+
+def base_without_delta(
+    base: pa.RecordBatchReader, delta: "Future[pa.Table | None]", primary_key: Sequence[str]
+) -> tuple[pa.Table, pa.Table | None]:
+    """The rows of the ``base`` scan whose key the ``delta`` (still being read) does not
+    hold, in base order, and the delta.
+
+    Batches that arrive before the delta is ready wait for it; from then on each is filtered
+    as it arrives, while Lance decodes the next ones. Keys that :class:`BatchKeyDrop` does not
+    hold are dropped from the whole base once it is read, as :func:`drop_keys` does.
+    """
+    waiting: list[pa.RecordBatch] = []
+    kept: list[pa.RecordBatch] = []
+    drop: BatchKeyDrop | None = None
+    general = False
+    for batch in base:
+        waiting.append(batch)
+        if drop is None and not general and delta.done():
+            drop = BatchKeyDrop.of(delta.result(), primary_key)
+            general = drop is None
+        if drop is not None:
+            kept.extend(drop.drop(b) for b in waiting)
+            waiting.clear()
+    rows = delta.result()
+    if drop is None and not general:
+        drop = BatchKeyDrop.of(rows, primary_key)
+    if drop is not None:
+        kept.extend(drop.drop(b) for b in waiting)
+        return pa.Table.from_batches(kept, base.schema), rows
+    whole = pa.Table.from_batches(waiting, base.schema)
+    return (drop_keys(whole, rows, primary_key) if rows is not None else whole), rows

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal.readers import sstables
-from memwal.readers.merge import drop_keys
+from memwal.readers.merge import base_without_delta, drop_keys
 from memwal.readers.keys import keys_predicate, keys_table, quote_ident, sql_literal, typed_key
 from memwal.readers.pruning import Pruning, prune
 from memwal.readers import text
@@ -348,8 +348,8 @@ class Reader:
             # SSTables while Lance scans the base (both release the GIL).
             with ThreadPoolExecutor(1) as pool:
                 pending = pool.submit(self.sstables.delta, snap, tail, columns, pk)
-                base = snap.dataset.to_table(columns=list(wanted), filter=where)
-                delta = pending.result()
+                scan = snap.dataset.scanner(columns=list(wanted), filter=where).to_reader()
+                base, delta = base_without_delta(scan, pending, pk)
             if delta is None:
                 return base
         else:
@@ -357,8 +357,7 @@ class Reader:
             delta = self.sstables.delta(snap, tail, columns, pk)
             if delta is None:
                 return snap.dataset.to_table(columns=list(wanted), filter=where, limit=limit)
-            base = snap.dataset.to_table(columns=list(wanted), filter=where, limit=limit + delta.num_rows)
-        base = drop_keys(base, delta, pk)
+            base = drop_keys(snap.dataset.to_table(columns=list(wanted), filter=where, limit=limit + delta.num_rows), delta, pk)
         live = delta.filter(pc.invert(delta.column(TOMBSTONE))).drop_columns([TOMBSTONE])
         newer = filter_rows(live, where).select(list(wanted))
         rows = pa.concat_tables([base, newer.cast(base.schema)])
