@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pyarrow as pa
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from memwal.lsm import newest_across, newest_per_key, without_keys
@@ -74,14 +74,20 @@ _WIDE_KEYS = st.one_of(
 )
 
 
+_EDGE = [-(2**63), 2**63 - 1, 0]
+
+
 @given(_WIDE_KEYS, _WIDE_KEYS, st.sampled_from([pa.int64(), pa.int8(), pa.uint64(), pa.string()]),
-       st.integers(1, 7), st.integers(0, 12), st.booleans())
+       st.integers(1, 7), st.integers(0, 12), st.booleans(), st.booleans())
+@example([2**63 - 1], _EDGE, pa.int64(), 1, 0, False, False)  # a key below the range wraps past it
+@example([-(2**63)], _EDGE, pa.int64(), 2, 0, False, False)
+@example([2**63 - 2, 2**63 - 1], _EDGE, pa.int64(), 3, 0, False, True)
 def test_scan_drops_delta_keys_batch_by_batch_as_the_whole_merge_does(
-    delta_keys, base_keys, key_type, batch_rows, ready_after, no_delta
+    delta_keys, base_keys, key_type, batch_rows, ready_after, no_delta, null_base_key
 ):
     """The reader's streaming anti-join (base batches filtered as they arrive, the delta
     ready after any number of them, or no delta) keeps exactly the rows, in the order,
-    that the general helper keeps from the whole base."""
+    that the general helper keeps from the whole base, a null base key included."""
     from concurrent.futures import Future
 
     from memwal.readers import merge
@@ -94,6 +100,8 @@ def test_scan_drops_delta_keys_batch_by_batch_as_the_whole_merge_does(
 
     delta = None if no_delta else pa.table({"k": keys(delta_keys), "v": list(range(len(delta_keys)))})
     base = newest_per_key(pa.table({"k": keys(base_keys), "v": list(range(len(base_keys)))}), ["k"])
+    if null_base_key:
+        base = pa.concat_tables([base, pa.table({"k": pa.nulls(1, base.schema.field("k").type), "v": pa.nulls(1, base.schema.field("v").type)})])
     expected = base if delta is None else without_keys(base, delta, ["k"])
     pending: Future = Future()
 

@@ -112,9 +112,10 @@ class BatchKeyDrop:
     ``present[k - lo]`` is True exactly when ``k`` is a delta key, for ``k`` in
     ``[lo, lo + n)`` with ``n = len(present) - 1``; the last entry is False and stands for
     every key outside the range. A base key's offset ``k - lo`` is taken modulo 2**64 and
-    clipped to ``n``: a key below ``lo`` wraps to at least ``n`` (no int64 key is ``2**64 - n``
-    or more below ``lo``, since ``lo + n`` is at most ``2**63``), so one subtraction, one
-    minimum and one gather test every row.
+    clipped to ``n``: a key below ``lo`` wraps to at least ``n`` (no int64 key is more than
+    ``2**64 - n`` below ``lo``, since ``lo + n`` is at most ``2**63``), so one subtraction, one
+    minimum and one gather test every row. A null base key (memwal writes none) is kept, as
+    the general anti-join keeps it for a delta without nulls.
     """
 
     key: str
@@ -143,10 +144,13 @@ class BatchKeyDrop:
         n = len(self.present) - 1
         if not n or not batch.num_rows:
             return batch
-        ids = batch.column(self.key).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        col = batch.column(self.key)
+        ids = (col.fill_null(0) if col.null_count else col).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
         with np.errstate(over="ignore"):
             offset = (ids - np.int64(self.lo)).view(np.uint64)
         hit = self.present[np.minimum(offset, np.uint64(n)).view(np.int64)]
+        if col.null_count:
+            hit &= col.is_valid().to_numpy(zero_copy_only=False)
         return batch.filter(pa.array(~hit)) if hit.any() else batch
 
 
@@ -157,8 +161,9 @@ def base_without_delta(
     hold, in base order, and the delta.
 
     Batches that arrive before the delta is ready wait for it; from then on each is filtered
-    as it arrives, while Lance decodes the next ones. Keys that :class:`BatchKeyDrop` does not
-    hold are dropped from the whole base once it is read, as :func:`drop_keys` does.
+    as it arrives, while Lance decodes the next ones. When the delta is ready only after the
+    scan, or its keys are not what :class:`BatchKeyDrop` holds, the whole base is filtered at
+    once by :func:`drop_keys` (the copy split over threads).
     """
     waiting: list[pa.RecordBatch] = []
     kept: list[pa.RecordBatch] = []
@@ -173,10 +178,7 @@ def base_without_delta(
             kept.extend(drop.drop(b) for b in waiting)
             waiting.clear()
     rows = delta.result()
-    if drop is None and not general:
-        drop = BatchKeyDrop.of(rows, primary_key)
     if drop is not None:
-        kept.extend(drop.drop(b) for b in waiting)
         return pa.Table.from_batches(kept, base.schema), rows
     whole = pa.Table.from_batches(waiting, base.schema)
     return (drop_keys(whole, rows, primary_key) if rows is not None else whole), rows
