@@ -257,9 +257,11 @@ class BoundsEnforcer:
         #: fragments the same index segments cover (memwal.indexes joins them).
         self.before_compaction = before_compaction
 
-    def fragment_target(self, live_rows: int) -> int:
-        """The rows this table's base fragments are compacted up to (:func:`fragment_target`)."""
-        return fragment_target(live_rows, self.target_rows_per_fragment, self.max_full_fragments)
+    def fragment_target(self, frags: Sequence[Any]) -> int:
+        """The rows the base fragments ``frags`` (their metadata) are compacted up to
+        (:func:`fragment_target`), counting physical rows, as Lance's planner counts a fragment
+        against the target: a fragment at the target whose deleted rows bring it under is full."""
+        return fragment_target(sum(f.physical_rows for f in frags), self.target_rows_per_fragment, self.max_full_fragments)
 
     def compact(
         self,
@@ -277,8 +279,7 @@ class BoundsEnforcer:
         """
         ds = self.state.dataset()
         frags = [f.metadata for f in ds.get_fragments()] if frags is None else frags
-        # Physical rows, as Lance's planner counts a fragment against the target.
-        target = self.fragment_target(sum(f.physical_rows for f in frags))
+        target = self.fragment_target(frags)
         ids = [f.id for f in frags if f.physical_rows < target] if join is None else list(join)
         if self.before_compaction is not None and ids:
             self.before_compaction(ids)

@@ -336,9 +336,7 @@ class Maintenance:
         small_rows = self.config.small_fragment_rows
         small = [f for f in frags if f.num_rows < small_rows]
         deleted = [f for f in frags if f.num_deletions > self.config.max_deleted_fraction * f.physical_rows]
-        # Physical rows, as Lance's planner counts a fragment against the target: a fragment at
-        # the target whose deleted rows bring it under counts as full, not as one to merge.
-        target = self.enforcer.fragment_target(sum(f.physical_rows for f in frags))
+        target = self.enforcer.fragment_target(frags)
         many_small = len(small) >= self.config.max_small_fragments
         under = [f.id for f in frags if f.num_rows >= small_rows and f.physical_rows < target]  # full, mergeable
         too_many_full = len(under) > 1 and len(frags) - len(small) > self.enforcer.max_full_fragments
