@@ -115,7 +115,9 @@ class BatchKeyDrop:
     clipped to ``n``: a key below ``lo`` wraps to at least ``n`` (no int64 key is more than
     ``2**64 - n`` below ``lo``, since ``lo + n`` is at most ``2**63``), so one subtraction, one
     minimum and one gather test every row. A null base key (memwal writes none) is kept, as
-    the general anti-join keeps it for a delta without nulls.
+    the general anti-join keeps it for a delta without nulls. (:func:`drop_keys`, which has the
+    whole base in hand, spans both key sets' range and gathers with no clip: measured 1.5x
+    faster there than this mask over the whole key column, so the two stay apart.)
     """
 
     key: str
