@@ -82,6 +82,7 @@ _EDGE = [-(2**63), 2**63 - 1, 0]
 @example([2**63 - 1], _EDGE, pa.int64(), 1, 0, False, False)  # a key below the range wraps past it
 @example([-(2**63)], _EDGE, pa.int64(), 2, 0, False, False)
 @example([2**63 - 2, 2**63 - 1], _EDGE, pa.int64(), 3, 0, False, True)
+@example([0], [], pa.string(), 1, 0, False, True)  # a null key in an otherwise empty base
 def test_scan_drops_delta_keys_batch_by_batch_as_the_whole_merge_does(
     delta_keys, base_keys, key_type, batch_rows, ready_after, no_delta, null_base_key
 ):
@@ -94,7 +95,7 @@ def test_scan_drops_delta_keys_batch_by_batch_as_the_whole_merge_does(
 
     def keys(values: list[int]) -> pa.Array:
         if key_type == pa.string():
-            return pa.array([str(v) for v in values])
+            return pa.array([str(v) for v in values], pa.string())  # typed, also when empty
         lo, hi = (-128, 127) if key_type == pa.int8() else (0, 2**64 - 1) if key_type == pa.uint64() else (-(2**63), 2**63 - 1)
         return pa.array([min(max(v, lo), hi) for v in values], key_type)
 
