@@ -47,7 +47,8 @@ class MaintenanceConfig:
     compact: bool = True
     indexes: bool = True
     gc: bool = True
-    #: Refresh the table's materialized views after every cycle that compacted something.
+    #: Refresh the table's materialized views after every cycle that committed to the base
+    #: (a fold, or a base-file compaction).
     views: bool = True
     #: Up to this many consecutive generations of a shard go into one commit (with a fold
     #: schedule that waits, at least its ``at_sstables``, so one fold is one commit; the
@@ -125,8 +126,6 @@ class Maintenance:
             max_rows_rewritten=self.config.max_rows_rewritten_per_cycle,
             before_compaction=self._join_index_segments if self.config.indexes else None,
         )
-        #: Called after every cycle that committed a compaction (views refresh from here).
-        self.after_compaction: list[Callable[[CycleReport], None]] = []
         self.totals = MaintenanceTotals()
         #: The report of the last cycle that ran to its end (damaged shards skipped), if any.
         self.last_report: CycleReport | None = None
@@ -204,11 +203,11 @@ class Maintenance:
         if self.config.enforce_bounds:
             done.update(self._enforce_bounds(done))
         report = CycleReport(started_at=started_at, **done)
-        if report.compaction_commits:
-            if self.config.views:
-                report = replace(report, views_refreshed=self._refresh_views())
-            for hook in self.after_compaction:
-                hook(report)
+        if self.config.views and (report.compaction_commits or report.base_fragments_compacted):
+            # A base-file compaction changes no row but moves the base version: refreshed, a
+            # view records the version it reflects (its freshness), and an aggregate view's next
+            # refresh reads old values from this version rather than one GC may remove meanwhile.
+            report = replace(report, views_refreshed=self._refresh_views())
         snap = self.state.snapshot(shard_ids=healthy(shards))
         report = replace(
             report,

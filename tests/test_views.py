@@ -311,6 +311,34 @@ def test_maintenance_refreshes_registered_views(table_uri):
     check_groups_view(groups)
 
 
+def test_a_cycle_that_only_compacts_base_files_brings_the_views_to_its_version(table_uri):
+    """No SSTable to fold, but a base-file compaction moves the base version: the views follow
+    it (their freshness, and the version an aggregate view reads old values from next)."""
+    from memwal.maintenance import Maintenance, MaintenanceConfig
+
+    t = seeded(table_uri, 300)
+    rows, groups = create_views(table_uri)
+    change(t, list(range(0, 40)), "a")
+    change(t, list(range(20, 60)), "b")
+    for v in (rows, groups):
+        v.refresh()
+    folded = lance.dataset(table_uri).version
+    assert len(lance.dataset(table_uri).get_fragments()) >= 2
+    report = Maintenance(table_uri, MaintenanceConfig(max_small_fragments=2, gc=False)).run_cycle()
+    assert report.compaction_commits == 0 and report.base_fragments_compacted > 0
+    now = lance.dataset(table_uri).version
+    assert now > folded
+    assert report.views_refreshed == 2
+    assert rows.last_refresh().base_version == groups.last_refresh().base_version == now
+    check_rows_view(rows)
+    check_groups_view(groups)
+    change(t, list(range(50, 90)), "c")  # the next refresh reads old values from the compacted version
+    assert groups.refresh().mode == "incremental"
+    check_groups_view(groups)
+    assert rows.refresh().mode == "incremental"
+    check_rows_view(rows)
+
+
 def test_view_cli(table_uri, tmp_path):
     seeded(table_uri, 200)
     env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__))
