@@ -436,12 +436,35 @@ def print_comparison(c: dict[str, float]) -> None:
               f"the end's fresh table is {c['growth_p50']}x that (the table's growth alone, no history)", flush=True)
 
 
-def summarize(csv_path: str, window_s: float = 600, trend_s: float = 1800) -> dict[str, float]:
+def trend(points: list[tuple[float, float]], lag_points: int) -> tuple[float, float]:
+    """(slope, its standard error) of a least-squares line through ``points`` (x, y).
+
+    The error is Newey-West's (Bartlett weights over ``lag_points`` neighbours), not the
+    textbook one: the counts sampled here are sawtooths (small fragments pile up, then one
+    compaction merges them; SSTables rise between folds), so neighbouring residuals are
+    correlated, and the textbook error would call a sawtooth's phase at the window's ends a
+    trend. With the lag spanning a sawtooth's period, a bounded count gives |slope| within
+    about two errors, and a count that keeps growing gives many (docs/benchmarks.md, "Soak").
+    """
+    n = len(points)
+    mx = statistics.mean(x for x, _ in points)
+    my = statistics.mean(y for _, y in points)
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
+    scores = [(x - mx) * (y - my - slope * (x - mx)) for x, y in points]
+    s = sum(u * u for u in scores)
+    for lag in range(1, min(lag_points, n - 1) + 1):
+        s += 2 * (1 - lag / (lag_points + 1)) * sum(scores[i] * scores[i - lag] for i in range(lag, n))
+    return slope, max(s, 0.0) ** 0.5 / sxx
+
+
+def summarize(csv_path: str, window_s: float = 600, trend_s: float = 1800, period_s: float = 300) -> dict[str, float]:
     """The issue's yardsticks from a run's CSV: for each lookup column, the median of its
     samples in the first and the last ``window_s`` seconds and their ratio; the live table's
     ratios divided by the static memwal table's (what is left once the load is divided out);
-    the slope per minute over the last ``trend_s`` seconds of the counts that must stay flat;
-    and disk over the base version's data files in the last window."""
+    the slope per minute over the last ``trend_s`` seconds of the counts that must stay flat,
+    with its standard error (:func:`trend`, over sawtooths of up to ``period_s``); and disk over
+    the base version's data files in the last window."""
     with open(csv_path) as f:
         rows = list(csv.DictReader(f))
     if not rows:
@@ -465,9 +488,11 @@ def summarize(csv_path: str, window_s: float = 600, trend_s: float = 1800) -> di
     for k in FLAT_COLUMNS:
         pts = [(num(r, "t_s") / 60, v) for r in tail if (v := num(r, k)) is not None]
         if len(pts) > 2:
-            mx, my = statistics.mean(x for x, _ in pts), statistics.mean(y for _, y in pts)
-            out[f"{k}_slope_per_min"] = round(sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts), 3)
-            out[f"{k}_mean"] = round(my, 1)
+            step = (pts[-1][0] - pts[0][0]) * 60 / (len(pts) - 1)  # seconds between samples
+            slope, error = trend(pts, max(1, round(period_s / step)))
+            out[f"{k}_slope_per_min"] = round(slope, 3)
+            out[f"{k}_slope_error"] = round(error, 3)
+            out[f"{k}_mean"] = round(statistics.mean(y for _, y in pts), 1)
     ratios = [d / lv for r in last if (d := num(r, "disk_bytes")) and (lv := num(r, "live_bytes"))]
     if ratios:
         out["disk_over_live"] = round(statistics.median(ratios), 2)
@@ -491,7 +516,10 @@ def print_summary(s: dict[str, float], window_min: float = 10, trend_min: float 
             print(f"  p{q}: the live table's ratio over the static memwal table's (the load divided out): {s[f'p{q}_ratio_over_load']:.2f}x")
     for k in FLAT_COLUMNS:
         if f"{k}_slope_per_min" in s:
-            print(f"  {k}: {s[f'{k}_slope_per_min']:+.3f} per minute over the last {trend_min:g} minutes (mean {s[f'{k}_mean']:,})")
+            slope, error = s[f"{k}_slope_per_min"], s[f"{k}_slope_error"]
+            verdict = "an upward trend" if slope > 2 * error else "flat" if abs(slope) <= 2 * error else "falling"
+            print(f"  {k}: {slope:+.3f} ± {error:.3f} per minute over the last {trend_min:g} minutes "
+                  f"(mean {s[f'{k}_mean']:,}): {verdict}")
     if "disk_over_live" in s:
         print(f"  disk / base data files, last {window_min:g} minutes: {s['disk_over_live']:.2f} (target <= 2)")
 
