@@ -1,9 +1,11 @@
 """End-to-end demo on a local, embedded setup: ``python -m memwal.demo`` (``make demo``).
 
-1. starts a Kafka-protocol broker on 127.0.0.1 (noida-db) and a local Spark;
+1. starts an Apache Kafka 4 broker on 127.0.0.1 (KRaft, one node; its jars fetched by
+   ``make demo`` with Maven) and a local Spark with Spark's own Kafka connector;
 2. creates a table sharded ``bucket(id, 4)`` and produces synthetic upserts and deletes
    (integers, strings, a float vector) to a 3-partition topic;
-3. ingests the topic with memwal's Spark sink (Kafka -> Structured Streaming -> shards);
+3. ingests the topic with memwal's Spark sink (Spark's Kafka source -> Structured Streaming
+   -> shards);
 4. reads the table back and checks it equals what the producer sent (last write per key);
    runs a vector search and checks it against brute force;
 5. defines two materialized views (a filter, and an aggregate per score band);
@@ -129,8 +131,9 @@ def run_kafka_flow(workdir: str, records: int, keys: int) -> bool:
     from memwal.streaming.local_broker import start_local_broker
 
     uri = os.path.join(workdir, "users")
-    print("== starting a local Kafka-protocol broker and Spark (local[2])")
+    print("== starting a local Apache Kafka broker and Spark (local[2])")
     with start_local_broker(os.path.join(workdir, "broker")) as broker:
+        print(f"== Kafka broker up on {broker.bootstrap} in {broker.start_seconds:.1f}s")
         spark = local_session(app="memwal-demo")
         broker.create_topic("users", 3)
         Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)").close()
@@ -155,7 +158,7 @@ def run_kafka_flow(workdir: str, records: int, keys: int) -> bool:
         job.await_termination()
         elapsed = time.perf_counter() - t0
         totals = job.sink.totals()
-        print(f"== Spark ingested {int(totals['rows'])} records in {int(totals['batches'])} micro-batches, "
+        print(f"== Spark ({job.kafka_source} Kafka source) ingested {int(totals['rows'])} records in {int(totals['batches'])} micro-batches, "
               f"{elapsed:.1f}s ({totals['rows'] / elapsed:,.0f} records/s), {int(totals['dead_letters'])} dead letters")
         ok = check("after ingest", uri, model)
         ok = check_search(uri, model) and ok

@@ -45,12 +45,20 @@ def spark():
 
 
 @pytest.fixture(scope="session")
-def noida(tmp_path_factory):
-    """A noida-db Kafka-protocol broker on 127.0.0.1 for the whole test session."""
+def kafka(tmp_path_factory):
+    """An Apache Kafka 4 broker on 127.0.0.1 for the whole test session (tests/brokers.py)."""
     from brokers import start_broker
 
-    with start_broker("noida", tmp_path_factory.mktemp("noida")) as broker:
+    with start_broker(tmp_path_factory.mktemp("kafka")) as broker:
         yield broker
+
+
+@pytest.fixture(params=["spark", "python"])
+def kafka_source(request) -> str:
+    """Each Kafka source memwal reads with: Spark's own connector and memwal's Python source
+    (``kafka_stream``/``ingest``'s ``kafka_source``). Tests taking it run once per source, so
+    both behave alike under one test matrix."""
+    return request.param
 
 
 @pytest.fixture(scope="session")

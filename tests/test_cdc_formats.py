@@ -483,15 +483,15 @@ def divergence(got: dict, model: dict, records: list, coordinates: list, batches
 
 @pytest.mark.spark
 @pytest.mark.kafka
-def test_a_debezium_stream_over_three_partitions_with_a_restart_equals_the_source(spark, noida, tmp_path):
+def test_a_debezium_stream_over_three_partitions_with_a_restart_equals_the_source(spark, kafka, tmp_path):
     topic = f"dbz-{random.randrange(1 << 30)}"
-    noida.create_topic(topic, 3)
+    kafka.create_topic(topic, 3)
     records, model, tombstones = debezium_stream(2000, seed=DEBEZIUM_SEED)
-    coordinates = produce(noida, topic, records)
+    coordinates = produce(kafka, topic, records)
     uri, ckpt = str(tmp_path / "users"), str(tmp_path / "ckpt")
     Table.create(uri, SCHEMA, ["id"], "bucket(id, 2)").close()
     options = SinkOptions(source="kafka-json", value_format="debezium-json", sequence_field="pos", drop_stale_across_batches=True)
-    run = dict(bootstrap=noida.bootstrap, topic=topic, table_uri=uri, checkpoint=ckpt, max_offsets_per_trigger=400, options=options)
+    run = dict(bootstrap=kafka.bootstrap, topic=topic, table_uri=uri, checkpoint=ckpt, max_offsets_per_trigger=400, options=options)
     first = ingest(spark, **run)  # a continuous query, stopped mid-way
     wait_for_batches(first, 2)
     first.stop()
@@ -515,9 +515,9 @@ def test_a_debezium_stream_over_three_partitions_with_a_restart_equals_the_sourc
 @pytest.mark.spark
 @pytest.mark.kafka
 @pytest.mark.parametrize("framing", ["bare", "registry"])
-def test_avro_values_end_to_end_with_corrupt_records_in_the_dead_letter_table(spark, noida, tmp_path, registry, framing):
+def test_avro_values_end_to_end_with_corrupt_records_in_the_dead_letter_table(spark, kafka, tmp_path, registry, framing):
     topic = f"avro-{framing}-{random.randrange(1 << 30)}"
-    noida.create_topic(topic, 3)
+    kafka.create_topic(topic, 3)
     plain, model = keyed_changes(3000, 500, seed=7)
     schema_id = 2 if framing == "registry" else None
     records = [(k, avro_bytes(rec, schema_id=schema_id), p) for k, rec, p in plain]
@@ -526,13 +526,13 @@ def test_avro_values_end_to_end_with_corrupt_records_in_the_dead_letter_table(sp
     if framing == "registry":
         bad.append((b"b4", avro_bytes({"id": 1, "name": "x"}, schema_id=77), 0))  # an id the registry lacks
     mixed = records[:1000] + bad[:2] + records[1000:2000] + bad[2:] + records[2000:]
-    produce(noida, topic, mixed)
+    produce(kafka, topic, mixed)
     uri = str(tmp_path / "users")
     Table.create(uri, AVRO_TABLE, ["id"], "bucket(id, 4)").close()
     avsc = json.dumps(AVRO_SCHEMA)
     options = SinkOptions(source="kafka-json", value_format="avro", avro_schema=avsc,
                           schema_registry=registry.url if framing == "registry" else None)
-    job = ingest(spark, bootstrap=noida.bootstrap, topic=topic, table_uri=uri, checkpoint=str(tmp_path / "ckpt"),
+    job = ingest(spark, bootstrap=kafka.bootstrap, topic=topic, table_uri=uri, checkpoint=str(tmp_path / "ckpt"),
                  available_now=True, max_offsets_per_trigger=1000, options=options)
     job.await_termination()
     assert job.query.exception() is None

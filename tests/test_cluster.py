@@ -61,11 +61,11 @@ def committed_batches(checkpoint: Path) -> int:
     return sum(1 for f in commits.iterdir() if f.name.isdigit()) if commits.exists() else 0
 
 
-def test_ingest_on_local_cluster_survives_a_killed_executor(noida, tmp_path):
+def test_ingest_on_local_cluster_survives_a_killed_executor(kafka, tmp_path):
     topic = f"cluster-{time.monotonic_ns()}"
-    noida.create_topic(topic, 4)
+    kafka.create_topic(topic, 4)
     records, model = workload(3000, 500, seed=21, partitions=4)
-    produce(noida, topic, records)
+    produce(kafka, topic, records)
     uri = str(tmp_path / "users")
     Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)").close()
     checkpoint = tmp_path / "ckpt"
@@ -79,7 +79,7 @@ def test_ingest_on_local_cluster_survives_a_killed_executor(noida, tmp_path):
     command = [
         sys.executable, "-m", "memwal", "ingest",
         "--master", "local-cluster[2,1,1024]",
-        "--bootstrap", noida.bootstrap, "--topic", topic, "--table", uri, "--checkpoint", str(checkpoint),
+        "--bootstrap", kafka.bootstrap, "--topic", topic, "--table", uri, "--checkpoint", str(checkpoint),
         "--available-now", "--max-offsets-per-trigger", "200", "--max-write-tasks", "2",
     ]
     log = (tmp_path / "ingest.log").open("w")

@@ -135,24 +135,23 @@ def remote(connect_server):
 @pytest.mark.slow
 @pytest.mark.spark
 @pytest.mark.kafka
-def test_ingest_through_spark_connect_equals_the_model(remote, noida, tmp_path):
+def test_ingest_through_spark_connect_equals_the_model(remote, kafka, tmp_path):
     assert is_connect(remote)
     assert default_parallelism(remote) == 2  # from the server's configuration, no SparkContext
     topic = f"connect-{time.monotonic_ns()}"
-    noida.create_topic(topic, 3)
+    kafka.create_topic(topic, 3)
     records, model = workload(3000, 500, seed=11)
-    produce(noida, topic, records)
+    produce(kafka, topic, records)
     uri = str(tmp_path / "users")
     Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)").close()
     job = ingest(
         remote,
-        bootstrap=noida.bootstrap,
+        bootstrap=kafka.bootstrap,
         topic=topic,
         table_uri=uri,
         checkpoint=str(tmp_path / "ckpt"),
         available_now=True,
         max_offsets_per_trigger=1000,
-        kafka_options=noida.client_config(),
     )
     job.await_termination()
     assert job.query.exception() is None

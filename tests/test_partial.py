@@ -332,13 +332,13 @@ def test_sink_stages_fold_json_records_and_a_replayed_batch_changes_nothing(tabl
 
 @pytest.mark.spark
 @pytest.mark.kafka
-def test_ingest_partial_json_records_end_to_end(spark, noida, tmp_path):
+def test_ingest_partial_json_records_end_to_end(spark, kafka, tmp_path):
     from brokers import produce
 
     from memwal.streaming import SinkOptions, ingest
 
     topic = f"partial-{time.monotonic_ns()}"
-    noida.create_topic(topic, 2)
+    kafka.create_topic(topic, 2)
     uri = str(tmp_path / "t")
     with Table.create(uri, SCHEMA, PK, "bucket(id, 2)") as t:
         t.write([{"id": i, "name": f"n{i}", "score": float(i), "vec": [1.0, 1.0]} for i in range(6)])
@@ -350,7 +350,7 @@ def test_ingest_partial_json_records_end_to_end(spark, noida, tmp_path):
     ckpt = str(tmp_path / "ckpt")
     # batch 1: partial updates, explicit nulls, a delete then a partial insert, a new key,
     # several records of one key folding in order, a record without its key
-    produce(noida, topic, [
+    produce(kafka, topic, [
         rec({"id": 0, "score": 10.0}, 0),
         rec({"id": 1, "name": None}, 1),
         rec({"id": 2, "name": "a"}, 0), rec({"id": 2, "vec": [2.0, 2.0]}, 0), rec({"id": 2, "name": "b"}, 0),
@@ -359,12 +359,12 @@ def test_ingest_partial_json_records_end_to_end(spark, noida, tmp_path):
         rec({"id": 9, "name": "new"}, 1),
         (b"nokey", json.dumps({"name": "orphan"}).encode(), 0),
     ])
-    job = ingest(spark, bootstrap=noida.bootstrap, topic=topic, table_uri=uri, checkpoint=ckpt, available_now=True, options=opts)
+    job = ingest(spark, bootstrap=kafka.bootstrap, topic=topic, table_uri=uri, checkpoint=ckpt, available_now=True, options=opts)
     job.await_termination()
     assert job.query.exception() is None
     # batch 2 (a second query run): merges over what batch 1 stored
-    produce(noida, topic, [rec({"id": 9, "score": 9.0}, 1), rec({"id": 0, "name": None, "vec": [0.0, 0.0]}, 0)])
-    job = ingest(spark, bootstrap=noida.bootstrap, topic=topic, table_uri=uri, checkpoint=ckpt, available_now=True, options=opts)
+    produce(kafka, topic, [rec({"id": 9, "score": 9.0}, 1), rec({"id": 0, "name": None, "vec": [0.0, 0.0]}, 0)])
+    job = ingest(spark, bootstrap=kafka.bootstrap, topic=topic, table_uri=uri, checkpoint=ckpt, available_now=True, options=opts)
     job.await_termination()
     assert job.query.exception() is None
     got = {r["id"]: r for r in Table.open(uri).reader().scan().to_pylist()}

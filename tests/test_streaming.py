@@ -28,9 +28,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.float64()), ("vec", pa.list_(pa.float32(), 4))])
 
 
-@pytest.mark.parametrize("kind", ["noida", "kafka09"])
-def test_ingest_end_to_end_equals_the_model(spark, tmp_path, kind):
-    with start_broker(kind, tmp_path / "broker") as broker:
+def test_ingest_end_to_end_equals_the_model(spark, tmp_path):
+    with start_broker(tmp_path / "broker") as broker:
         broker.create_topic("users", 3)
         records, model = workload(6000, 800, seed=1)
         produce(broker, "users", records)
@@ -44,7 +43,6 @@ def test_ingest_end_to_end_equals_the_model(spark, tmp_path, kind):
             checkpoint=str(tmp_path / "ckpt"),
             available_now=True,
             max_offsets_per_trigger=2000,
-            kafka_options=broker.client_config(),
         )
         job.await_termination()
     assert job.query.exception() is None
@@ -59,9 +57,9 @@ def test_ingest_end_to_end_equals_the_model(spark, tmp_path, kind):
     assert all(p["timestamp"] for p in progress.values())  # each trigger's start, for cadence
 
 
-def test_dead_letters_of_a_mixed_stream(spark, noida, tmp_path):
+def test_dead_letters_of_a_mixed_stream(spark, kafka, tmp_path):
     topic = f"mixed-{time.monotonic_ns()}"
-    noida.create_topic(topic, 3)
+    kafka.create_topic(topic, 3)
     records, model = workload(3000, 500, seed=2)
     bad = [
         (b"b1", b"{not json", 0),
@@ -73,13 +71,13 @@ def test_dead_letters_of_a_mixed_stream(spark, noida, tmp_path):
         (b"b7", json.dumps([1, 2, 3]).encode(), 0),  # not an object
     ]
     mixed = records[:1000] + bad[:4] + records[1000:2000] + bad[4:] + records[2000:]
-    placed = produce(noida, topic, mixed)
+    placed = produce(kafka, topic, mixed)
     coords = {(topic, p, off) for (key, _, _), (p, off) in zip(mixed, placed) if key.startswith(b"b") and not key[1:].isdigit() or key in {b[0] for b in bad}}
     uri = str(tmp_path / "users")
     Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)").close()
     job = ingest(
         spark,
-        bootstrap=noida.bootstrap,
+        bootstrap=kafka.bootstrap,
         topic=topic,
         table_uri=uri,
         checkpoint=str(tmp_path / "ckpt"),
@@ -104,9 +102,9 @@ def test_dead_letters_of_a_mixed_stream(spark, noida, tmp_path):
     assert all(d["value"] is not None for d in dlq if d["key"] != b"b6")
 
 
-def test_sequence_field_orders_versions(spark, noida, tmp_path):
+def test_sequence_field_orders_versions(spark, kafka, tmp_path):
     topic = f"seq-{time.monotonic_ns()}"
-    noida.create_topic(topic, 1)
+    kafka.create_topic(topic, 1)
     schema = pa.schema([("id", pa.int64()), ("v", pa.string()), ("version", pa.int64())])
     uri = str(tmp_path / "t")
     Table.create(uri, schema, ["id"], "bucket(id, 2)").close()
@@ -115,13 +113,13 @@ def test_sequence_field_orders_versions(spark, noida, tmp_path):
         return (str(k).encode(), json.dumps({"id": k, "v": v, "version": version}).encode(), 0)
 
     # batch 1: out of order within the batch; batch 2: an older version arrives late
-    produce(noida, topic, [rec(1, "new", 5), rec(1, "old", 3), rec(2, "a", 1)])
+    produce(kafka, topic, [rec(1, "new", 5), rec(1, "old", 3), rec(2, "a", 1)])
     opts = SinkOptions(source="kafka-json", sequence_field="version", drop_stale_across_batches=True)
     ckpt = str(tmp_path / "ckpt")
-    job = ingest(spark, bootstrap=noida.bootstrap, topic=topic, table_uri=uri, checkpoint=ckpt, available_now=True, options=opts)
+    job = ingest(spark, bootstrap=kafka.bootstrap, topic=topic, table_uri=uri, checkpoint=ckpt, available_now=True, options=opts)
     job.await_termination()
-    produce(noida, topic, [rec(1, "late", 4), rec(2, "b", 2)])
-    job = ingest(spark, bootstrap=noida.bootstrap, topic=topic, table_uri=uri, checkpoint=ckpt, available_now=True, options=opts)
+    produce(kafka, topic, [rec(1, "late", 4), rec(2, "b", 2)])
+    job = ingest(spark, bootstrap=kafka.bootstrap, topic=topic, table_uri=uri, checkpoint=ckpt, available_now=True, options=opts)
     job.await_termination()
     got = {r["id"]: (r["v"], r["version"]) for r in readers.open(uri).scan().to_pylist()}
     assert got == {1: ("new", 5), 2: ("b", 2)}
@@ -138,18 +136,18 @@ def test_partition_keys_map_each_shard_to_its_own_task(spark):
         assert all(r.want == r.got for r in got)
 
 
-def test_small_micro_batches_run_in_one_stage_and_equal_the_model(spark, noida, tmp_path):
+def test_small_micro_batches_run_in_one_stage_and_equal_the_model(spark, kafka, tmp_path):
     """With the writer process and one write task, a micro-batch after a small one runs prepare
     and write in a single Spark stage (the first, with no previous, in two); the table ends
     equal to the model."""
-    noida.create_topic("one_stage", 3)
+    kafka.create_topic("one_stage", 3)
     records, model = workload(5000, 700, seed=4)
-    produce(noida, "one_stage", records)
+    produce(kafka, "one_stage", records)
     uri = str(tmp_path / "users")
     Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)").close()
     job = ingest(
-        spark, bootstrap=noida.bootstrap, topic="one_stage", table_uri=uri, checkpoint=str(tmp_path / "ckpt"),
-        available_now=True, max_offsets_per_trigger=1000, kafka_options=noida.client_config(),
+        spark, bootstrap=kafka.bootstrap, topic="one_stage", table_uri=uri, checkpoint=str(tmp_path / "ckpt"),
+        available_now=True, max_offsets_per_trigger=1000,
         options=SinkOptions(source="kafka-json", max_write_tasks=1, single_stage_max_rows=1000, writer_process=True),
     )
     job.await_termination()
@@ -209,19 +207,19 @@ def ingest_cli(uri, ckpt, broker, topic, extra_env=None, *args):
     )
 
 
-def ingest_to_failpoint(noida, tmp_path, name: str, records: int, keys: int, seed: int, point: str):
+def ingest_to_failpoint(kafka, tmp_path, name: str, records: int, keys: int, seed: int, point: str):
     """A topic of ``records`` upserts over ``keys`` keys, a 4-shard table, and ``memwal ingest``
     (2,000 records per micro-batch) run until it stands at failpoint ``point`` ("name=action").
     Returns the process, the table's URI, the checkpoint, the topic and the model."""
     topic = f"{name}-{time.monotonic_ns()}"
-    noida.create_topic(topic, 3)
+    kafka.create_topic(topic, 3)
     rows, model = workload(records, keys, seed=seed)
-    produce(noida, topic, rows)
+    produce(kafka, topic, rows)
     uri, ckpt = str(tmp_path / "users"), str(tmp_path / "ckpt")
     Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)").close()
     marker_dir = tmp_path / "markers"
     marker_dir.mkdir()
-    p = ingest_cli(uri, ckpt, noida, topic, {ENV: point, DIR_ENV: str(marker_dir)}, "--max-offsets-per-trigger", "2000")
+    p = ingest_cli(uri, ckpt, kafka, topic, {ENV: point, DIR_ENV: str(marker_dir)}, "--max-offsets-per-trigger", "2000")
     deadline = time.monotonic() + 300
     while not (marker_dir / point.split("=")[0]).exists():
         assert p.poll() is None, p.stderr.read().decode()[-3000:]
@@ -230,16 +228,16 @@ def ingest_to_failpoint(noida, tmp_path, name: str, records: int, keys: int, see
     return p, uri, ckpt, topic, model
 
 
-def test_sigkill_mid_batch_then_restart_from_checkpoint(noida, tmp_path):
+def test_sigkill_mid_batch_then_restart_from_checkpoint(kafka, tmp_path):
     # Pause in a write task of micro-batch 2, after it wrote a shard: two batches are
     # committed, the third is half written. Then kill the whole driver process tree.
-    p, uri, ckpt, topic, model = ingest_to_failpoint(noida, tmp_path, "crash", 8000, 1000, 3, "sink.wrote.batch-2=pause")
+    p, uri, ckpt, topic, model = ingest_to_failpoint(kafka, tmp_path, "crash", 8000, 1000, 3, "sink.wrote.batch-2=pause")
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
     assert p.returncode == -signal.SIGKILL
     half = table_rows(uri, "strong")
     assert half and approx(half) != approx(model)  # the crash left the table partly written
-    p = ingest_cli(uri, ckpt, noida, topic, None, "--max-offsets-per-trigger", "2000")
+    p = ingest_cli(uri, ckpt, kafka, topic, None, "--max-offsets-per-trigger", "2000")
     out, err = p.communicate(timeout=300)
     assert p.returncode == 0, err.decode()[-3000:]
     assert "batch 2:" in err.decode()  # Spark replayed the interrupted batch
@@ -248,26 +246,26 @@ def test_sigkill_mid_batch_then_restart_from_checkpoint(noida, tmp_path):
     assert approx({r["id"]: r for r in map(json.loads, scanned.stdout.splitlines())}) == approx(model)
 
 
-def test_a_query_stopped_mid_batch_stops_cleanly_and_a_restart_completes_the_table(noida, tmp_path):
+def test_a_query_stopped_mid_batch_stops_cleanly_and_a_restart_completes_the_table(kafka, tmp_path):
     """`memwal ingest` interrupted while a write task of micro-batch 1 is under way: Spark stops
     the query as a stop, not a failure (it recognises a stop by matching the batch's error text
     with a regex that recursed once per character of the Java stack trace it used to carry, and
     overflowed the stream thread's stack), the process exits cleanly, and a restart from the
     checkpoint completes the table."""
-    p, uri, ckpt, topic, model = ingest_to_failpoint(noida, tmp_path, "stop", 6000, 800, 5, "sink.wrote.batch-1=wait")
+    p, uri, ckpt, topic, model = ingest_to_failpoint(kafka, tmp_path, "stop", 6000, 800, 5, "sink.wrote.batch-1=wait")
     p.send_signal(signal.SIGINT)  # memwal ingest stops its query on Ctrl-C
     out, err = p.communicate(timeout=300)
     assert p.returncode == 0, err.decode()[-3000:]
     assert b"StackOverflowError" not in err, err.decode()[-3000:]
     assert b"BatchInterruptedError" in err  # the stop reached Spark as the sink's short error
     assert b"ingested" in out
-    p = ingest_cli(uri, ckpt, noida, topic, None, "--max-offsets-per-trigger", "2000")
+    p = ingest_cli(uri, ckpt, kafka, topic, None, "--max-offsets-per-trigger", "2000")
     out, err = p.communicate(timeout=300)
     assert p.returncode == 0, err.decode()[-3000:]
     assert approx(table_rows(uri)) == approx(model)
 
 
-def test_two_concurrent_queries_on_the_same_shard(spark, noida, tmp_path):
+def test_two_concurrent_queries_on_the_same_shard(spark, kafka, tmp_path):
     """Two pipelines (two Spark applications) write disjoint keys into one unsharded table at
     the same time: they keep claiming the shard from each other. A write task fenced twice in
     a row fails its query loudly (FencedError: one writer per shard); nothing acknowledged is
@@ -279,12 +277,12 @@ def test_two_concurrent_queries_on_the_same_shard(spark, noida, tmp_path):
     topics = [f"race-a-{time.monotonic_ns()}", f"race-b-{time.monotonic_ns()}"]
     models = []
     for i, topic in enumerate(topics):
-        noida.create_topic(topic, 2)
+        kafka.create_topic(topic, 2)
         records, model = workload(6000, 400, seed=10 + i, partitions=2)
         # disjoint key ranges per pipeline
         records = [(k, json.dumps({**json.loads(v), "id": json.loads(v)["id"] + i * 10_000}).encode(), p) for k, v, p in records]
         models.append({key + i * 10_000: {**row, "id": key + i * 10_000} for key, row in model.items()})
-        produce(noida, topic, records)
+        produce(kafka, topic, records)
     cli_args = ("--max-offsets-per-trigger", "100", "--flush-interval", "0")
     # The two overlap deterministically, however loaded the machine: the other query stops in
     # a write task of its micro-batch 3, after writing the shard (its writer holds the
@@ -292,7 +290,7 @@ def test_two_concurrent_queries_on_the_same_shard(spark, noida, tmp_path):
     marker_dir = tmp_path / "markers"
     marker_dir.mkdir()
     marker = marker_dir / "sink.wrote.batch-3"
-    other = ingest_cli(uri, str(tmp_path / "ckpt-b"), noida, topics[1], {ENV: "sink.wrote.batch-3=wait", DIR_ENV: str(marker_dir)}, *cli_args)
+    other = ingest_cli(uri, str(tmp_path / "ckpt-b"), kafka, topics[1], {ENV: "sink.wrote.batch-3=wait", DIR_ENV: str(marker_dir)}, *cli_args)
     err_lines: list[bytes] = []
 
     def drain_stderr():
@@ -309,7 +307,7 @@ def test_two_concurrent_queries_on_the_same_shard(spark, noida, tmp_path):
 
     def run_here():
         job = ingest(
-            spark, bootstrap=noida.bootstrap, topic=topics[0], table_uri=uri, checkpoint=str(tmp_path / "ckpt-a"),
+            spark, bootstrap=kafka.bootstrap, topic=topics[0], table_uri=uri, checkpoint=str(tmp_path / "ckpt-a"),
             available_now=True, max_offsets_per_trigger=100, options=SinkOptions(source="kafka-json", flush_interval_seconds=0),
         )
         try:
@@ -335,7 +333,7 @@ def test_two_concurrent_queries_on_the_same_shard(spark, noida, tmp_path):
         job, again = run_here()
         assert again is None, again
     if other.returncode:
-        rerun = ingest_cli(uri, str(tmp_path / "ckpt-b"), noida, topics[1], None, *cli_args)
+        rerun = ingest_cli(uri, str(tmp_path / "ckpt-b"), kafka, topics[1], None, *cli_args)
         _, rerun_err = rerun.communicate(timeout=300)
         assert rerun.returncode == 0, rerun_err.decode()[-3000:]
     Table.open(uri).flush_stranded(0)

@@ -204,7 +204,7 @@ def test_an_idle_writer_process_exits_and_the_next_write_starts_another(socket_d
 
 @pytest.mark.spark
 @pytest.mark.kafka
-def test_spark_write_tasks_moving_between_workers_claim_each_shard_once(spark, noida, tmp_path):
+def test_spark_write_tasks_moving_between_workers_claim_each_shard_once(spark, kafka, tmp_path):
     """Several micro-batches through a real query on local[2]: Spark hands the write tasks to
     whichever Python worker is free, and with the writer process no shard is claimed again
     (opens == shards) and no writer is fenced."""
@@ -214,14 +214,14 @@ def test_spark_write_tasks_moving_between_workers_claim_each_shard_once(spark, n
     from memwal.streaming import ingest
 
     topic = f"wp-{time.monotonic_ns()}"
-    noida.create_topic(topic, 3)
+    kafka.create_topic(topic, 3)
     records, model = workload(6000, 800, seed=12)
-    produce(noida, topic, records)
+    produce(kafka, topic, records)
     uri = str(tmp_path / "users")
     Table.create(uri, USERS, ["id"], "bucket(id, 4)").close()
     job = ingest(
         spark,
-        bootstrap=noida.bootstrap,
+        bootstrap=kafka.bootstrap,
         topic=topic,
         table_uri=uri,
         checkpoint=str(tmp_path / "ckpt"),

@@ -1,0 +1,5 @@
+import sys
+
+from memwal.jvm import main
+
+sys.exit(main())
