@@ -420,6 +420,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         options=options,
         storage_options=_storage(args),
         adaptive=_adaptive_sizing(args),
+        kafka_source=args.kafka_source,
     )
     try:
         job.await_termination()
@@ -627,7 +628,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--bootstrap", required=True, metavar="HOST:PORT", help="Kafka bootstrap servers")
     s.add_argument("--topic", required=True, metavar="T")
     s.add_argument("--table", required=True, metavar="URI")
-    s.add_argument("--checkpoint", required=True, metavar="DIR", help="Spark checkpoint directory (offsets)")
+    s.add_argument("--checkpoint", required=True, metavar="DIR",
+        help="Spark checkpoint directory (offsets): a local path, or s3a://BUCKET/PATH with the table's S3 settings (AWS_* variables, --storage-option)")
+    s.add_argument("--kafka-source", choices=("spark", "python"),
+        help="spark: Spark's own Kafka connector (the default when its jars are on the classpath: `python -m memwal.jvm fetch`); "
+        "python: memwal's own source on librdkafka (for pip-only installs)")
     s.add_argument("--trigger-interval", type=float, metavar="S", help="seconds between micro-batches (default: as fast as possible)")
     s.add_argument("--available-now", action="store_true", help="process what the topic holds now, then stop")
     s.add_argument("--starting-offsets", default="earliest", help="earliest (default), latest, or JSON per partition")

@@ -230,6 +230,32 @@ class StorageConfig:
             kwargs["retry_config"] = retry
         return kwargs
 
+    def hadoop_s3a_settings(self) -> dict[str, str]:
+        """Spark settings (``spark.hadoop.fs.s3a.*``) that point Hadoop's S3A file system, which
+        Spark uses for ``s3a://`` checkpoints, at the same S3 store with the same credentials.
+
+        Path-style requests unless ``aws_virtual_hosted_style_request`` is true (object_store's
+        default, and what an endpoint on an IP address needs); plain HTTP with ``allow_http``.
+        """
+        options = self.options
+        mapping = {
+            "aws_access_key_id": "fs.s3a.access.key",
+            "aws_secret_access_key": "fs.s3a.secret.key",
+            "aws_session_token": "fs.s3a.session.token",
+            "aws_endpoint": "fs.s3a.endpoint",
+            "aws_region": "fs.s3a.endpoint.region",
+        }
+        out = {f"spark.hadoop.{target}": options[key] for key, target in mapping.items() if options.get(key)}
+        if options.get("aws_session_token"):
+            out["spark.hadoop.fs.s3a.aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+        elif options.get("aws_access_key_id"):
+            out["spark.hadoop.fs.s3a.aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
+        virtual = options.get("aws_virtual_hosted_style_request", "false").strip().lower() in ("true", "1", "yes")
+        out["spark.hadoop.fs.s3a.path.style.access"] = "false" if virtual else "true"
+        if options.get("allow_http", "false").strip().lower() in ("true", "1", "yes"):
+            out["spark.hadoop.fs.s3a.connection.ssl.enabled"] = "false"
+        return out
+
     def __repr__(self) -> str:
         shown = ", ".join(f"{k}=***" if is_secret_key(k) else f"{k}={v!r}" for k, v in self.items)
         return f"StorageConfig({shown})"

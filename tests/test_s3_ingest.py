@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ import pytest
 from brokers import produce
 from test_streaming import SCHEMA, approx, workload
 
-from memwal import Table, readers
+from memwal import Table, jvm, readers
 from memwal.state import TableState
 from memwal.storage import ENVIRONMENT_VARIABLES, StorageConfig
 from memwal.streaming import SinkOptions, ingest
@@ -40,23 +41,23 @@ def test_the_stages_carry_the_drivers_storage():
 @pytest.mark.s3
 @pytest.mark.spark
 @pytest.mark.kafka
-def test_ingest_into_an_s3_table_equals_the_model(spark, noida, s3_server, tmp_path, monkeypatch):
+def test_ingest_into_an_s3_table_equals_the_model(spark, kafka, s3_server, tmp_path, monkeypatch):
     for var, _key in ENVIRONMENT_VARIABLES:
         monkeypatch.delenv(var, raising=False)
     opts = s3_server.storage_options()
     topic = f"s3-{time.monotonic_ns()}"
-    noida.create_topic(topic, 3)
+    kafka.create_topic(topic, 3)
     records, model = workload(3000, 400, seed=11)
     bad = (b"bad", b"{not json", 1)
     mixed = records[:1500] + [bad] + records[1500:]
-    placed = produce(noida, topic, mixed)
+    placed = produce(kafka, topic, mixed)
     bad_partition, bad_offset = placed[1500]
 
     uri = s3_server.fresh_uri("users")
     Table.create(uri, SCHEMA, ["id"], "bucket(id, 2)", storage_options=opts).close()
     job = ingest(
         spark,
-        bootstrap=noida.bootstrap,
+        bootstrap=kafka.bootstrap,
         topic=topic,
         table_uri=uri,
         checkpoint=str(tmp_path / "ckpt"),  # Spark's own files: a local path (s3a:// needs hadoop-aws)
@@ -83,7 +84,7 @@ def test_ingest_into_an_s3_table_equals_the_model(spark, noida, s3_server, tmp_p
 @pytest.mark.spark
 @pytest.mark.kafka
 @pytest.mark.parametrize("configured_by", ["flags", "environment"])
-def test_memwal_ingest_into_s3(noida, s3_server, tmp_path, configured_by):
+def test_memwal_ingest_into_s3(kafka, s3_server, tmp_path, configured_by):
     """`memwal ingest --available-now` configured only by `--storage-option` flags (no AWS_*
     variable anywhere), or only by the standard AWS_* variables (no flag)."""
     env = {k: v for k, v in os.environ.items() if k not in {var for var, _key in ENVIRONMENT_VARIABLES}}
@@ -93,17 +94,75 @@ def test_memwal_ingest_into_s3(noida, s3_server, tmp_path, configured_by):
     else:
         flags, env = [], {**env, **s3_server.env()}
     topic = f"s3-cli-{time.monotonic_ns()}"
-    noida.create_topic(topic, 2)
+    kafka.create_topic(topic, 2)
     records, model = workload(2000, 300, seed=12, partitions=2)
-    produce(noida, topic, records)
+    produce(kafka, topic, records)
     uri = s3_server.fresh_uri("users")
     Table.create(uri, SCHEMA, ["id"], "bucket(id, 2)", storage_options=opts).close()
     p = subprocess.run(
-        [sys.executable, "-m", "memwal", "ingest", "--bootstrap", noida.bootstrap, "--topic", topic, "--table", uri,
+        [sys.executable, "-m", "memwal", "ingest", "--bootstrap", kafka.bootstrap, "--topic", topic, "--table", uri,
          "--checkpoint", str(tmp_path / "ckpt"), "--available-now", "--max-offsets-per-trigger", "1000", *flags],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600,
     )
     assert p.returncode == 0, p.stderr[-4000:]
     assert f"ingested {len(records)} records" in p.stdout
+    rows = {r["id"]: r for r in readers.Reader(TableState.load(uri, opts), consistency="eventual").scan().to_pylist()}
+    assert approx(rows) == approx(model)
+
+
+def committed_batches(s3_server, checkpoint: str) -> int:
+    """Micro-batches the query committed to its checkpoint on S3 (``commits/<batch id>``)."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_server.endpoint, aws_access_key_id=s3_server.access_key_id,
+                          aws_secret_access_key=s3_server.secret_access_key, region_name=s3_server.region)
+    prefix = checkpoint.removeprefix(f"s3a://{s3_server.bucket}/") + "/commits/"
+    listed = client.list_objects_v2(Bucket=s3_server.bucket, Prefix=prefix).get("Contents", [])
+    return sum(1 for o in listed if o["Key"].rsplit("/", 1)[-1].isdigit())
+
+
+@pytest.mark.s3
+@pytest.mark.spark
+@pytest.mark.kafka
+@pytest.mark.slow
+@pytest.mark.skipif(not jvm.jars("s3a") or not jvm.jars("spark-kafka"), reason="the s3a and spark-kafka jars are not fetched (python -m memwal.jvm fetch)")
+def test_memwal_ingest_with_an_s3a_checkpoint_survives_a_kill(kafka, s3_server, tmp_path):
+    """`memwal ingest --kafka-source spark` into an s3:// table with its checkpoint on s3a://,
+    both configured only by the AWS_* variables: SIGKILLed mid-stream (micro-batches committed,
+    more to come), then run again with --available-now: the table equals the model, and the
+    second run went on from the checkpoint rather than starting over."""
+    env = {**{k: v for k, v in os.environ.items() if k not in {var for var, _key in ENVIRONMENT_VARIABLES}}, **s3_server.env()}
+    topic = f"s3a-{time.monotonic_ns()}"
+    kafka.create_topic(topic, 2)
+    records, model = workload(4000, 500, seed=13, partitions=2)
+    produce(kafka, topic, records)
+    opts = s3_server.storage_options()
+    uri = s3_server.fresh_uri("users")
+    checkpoint = s3_server.fresh_uri("ckpt").replace("s3://", "s3a://")
+    Table.create(uri, SCHEMA, ["id"], "bucket(id, 2)", storage_options=opts).close()
+    command = [sys.executable, "-m", "memwal", "ingest", "--kafka-source", "spark", "--bootstrap", kafka.bootstrap, "--topic", topic,
+               "--table", uri, "--checkpoint", checkpoint, "--max-offsets-per-trigger", "250"]
+    log = (tmp_path / "first.log").open("w")
+    first = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while committed_batches(s3_server, checkpoint) < 3:
+            assert first.poll() is None, (tmp_path / "first.log").read_text()[-4000:]
+            assert time.monotonic() < deadline, "the query made no progress"
+            time.sleep(0.2)
+        os.killpg(first.pid, signal.SIGKILL)  # the driver and its Python workers
+        first.wait()
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+        log.close()
+    killed_at = committed_batches(s3_server, checkpoint)
+    assert killed_at < len(records) // 250, "the first run ended before the kill"
+    second = subprocess.run([*command, "--available-now"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert second.returncode == 0, second.stderr[-4000:]
+    ingested = int(second.stdout.split("ingested ", 1)[1].split(" ", 1)[0])
+    assert 0 < ingested < len(records)  # resumed from the checkpoint on S3
+    assert committed_batches(s3_server, checkpoint) > killed_at
     rows = {r["id"]: r for r in readers.Reader(TableState.load(uri, opts), consistency="eventual").scan().to_pylist()}
     assert approx(rows) == approx(model)

@@ -115,3 +115,31 @@ def decision_of(latest_offset: str | Mapping[str, Any] | None) -> SizeDecision |
     if not d:
         return None
     return SizeDecision(limit=int(d["limit"]), backlog=int(d["backlog"]), kind=str(d["kind"]), reason=str(d["reason"]))
+
+
+def _offset_total(offsets: str | Mapping[str, Any] | None) -> int | None:
+    """The sum of a Kafka offsets document's positions (``{"topic": {"0": n, ...}}``)."""
+    if not offsets:  # a query's first batch has no start ('' or None)
+        return None
+    try:
+        doc = json.loads(offsets) if isinstance(offsets, str) else offsets
+    except ValueError:
+        return None
+    if not isinstance(doc, Mapping):
+        return None
+    return sum(int(v) for parts in doc.values() if isinstance(parts, Mapping) for v in parts.values())
+
+
+def bound_decision(sizing: AdaptiveSizing, end_offset: Any, latest_offset: Any, rows: int) -> SizeDecision:
+    """The decision behind a micro-batch of a source that takes one fixed bound for the whole
+    query (Spark's Kafka source, bounded by ``sizing.ceiling``): the backlog is what lay
+    between the batch's start (its end less its rows) and the topic's latest offsets when it
+    was planned; the bound held records back (row-bound) when that is more than the batch took.
+    A row-bound decision's limit is what the batch took: Spark splits the bound over the
+    partitions and rounds each share down, so it may take a few records less."""
+    end, latest = _offset_total(end_offset), _offset_total(latest_offset)
+    backlog = max(rows, latest - end + rows) if end is not None and latest is not None else rows
+    bound = sizing.ceiling
+    if backlog > rows:
+        return SizeDecision(rows, backlog, ROW_BOUND, f"row-bound: backlog {backlog}, at most {bound} rows (the source's fixed bound)")
+    return SizeDecision(bound, backlog, STEADY, f"steady: backlog {backlog} fits in the source's fixed bound {bound}")

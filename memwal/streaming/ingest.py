@@ -10,7 +10,7 @@ from typing import Any
 
 from memwal.storage import StorageConfig
 
-from memwal.streaming.adaptive import AdaptiveSizing, SizeDecision, decision_of
+from memwal.streaming.adaptive import AdaptiveSizing, SizeDecision, bound_decision, decision_of
 from memwal.streaming.kafka_source import SHORT_NAME, register
 from memwal.streaming.session import default_parallelism
 from memwal.streaming.sink import MemwalSink, SinkOptions
@@ -51,10 +51,13 @@ class MemwalProgressListener(_listener_base()):  # type: ignore[misc]
     the query's observed metrics arrive (``"observed"``); ``"sink"`` is None there and the
     write side's line is in the server's log."""
 
-    def __init__(self, sink: MemwalSink, query_name: str) -> None:
+    def __init__(self, sink: MemwalSink, query_name: str, fixed_sizing: AdaptiveSizing | None = None) -> None:
         super().__init__()
         self.sink = sink
         self.query_name = query_name
+        #: Adaptive sizes through a source that takes one fixed bound (Spark's Kafka source):
+        #: each batch's decision is derived from its offsets (:func:`bound_decision`).
+        self.fixed_sizing = fixed_sizing
         self.progress: dict[int, dict[str, Any]] = {}
         #: Per micro-batch: where its time went (joined with the sink's report) and, with
         #: adaptive micro-batches, the size decision the source took.
@@ -78,6 +81,9 @@ class MemwalProgressListener(_listener_base()):  # type: ignore[misc]
             "timestamp": p.timestamp,  # when the trigger started (ISO 8601, UTC)
         }
         decision = decision_of(p.sources[0].latestOffset) if p.sources and p.numInputRows else None
+        if decision is None and self.fixed_sizing is not None and p.sources and p.numInputRows:
+            src = p.sources[0]
+            decision = bound_decision(self.fixed_sizing, src.endOffset, src.latestOffset, src.numInputRows)
         if decision is not None:
             self.sizes[p.batchId] = decision
             if report is not None:
@@ -106,6 +112,8 @@ class IngestJob:
     listener: MemwalProgressListener
     available_now: bool
     spark: Any = field(repr=False)
+    #: The source that reads the topic (:data:`KAFKA_SOURCES`).
+    kafka_source: str = "python"
 
     def await_termination(self, timeout: float | None = None) -> bool:
         """Wait for the query; for an ``availableNow`` run that ended, flush what the
@@ -144,19 +152,92 @@ class IngestJob:
 MIN_ROWS_PER_TASK = 50_000
 
 
+#: The Kafka sources ``kafka_stream`` and ``ingest`` read with: ``"spark"`` is Spark's own
+#: connector (``format("kafka")``, its jars from :mod:`memwal.jvm`), ``"python"`` memwal's
+#: own source (:mod:`memwal.streaming.kafka_source`, on librdkafka: for pip-only installs).
+KAFKA_SOURCES = ("spark", "python")
+
+#: The class Spark resolves ``format("kafka")`` to.
+_KAFKA_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+
+
+def spark_kafka_available(spark) -> bool:
+    """True when ``spark`` resolves ``format("kafka")`` (Spark's connector is on its classpath)."""
+    from memwal.streaming.session import is_connect
+
+    if not is_connect(spark):
+        try:
+            loader = spark._jvm.org.apache.spark.util.Utils.getContextOrSparkClassLoader()
+            spark._jvm.java.lang.Class.forName(_KAFKA_PROVIDER, False, loader)
+            return True
+        except Exception:  # noqa: BLE001 - Py4J's error for a missing class: the connector is absent
+            return False
+    try:  # a Connect client resolves data sources on the server, when the schema is asked for
+        schema = spark.readStream.format("kafka").option("kafka.bootstrap.servers", "127.0.0.1:9").option("subscribe", "probe").load().schema
+        return bool(schema.fields)
+    except Exception:  # noqa: BLE001 - the server's AnalysisException: the connector is absent there
+        return False
+
+
+def choose_kafka_source(spark, requested: str | None = None) -> str:
+    """The source to read with: ``requested``, else ``"spark"`` when its connector is on the
+    classpath, else ``"python"`` (saying so in one log line). Asking for ``"spark"`` without
+    the connector is an error naming the fix."""
+    if requested is not None and requested not in KAFKA_SOURCES:
+        raise ValueError(f"kafka_source must be one of {', '.join(KAFKA_SOURCES)}, got {requested!r}")
+    if requested == "python":
+        return "python"
+    if spark_kafka_available(spark):
+        return "spark"
+    if requested == "spark":
+        from memwal.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
+            "Spark's Kafka connector (spark-sql-kafka-0-10) is not on the session's classpath: fetch it with "
+            "`python -m memwal.jvm fetch spark-kafka` for local_session(), or give your cluster "
+            "--packages org.apache.spark:spark-sql-kafka-0-10_2.13:<its Spark version> (docs/deploy.md)"
+        )
+    log.warning("Spark's Kafka connector is not on the classpath: reading Kafka with memwal's Python source "
+                "(`python -m memwal.jvm fetch spark-kafka` installs the connector)")
+    return "python"
+
+
 def kafka_stream(spark, bootstrap: str, topic: str, *, starting_offsets: str = "earliest",
                  max_offsets_per_trigger: int | None = None, kafka_options: dict[str, str] | None = None,
                  prepare_for: MemwalSink | None = None, min_records_per_read_task: int | None = MIN_ROWS_PER_TASK,
-                 adaptive: AdaptiveSizing | None = None):
-    """The ``memwal-kafka`` source's DataFrame (the built-in kafka source's options and schema).
+                 adaptive: AdaptiveSizing | None = None, kafka_source: str | None = None):
+    """A Kafka topic as a streaming DataFrame with the schema of Spark's Kafka source (key,
+    value, topic, partition, offset, timestamp, timestampType), read by ``kafka_source``
+    (:data:`KAFKA_SOURCES`; default: Spark's connector when it is on the classpath, see
+    :func:`choose_kafka_source`).
 
-    With ``prepare_for``, the read tasks also run that sink's prepare stage, and the
-    DataFrame holds prepared rows ready for ``foreachBatch(sink)``. Topic-partitions are
-    grouped so each read task gets at least ``min_records_per_read_task`` records of the
-    micro-batch (None: one task per topic-partition, as Spark's kafka source does).
-    With ``adaptive``, micro-batches are sized by that policy (memwal.streaming.adaptive)
-    instead of ``max_offsets_per_trigger``.
+    With ``prepare_for``, the DataFrame holds that sink's prepared rows, ready for
+    ``foreachBatch(sink)``: Spark's source feeds them through the prepare stage
+    (``mapInArrow``); memwal's own source runs it inside its read tasks, which it groups so
+    each gets at least ``min_records_per_read_task`` records of the micro-batch.
+    ``kafka_options`` are the consumer's settings (``kafka.`` prefixed or not): the Java
+    client's names for Spark's source, librdkafka's for memwal's (most are the same).
+    With ``adaptive``, micro-batches are sized by that policy (memwal.streaming.adaptive):
+    memwal's source grows the bound per micro-batch while a backlog waits; Spark's source
+    takes no policy, so its bound is the policy's largest (``max_rows``, within
+    ``max_bytes``): a backlog drains in micro-batches of at most that size, and a caught-up
+    query's micro-batches hold what arrived meanwhile.
     """
+    source = choose_kafka_source(spark, kafka_source)
+    if source == "spark":
+        limit = adaptive.ceiling if adaptive is not None else max_offsets_per_trigger
+        reader = (
+            spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("subscribe", topic)
+            .option("startingOffsets", starting_offsets)
+        )
+        if limit:
+            reader = reader.option("maxOffsetsPerTrigger", str(limit))
+        for k, v in (kafka_options or {}).items():
+            reader = reader.option(k if k.startswith("kafka.") else f"kafka.{k}", v)
+        df = reader.load()
+        return prepare_for.prepare(df) if prepare_for is not None else df
     # memwal is installed where the Python workers run, so the source is imported there
     # rather than shipped by value (which would also defeat its consumer reuse).
     register(spark, ship_by_value=False)
@@ -197,6 +278,7 @@ def ingest(
     query_name: str | None = None,
     storage_options: "Mapping[str, str] | StorageConfig | None" = None,
     adaptive: AdaptiveSizing | None = None,
+    kafka_source: str | None = None,
 ) -> IngestJob:
     """Start a query reading records from ``topic`` into the memwal table at ``table_uri``.
 
@@ -212,6 +294,9 @@ def ingest(
     ``adaptive``: size micro-batches by backlog (:mod:`memwal.streaming.adaptive`): its
     ``steady_rows`` when caught up, growing while a backlog waits; each decision is in
     ``job.listener.sizes`` and the batch's log line. It replaces ``max_offsets_per_trigger``.
+
+    ``kafka_source``: ``"spark"`` (Spark's connector) or ``"python"`` (memwal's source); by
+    default Spark's when its jars are on the classpath (:func:`choose_kafka_source`).
     """
     options = options or SinkOptions(source="kafka-json")
     if options.source != "kafka-json":
@@ -223,8 +308,13 @@ def ingest(
         slots = default_parallelism(spark)
         options = replace(options, max_write_tasks=max(1, min(slots, bound // MIN_ROWS_PER_TASK)))
     sink = MemwalSink(table_uri, options, storage_options).bind(spark)
+    if checkpoint.startswith(("s3a://", "s3://")):
+        from memwal.streaming.session import configure_s3a
+
+        configure_s3a(spark, sink.storage)  # the checkpoint's store: the table's settings
     name = query_name or f"memwal-ingest-{topic}"
-    listener = MemwalProgressListener(sink, name)
+    source = choose_kafka_source(spark, kafka_source)
+    listener = MemwalProgressListener(sink, name, adaptive if source == "spark" else None)
     spark.streams.addListener(listener)
     stream = kafka_stream(
         spark,
@@ -235,6 +325,7 @@ def ingest(
         kafka_options=kafka_options,
         prepare_for=sink,
         adaptive=adaptive,
+        kafka_source=source,
     )
     writer = (
         sink.observe(stream)
@@ -247,5 +338,5 @@ def ingest(
     elif trigger_interval:
         writer = writer.trigger(processingTime=f"{trigger_interval} seconds")
     query = writer.start()
-    log.info("ingesting %s from %s into %s (checkpoint %s)", topic, bootstrap, sink.uri, checkpoint)
-    return IngestJob(query=query, sink=sink, listener=listener, available_now=available_now, spark=spark)
+    log.info("ingesting %s from %s into %s (checkpoint %s, %s Kafka source)", topic, bootstrap, sink.uri, checkpoint, source)
+    return IngestJob(query=query, sink=sink, listener=listener, available_now=available_now, spark=spark, kafka_source=source)

@@ -25,7 +25,9 @@ import warnings
 from collections.abc import Mapping
 from typing import Final
 
+from memwal import jvm
 from memwal.runtime import executor_env
+from memwal.storage import StorageConfig
 
 #: Where a local driver binds and what it advertises to its executors.
 LOOPBACK: Final = "127.0.0.1"
@@ -89,6 +91,49 @@ def session_settings(
     return {k: v for k, v in wanted.items() if k not in configured}
 
 
+#: The jar groups (:mod:`memwal.jvm`) a session puts on its classpath when they are fetched:
+#: Spark's Kafka connector and S3A. On a local master they join the JVMs' own classpath
+#: (``extraClassPath``: nothing is copied, and the 650 MB AWS SDK bundle costs nothing
+#: measurable at start-up); on a cluster master they are shipped with ``spark.jars``.
+SPARK_JAR_GROUPS: Final = ("spark-kafka", "s3a")
+
+
+def jar_settings(master: str | None, configured: Mapping[str, str], groups: tuple[str, ...] = SPARK_JAR_GROUPS) -> dict[str, str]:
+    """The classpath settings for the fetched ``groups`` that the launcher left unset.
+
+    With ``master`` None (not known yet: the driver JVM is being launched) only the driver's
+    classpath; it must be set before the JVM starts, so :func:`local_session` passes it to the
+    launch. A launcher that set a classpath of its own keeps it (then it names the jars).
+    """
+    paths = [str(j) for g in groups for j in jvm.jars(g)]
+    if not paths:
+        return {}
+    wanted = {"spark.driver.extraClassPath": os.pathsep.join(paths)}
+    if master is not None:
+        if is_local_master(master):
+            wanted["spark.executor.extraClassPath"] = os.pathsep.join(paths)
+        else:
+            wanted["spark.jars"] = ",".join(paths)
+    return {k: v for k, v in wanted.items() if k not in configured}
+
+
+def configure_s3a(spark, storage: StorageConfig) -> dict[str, str]:
+    """Point ``spark``'s Hadoop S3A file system at ``storage``'s S3 store, for ``s3a://`` (and
+    ``s3://``) checkpoints; returns the Hadoop keys set. A classic session changes its Hadoop
+    configuration in place; a Spark Connect session sets them as session settings. Needs the
+    ``s3a`` jars on the classpath (:mod:`memwal.jvm`)."""
+    settings = dict(storage.hadoop_s3a_settings())
+    settings["spark.hadoop.fs.s3.impl"] = "org.apache.hadoop.fs.s3a.S3AFileSystem"
+    if is_connect(spark):
+        for key, value in settings.items():
+            spark.conf.set(key, value)
+    else:
+        hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+        for key, value in settings.items():
+            hadoop.set(key.removeprefix("spark.hadoop."), value)
+    return {k.removeprefix("spark.hadoop."): v for k, v in settings.items()}
+
+
 def is_connect(spark) -> bool:
     """True when ``spark`` is a Spark Connect client session: it has no ``sparkContext`` and
     whatever runs on the server (``foreachBatch`` functions, ``mapInArrow`` stages) reaches it
@@ -144,7 +189,7 @@ def local_session(app: str = "memwal", cores: int | str = 2, memory: str = "1g",
         # The address local-cluster workers and executors bind and advertise (read when the
         # JVM starts, so only a master known before the launch can set it).
         os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
-    configured = launcher_conf({**LAUNCH_DEFAULTS, "spark.driver.memory": memory})
+    configured = launcher_conf({**LAUNCH_DEFAULTS, "spark.driver.memory": memory, **jar_settings(None, {})})
     chosen = resolve_master(master, configured.get("spark.master"), cores)
     if is_local_master(chosen):
         # Local executors run this interpreter (read when the SparkContext is created). On a
@@ -152,7 +197,11 @@ def local_session(app: str = "memwal", cores: int | str = 2, memory: str = "1g",
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.master(chosen).appName(configured.get("spark.app.name", app))
-    for key, value in session_settings(chosen, configured, env=env).items():
+    settings = session_settings(chosen, configured, env=env)
+    # The driver's classpath was given to the launch above: configured now, unless the JVM
+    # existed already (then only executors and later sessions can still get the jars).
+    settings.update({k: v for k, v in jar_settings(chosen, configured).items() if k != "spark.driver.extraClassPath"})
+    for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
