@@ -1,6 +1,6 @@
 """Read and decode without Spark: the two phases that dominate a backlog catch-up micro-batch.
 
-docs/benchmarks.md (issue 12) measured a 93k-row catch-up micro-batch on Kafka 0.9 at read 37%
+docs/bench-log/ingest.md (issue 12) measured a 93k-row catch-up micro-batch on Kafka 0.9 at read 37%
 (the Kafka source turning librdkafka messages into Arrow batches) and decode 42% (the prepare
 stage: JSON values -> the table's write schema, validation, routing). This times both phases
 alone, in one process, against the code of a baseline git revision (``--baseline``, loaded

@@ -1,6 +1,6 @@
 """Could a schema-bound JSON parser beat Arrow's for the catch-up? (issue 12)
 
-The catch-up spends most of its decode in ``pyarrow.json.read_json`` (docs/benchmarks.md,
+The catch-up spends most of its decode in ``pyarrow.json.read_json`` (docs/bench-log/ingest.md,
 "Read and decode without Spark"), 58% of it on the workload's 64-number vector. This script
 times, on the same records in one process, Arrow's reader as memwal calls it
 (:func:`memwal.streaming.decode.read_json_objects`, the baseline) against msgspec decoding each

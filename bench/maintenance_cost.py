@@ -1,6 +1,6 @@
 """What one maintenance cycle costs on a large table: one index segment against tiered segments.
 
-The hour-long soak (docs/benchmarks.md, "Soak") saw the maintenance cycle grow from 2.2 to 13.3 s
+The hour-long soak (docs/bench-log/soak.md, "Soak") saw the maintenance cycle grow from 2.2 to 13.3 s
 as the table grew from 1M to 18.4M rows, mostly because every index catch-up rewrote the whole
 BTREE (157 MB at 18.7M rows) and base-file compaction kept rewriting big fragments. This script
 takes a large table (``--table``: e.g. the soak's workdir table, copied, never modified; or

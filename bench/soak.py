@@ -17,7 +17,7 @@ the newest row the reader sees was when the scan ran: every row carries its prod
 redraws it from a CSV alone.
 
 The table stays fast when lookups, SSTables, fragments and manifest bytes are flat over the
-hour and disk tracks the live data (docs/benchmarks.md, "Soak").
+hour and disk tracks the live data (docs/bench-log/soak.md, "Soak").
 
 Run: ``python bench/soak.py`` (``--rate 10000 --minutes 60`` by default; needs the ``bench``
 extra for the PNG).
@@ -444,7 +444,7 @@ def trend(points: list[tuple[float, float]], lag_points: int) -> tuple[float, fl
     compaction merges them; SSTables rise between folds), so neighbouring residuals are
     correlated, and the textbook error would call a sawtooth's phase at the window's ends a
     trend. With the lag spanning a sawtooth's period, a bounded count gives |slope| within
-    about two errors, and a count that keeps growing gives many (docs/benchmarks.md, "Soak").
+    about two errors, and a count that keeps growing gives many (docs/bench-log/soak.md, "Soak").
     """
     n = len(points)
     mx = statistics.mean(x for x, _ in points)

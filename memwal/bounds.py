@@ -76,7 +76,7 @@ def compact_files_within(
     Lance's own ``max_source_rows`` stops planning at the first group of fragments that does
     not fit in what is left of the budget: one large group early in fragment order (old
     fragments whose deleted rows crossed the threshold, say) then blocks every group after it,
-    cycle after cycle (docs/benchmarks.md: twelve cycles in a row compacted nothing while the
+    cycle after cycle (docs/bench-log/soak.md: twelve cycles in a row compacted nothing while the
     base's small fragments piled up to its bound). Here every group is planned and the groups
     that fit are taken in fragment order, skipping those that do not; when none fits, the
     smallest runs alone, so that a cycle always makes progress.
@@ -163,7 +163,7 @@ class FoldSchedule:
     cost per folded row stays about flat as the table grows. It is off by default (0: fold
     every cycle): in the soak hour 1% halved maintenance's busy time but left lookups where
     they were, and the uncompacted SSTables then grow with the base up to ``at_sstables``
-    (docs/benchmarks.md, "Soak").
+    (docs/bench-log/soak.md, "Soak").
 
     Invariant: a cycle never waits while a shard holds ``at_sstables`` uncompacted SSTables or
     more (maintenance clamps it to the table's ``max_sstables``, so no writer is slowed by a

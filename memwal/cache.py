@@ -96,7 +96,7 @@ class LanceCaches:
     Without a session each ``lance.dataset`` call starts cold, and memwal opens the base anew
     for every reader refresh, compaction commit and index catch-up: a compaction
     ``merge_insert`` of 25k rows into a 19M-row base reloads the primary-key index and file
-    metadata it touches, 1.22 s per commit cold against 0.45 s warm (docs/benchmarks.md,
+    metadata it touches, 1.22 s per commit cold against 0.45 s warm (docs/bench-log/soak.md,
     "Soak"). Lance caches immutable files keyed by file and index ids, so a session shared
     across versions never serves stale data.
 

@@ -92,7 +92,7 @@ class MaintenanceConfig:
     #: busy machine the readers and writers beside it get the cores first: a third to a half of
     #: a soak's slowest lookups overlapped a compaction. An hour at 10k rows/s with 10 (the
     #: default) kept lookup p99 within 1.19x of its start (1.54x without) while SSTables stayed
-    #: flat (docs/benchmarks.md, "Soak"); when compaction does fall behind, the writers' stall
+    #: flat (docs/bench-log/soak.md, "Soak"); when compaction does fall behind, the writers' stall
     #: bounds the backlog. A service run in a user's own process (``Maintenance.run``) never
     #: changes that process's priority.
     nice: int = 10

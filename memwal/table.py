@@ -181,7 +181,7 @@ class Table:
         opts = storage.lance_options()
         # No stable row ids: with them (pylance 14.0.2) every point lookup scans the row-id
         # sequence of every fragment merge_insert rewrote, so lookups slow down with update
-        # history (docs/benchmarks.md, lookups and update history). Views do not need them:
+        # history (docs/bench-log/lookup-history.md, lookups and update history). Views do not need them:
         # they are keyed on the primary key and fed by the compacted SSTables (memwal.views.changes).
         ds = lance.write_dataset(base, uri, storage_options=opts)
         ds.update_config({CONFIG_KEY: meta.to_json()})

@@ -1,6 +1,6 @@
 """A few of bench/crash.py's trials, through the same code: writers (and maintenance) SIGKILLed
 at random moments lose, duplicate and resurrect nothing acknowledged. The full run is
-``make crash`` (1000 trials, docs/benchmarks.md)."""
+``make crash`` (1000 trials, docs/bench-log/crash-trials.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The scan's LSM merge, vectorised: the newest delta row per key, and base rows minus the
 delta's keys.
 
-Profiled on a 1M-row base with 10 and 100 SSTables (docs/benchmarks.md, "Scans with
-uncompacted SSTables"), a deduplicated scan spent its time outside Lance's base scan in:
+Profiled on a 1M-row base with 10 and 100 SSTables (docs/bench-log/reads.md,
+"Scans with uncompacted SSTables"), a deduplicated scan spent its time outside Lance's base scan in:
 reading the SSTables one after another before the base scan started; deduplicating the
 delta with a hash aggregation over every column; testing every base key against a hash set
 of the delta's keys (the larger the delta, the more cache misses); and one single-threaded

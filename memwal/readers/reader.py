@@ -57,7 +57,7 @@ def base_point_read(dataset: lance.LanceDataset, columns: Sequence[str], predica
     Asked for its live rows, Lance builds the whole table's deletion mask for every query, at
     about 9 ns per deleted row: every base row the compactor updated or deleted and base
     compaction has not yet rewritten away, 1.6 ms of a 2.6 ms lookup on a soaked 1.9M-row
-    table against 0.8 ms on the same rows written fresh (docs/benchmarks.md). Asked for
+    table against 0.8 ms on the same rows written fresh (docs/bench-log/lookup-history.md). Asked for
     deleted rows too, it skips the mask; a deleted row then comes back with a null
     ``_rowid``, so dropping those rows leaves exactly the live ones. The index narrows the
     read to the key's few versions first, so the extra rows cost nothing measurable.
@@ -264,7 +264,7 @@ class Reader:
 
         A vectorized semi-join on the keys instead of a SQL predicate of literals: partial
         updates read thousands of keys per write, and parsing (then evaluating) one literal
-        per key cost more than the read itself (docs/benchmarks.md).
+        per key cost more than the read itself (docs/bench-log/partial-updates.md).
         """
         pk = list(self.state.primary_key)
         names = self.state.schema.names
@@ -335,7 +335,7 @@ class Reader:
 
         This is the LSM merge with the base table read once, filtered and projected by Lance,
         and the (small) delta merged in memory, rather than deduplicating every row of every
-        level as Lance's LsmScanner does (docs/benchmarks.md measures the difference).
+        level as Lance's LsmScanner does (docs/bench-log/reads.md, "Reads", measures the difference).
         """
         pk = list(self.state.primary_key)
         # The delta is projected early, except when ``where`` must be evaluated on its rows
@@ -424,7 +424,7 @@ class Reader:
         """The ``k`` live rows nearest to ``vector``, with their ``_distance`` (nearest first).
 
         ``overfetch`` candidates per result are re-ranked with exact distances (recall
-        against latency, see docs/benchmarks.md).
+        against latency, see docs/bench-log/reads.md, "Reads").
 
         Only the newest version of a row can appear. With an IVF index on the base table,
         Lance's LSM vector planner searches every level (distances re-ranked exactly);
@@ -539,7 +539,7 @@ def _unindexed_sstable_rows(cache: sstables.SSTableCache, snap: Snapshot, column
             # A small SSTable's rows (whole: one cache entry whatever the columns asked) and
             # every newer SSTable's keys come from the reader's cache (an SSTable never
             # changes), with one anti-join against all newer keys: uncached, one read per pair,
-            # this cost a search with 12 small SSTables 22 ms (docs/benchmarks.md). A large one
+            # this cost a search with 12 small SSTables 22 ms (docs/bench-log/reads.md). A large one
             # without an index is read uncached, so it cannot push the key sets out.
             rows = cache.rows(path) if small else cache.read(path, columns=[*columns, TOMBSTONE])
             rows = rows.filter(pc.invert(rows.column(TOMBSTONE))).select(columns)
@@ -554,12 +554,12 @@ def _unindexed_sstable_rows(cache: sstables.SSTableCache, snap: Snapshot, column
 
 #: SSTables with fewer rows than this are scored exactly in a vector search, beside what
 #: Lance's planner finds through their own (approximate, IVF_HNSW_SQ) index: it makes a small
-#: SSTable's recall 1, for ~0.4 ms per ~500-row SSTable (bench/read.py, docs/benchmarks.md).
+#: SSTable's recall 1, for ~0.4 ms per ~500-row SSTable (bench/read.py, docs/bench-log/reads.md).
 EXACT_SSTABLE_MAX_ROWS = 4096
 
 #: The indexed read plan reads the index gap's SSTables instead of scanning the unindexed
 #: base fragments when those hold more than this many rows per gap SSTable. Measured here
-#: (bench/read.py, docs/benchmarks.md): an exact scan costs ~0.3 us per 64-d row, probing a
+#: (bench/read.py, docs/bench-log/reads.md): an exact scan costs ~0.3 us per 64-d row, probing a
 #: gap SSTable's index ~2 ms, break-even near 7,000 rows per SSTable.
 GAP_PLAN_MIN_ROWS_PER_SSTABLE = 10_000
 

@@ -1,7 +1,7 @@
 """Adaptive micro-batches: large while a backlog waits, back to the steady size once caught up.
 
 A micro-batch through Spark has a fixed cost of a few hundred milliseconds (planning, Python
-tasks, the exchange; docs/benchmarks.md) on top of a per-row cost, so a backlog drains
+tasks, the exchange; docs/bench-log/ingest.md, "Ingest profile, axes and backlog catch-up") on top of a per-row cost, so a backlog drains
 fastest in large micro-batches, while steady state wants small ones for freshness.
 :class:`AdaptiveSizing` is the policy the Kafka source asks before every micro-batch
 (its ``memwal.readLimitPolicy`` option names :meth:`AdaptiveSizing.from_json`): given the
@@ -66,7 +66,7 @@ class AdaptiveSizing:
     max_bytes: int = 512 << 20
     record_bytes: int = 1024
     #: 8, not 2: a micro-batch's fixed cost makes the small ones of a gentle ramp the slow part
-    #: of a catch-up. A 1M-record catch-up (docs/benchmarks.md) ran at 68-70k rows/s with 8,
+    #: of a catch-up. A 1M-record catch-up (docs/bench-log/ingest.md, "The catch-up again") ran at 68-70k rows/s with 8,
     #: 66k with 4 and 59-60k with 2. The bound never takes more than the backlog anyway.
     growth: float = 8.0
 

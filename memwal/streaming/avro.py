@@ -129,7 +129,7 @@ class WriterSchema:
         the values they came from, and why each other value is not a record. A value must be
         exactly one record: decoded from a block, a record with bytes left over would shift
         every later record without an error (fastavro's block reader ignores what a block has
-        left), and one call per record costs ~10% more than the block (docs/benchmarks.md)."""
+        left), and one call per record costs ~10% more than the block (docs/bench-log/input-formats.md, "Input formats")."""
         fastavro = _fastavro()
         n = len(bodies)
         data = _concatenated(bodies)

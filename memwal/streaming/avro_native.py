@@ -1,6 +1,6 @@
 """Native decoding of flat Avro records: a batch of values read into Arrow columns by Arrow's
 Rust Avro decoder (through DataFusion, a memwal dependency) instead of fastavro's Python
-objects, ~10x faster on a record with a 64-float vector (docs/benchmarks.md, "Input formats").
+objects, ~10x faster on a record with a 64-float vector (docs/bench-log/input-formats.md, "Input formats").
 
 **The record layout is checked first.** Arrow's Avro decoder reads a block byte-driven: a
 block whose last record is cut short makes it spin forever (measured with DataFusion 55:

@@ -61,7 +61,7 @@ def _json_type(t: pa.DataType) -> pa.DataType:
     it reads arrays as variable-length lists only. Floats narrower than 64 bits are read as
     float64 and narrowed by the cast: Arrow's JSON reader parses float32 much more slowly
     (decode + conform of 10k rows with a 64 x float32 vector: 0.59x the time measured in
-    one process, docs/benchmarks.md), and the result is the same float32 but for a rare
+    one process, docs/bench-log/ingest.md, "Ingest profile, axes and backlog catch-up"), and the result is the same float32 but for a rare
     double-rounding difference of one unit in the last place."""
     if pa.types.is_fixed_size_list(t) or pa.types.is_list(t):
         return pa.list_(_json_type(t.value_type))

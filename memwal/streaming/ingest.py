@@ -148,7 +148,7 @@ class IngestJob:
 #: Rows of a micro-batch each Python task gets at least: read tasks group topic-partitions
 #: to reach it, and ``ingest`` with bounded micro-batches sizes its write tasks by it (up to
 #: Spark's task slots). Below it a second wave of Python tasks costs a micro-batch more than
-#: the parallel work saves (docs/benchmarks.md).
+#: the parallel work saves (docs/bench-log/ingest.md, "Ingest").
 MIN_ROWS_PER_TASK = 50_000
 
 

@@ -305,7 +305,7 @@ class _Settings:
         # Group topic-partitions so each read task gets at least this many records (largest
         # ranges spread first). Spark's source reads each topic-partition in a task of its
         # own; for a small micro-batch every extra Python read task costs more than the
-        # parallel read saves (docs/benchmarks.md).
+        # parallel read saves (docs/bench-log/ingest.md, "Ingest").
         # Adaptive micro-batches: a policy (module:callable factory) bounds each batch.
         self.read_limit_policy: Optional[str] = opts.get("memwal.readlimitpolicy")
         self.read_limit_policy_config: str = opts.get("memwal.readlimitpolicyconfig", "")
@@ -349,7 +349,7 @@ class _Settings:
         # fetch.queue.backoff.ms (1,000 ms by default), and a pooled consumer given the same
         # partition again within that second waited for it: in a 1M-record catch-up from
         # Kafka 0.9, a third of the reads' first fetches came after 1.0 s (the 40k and 80k
-        # micro-batches took 2.9 and 2.1 s; 0.9 and 1.3 s with 10 ms; docs/benchmarks.md).
+        # micro-batches took 2.9 and 2.1 s; 0.9 and 1.3 s with 10 ms; docs/bench-log/ingest.md, "The catch-up again").
         conf["fetch.queue.backoff.ms"] = _FETCH_QUEUE_BACKOFF_MS
         conf.update(self.kafka_conf)
         conf.update({

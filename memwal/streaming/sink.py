@@ -132,7 +132,7 @@ class SinkOptions:
     #: i.e. its task slots; ``ingest`` with bounded micro-batches: one per 50k rows). With more shards than that, a task writes several shards in
     #: parallel threads; every shard is still written by exactly one task. A wave of tasks
     #: beyond the slots costs a micro-batch more than the writes it parallelizes
-    #: (docs/benchmarks.md).
+    #: (docs/bench-log/ingest.md, "Ingest").
     max_write_tasks: int | None = None
     #: Dead-letter table; default ``{table}_dead_letters``.
     dead_letter_uri: str | None = None
