@@ -109,16 +109,15 @@ def read_all(src: types.ModuleType, msgs: list) -> list[pa.RecordBatch]:
 
 def broker_reads(args, msgs: list, old_source: types.ModuleType) -> tuple[float, float]:
     """(old, new) seconds to read ``msgs`` back through ``_read_range`` from a real Apache
-    Kafka 0.9 broker (tests/brokers.py), best of ``--rounds``, alternating old and new: the
+    Kafka 4 broker (tests/brokers.py), best of ``--rounds``, alternating old and new: the
     source's whole read phase (librdkafka's fetches and messages included) on one partition."""
     sys.path.insert(0, os.path.join(ROOT, "tests"))
     from brokers import produce, start_broker
 
-    with tempfile.TemporaryDirectory() as work, start_broker("kafka09", work) as broker:
+    with tempfile.TemporaryDirectory() as work, start_broker(work) as broker:
         broker.create_topic("backlog", 1)
         produce(broker, "backlog", ((m.key(), m.value(), 0) for m in msgs), timeout=600, **{"linger.ms": 20})
-        opts = {"kafka.bootstrap.servers": broker.bootstrap, "subscribe": "backlog",
-                **{f"kafka.{k}": v for k, v in broker.client_config().items()}}
+        opts = {"kafka.bootstrap.servers": broker.bootstrap, "subscribe": "backlog"}
         best = {}
         for _ in range(args.rounds):
             for name, src in (("old", old_source), ("new", new_source)):

@@ -34,10 +34,10 @@ micro-batches against memwal's Python write path on the same records; ``--plot F
 draws rows/s against both axes (matplotlib, the ``bench`` extra). ``--value-format avro``
 sends the catch-up's records as Avro (bare datums of bench/common.py's AVSC) instead of JSON.
 
-``--broker`` picks the broker: ``noida`` (noida-db, the demo broker; the default) or
-``kafka09`` (Apache Kafka 0.9.0.1 from tests/brokers.py, Java). noida answers a fetch with
-everything from the offset to the end of the partition (bench/broker.py), so with a large
-backlog its reads cost the backlog behind them; Kafka honours the consumer's fetch sizes.
+``--kafka-sources spark,python`` (the default: both) runs each phase through Spark's own Kafka
+connector and memwal's Python source, each against the naive sink on the same source. The
+broker is a local Apache Kafka 4 (memwal.streaming.local_broker, full JIT); its start time and
+memory are printed.
 """
 
 from __future__ import annotations
@@ -69,48 +69,12 @@ PROBE = -1
 log = logging.getLogger("bench.ingest")
 
 
-class BenchBroker:
-    """The broker the bench produces to and reads from, whichever kind: its bootstrap
-    address, the librdkafka settings every client of it needs (Kafka 0.9 needs the protocol
-    version spelled out), topics and producing."""
-
-    def __init__(self, kind: str, broker) -> None:
-        self.kind = kind
-        self._broker = broker
-        self.bootstrap: str = broker.bootstrap
-        self.client_config: dict[str, str] = broker.client_config() if kind == "kafka09" else {}
-
-    @property
-    def kafka_options(self) -> dict[str, str]:
-        """The client config as the Kafka source's ``kafka.*`` options."""
-        return {f"kafka.{k}": v for k, v in self.client_config.items()}
-
-    def producer_config(self, **extra) -> dict:
-        return {"bootstrap.servers": self.bootstrap, **self.client_config, **extra}
-
-    def create_topic(self, name: str, partitions: int) -> None:
-        self._broker.create_topic(name, partitions)
-
-    def produce(self, topic: str, records) -> int:
-        if self.kind == "noida":
-            return self._broker.produce(topic, records)
-        from brokers import produce
-
-        return len(produce(self._broker, topic, records, timeout=600, **{"linger.ms": 20}))
-
-
 @contextlib.contextmanager
-def open_broker(kind: str, workdir: str):
-    """A running ``kind`` broker as a :class:`BenchBroker`, stopped on exit."""
-    if kind == "noida":
-        with start_local_broker(workdir) as b:
-            yield BenchBroker(kind, b)
-        return
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-    from brokers import start_broker
-
-    with start_broker(kind, workdir) as b:
-        yield BenchBroker(kind, b)
+def open_broker(workdir: str):
+    """An Apache Kafka 4 broker (memwal.streaming.local_broker) with the full JIT, stopped on exit."""
+    with start_local_broker(workdir, fast_start=False) as b:
+        print(f"Apache Kafka broker on {b.bootstrap}: up in {b.start_seconds:.1f}s, {b.rss_bytes() / 2**20:.0f} MiB resident")
+        yield b
 
 
 def produce_batches(broker, topic: str, batches: int, size: int, base: int, first: int = 0, value_format: str = "json") -> int:
@@ -118,7 +82,7 @@ def produce_batches(broker, topic: str, batches: int, size: int, base: int, firs
     sent = 0
     for b in range(first, first + batches):
         rows = batch_rows(b, size, base)
-        sent += broker.produce(topic, ((str(r["id"]).encode(), encode(r), r["id"] % 3) for r in rows))
+        sent += len(broker.produce(topic, [(str(r["id"]).encode(), encode(r), r["id"] % 3) for r in rows], timeout=600, **{"linger.ms": 20}))
     return sent
 
 
@@ -164,11 +128,11 @@ class NaiveSink:
 
 
 def run_naive(spark, broker, topic: str, uri: str, ckpt: str, batch: int, available_now: bool = True, stop: threading.Event | None = None,
-              started: list | None = None):
+              started: list | None = None, kafka_source: str = "spark"):
     sink = NaiveSink(uri)
     if started is not None:
         started.append(sink)
-    source = kafka_stream(spark, broker.bootstrap, topic, max_offsets_per_trigger=batch, kafka_options=broker.kafka_options)
+    source = kafka_stream(spark, broker.bootstrap, topic, max_offsets_per_trigger=batch, kafka_source=kafka_source)
     writer = source.writeStream.foreachBatch(sink).option("checkpointLocation", ckpt)
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime="0 seconds")
     t0 = time.perf_counter()
@@ -182,14 +146,14 @@ def run_naive(spark, broker, topic: str, uri: str, ckpt: str, batch: int, availa
 
 
 def run_memwal(spark, broker, topic: str, uri: str, ckpt: str, batch: int, tasks: int | None, available_now: bool = True, stop: threading.Event | None = None,
-               started: list | None = None, **sink_options):
+               started: list | None = None, kafka_source: str = "spark", **sink_options):
     job = ingest(
         spark,
         bootstrap=broker.bootstrap,
         topic=topic,
         table_uri=uri,
         checkpoint=ckpt,
-        kafka_options=broker.kafka_options,
+        kafka_source=kafka_source,
         available_now=available_now,
         max_offsets_per_trigger=batch,
         options=SinkOptions(source="kafka-json", op_field=None, max_write_tasks=tasks, **sink_options),
@@ -304,7 +268,7 @@ def produce_at_rate(broker, topic: str, rate: int, base: int, keep_going, first_
     runs after each burst. Returns how many records it produced (flushed)."""
     import confluent_kafka
 
-    producer = confluent_kafka.Producer(broker.producer_config(**{"linger.ms": 5}))
+    producer = confluent_kafka.Producer(broker.client_config(**{"linger.ms": 5}))
     produced, b = 0, first_batch
     while keep_going():
         t0 = time.time()
@@ -334,7 +298,7 @@ def warm_up(broker, topic: str, reader: ProbeReader, timeout: float = 120.0) -> 
     workers, the writer process and the shard writers (seconds, once per query)."""
     import confluent_kafka
 
-    producer = confluent_kafka.Producer(broker.producer_config())
+    producer = confluent_kafka.Producer(broker.client_config())
     at = send_probe(producer, topic)
     producer.flush(30)
     deadline = time.monotonic() + timeout
@@ -410,7 +374,7 @@ def run_freshness_only(args) -> dict:
         spark = local_session(app="memwal-bench")
         spark.sparkContext.setLogLevel("ERROR")
         try:
-            with open_broker(args.broker, os.path.join(work, "broker")) as broker:
+            with open_broker(os.path.join(work, "broker")) as broker:
                 uri = os.path.join(work, "memwal")
                 t0 = time.perf_counter()
                 Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)", initial_data=base_rows(args.base_rows)).close()
@@ -418,12 +382,15 @@ def run_freshness_only(args) -> dict:
                 print(f"\nfreshness at {args.freshness_rate:,} rows/s for {args.freshness_seconds:.0f}s "
                       "(producer send -> visible to a strong reader in another process)")
 
-                def run(topic, stop, started):
-                    return run_memwal(spark, broker, topic, uri, os.path.join(work, f"ckpt-{topic}"), args.batch_rows, None, False, stop, started,
-                                      writer_process=args.writer_process, single_stage_max_rows=args.single_stage_max_rows)
+                rows = []
+                for source in args.kafka_sources:
+                    def run(topic, stop, started, source=source):
+                        return run_memwal(spark, broker, topic, uri, os.path.join(work, f"ckpt-{topic}"), args.batch_rows, None, False, stop, started,
+                                          kafka_source=source, writer_process=args.writer_process, single_stage_max_rows=args.single_stage_max_rows)
 
-                f = freshness(broker, "memwal", run, "strong", uri, args.freshness_rate, args.freshness_seconds, args.base_rows)
-                return {"freshness": [print_freshness("memwal, strong reader", f, args.freshness_rate, verdict=True)]}
+                    f = freshness(broker, f"memwal-{source}", run, "strong", uri, args.freshness_rate, args.freshness_seconds, args.base_rows)
+                    rows.append(print_freshness(f"memwal, {source} source, strong reader", f, args.freshness_rate, verdict=True))
+                return {"freshness": rows}
         finally:
             spark.stop()
 
@@ -533,7 +500,7 @@ def print_breakdown(label: str, timings: list) -> dict:
 
 
 def run_axes(args, spark, broker, work: str) -> dict:
-    out: dict = {"cells": [], "catch_up": None}
+    out: dict = {"cells": [], "catch_up": []}
     cache = args.cache_dir
     os.makedirs(cache, exist_ok=True)
     for n in args.bases:
@@ -543,48 +510,53 @@ def run_axes(args, spark, broker, work: str) -> dict:
             topic = f"axes-{n}-{size}"
             broker.create_topic(topic, 3)
             sent = produce_batches(broker, topic, batches, size, n)
-            cell = os.path.join(work, topic)
-            naive_uri = _copy(naive_base, cell + "-naive")
-            mem_uri = _copy(mem_base, cell + "-memwal")
-            naive, _ = run_naive(spark, broker, topic, naive_uri, cell + "-ckpt-naive", size)
-            job, _ = run_memwal(spark, broker, topic, mem_uri, cell + "-ckpt-memwal", size, None)
-            # steady-state rate: the first batch of each (JVM/worker warm-up) left out
-            nd = naive.durations[1:]
-            md = [r.seconds for r in job.sink.reports][1:]
-            naive_rate = size * len(nd) / sum(nd)
-            mem_rate = sum(r.rows for r in job.sink.reports[1:]) / sum(md)
-            print(f"base {n:>10,}  batch {size:>7,}: naive {naive_rate:9,.0f} rows/s  memwal {mem_rate:9,.0f} rows/s  "
-                  f"x{mem_rate / naive_rate:.2f}  ({sent:,} records)")
-            timings = [job.listener.timings[b] for b in sorted(job.listener.timings)]
-            breakdown = print_breakdown("memwal per batch", timings)
-            totals = job.sink.totals()
-            print(f"  writers: {int(totals['writer_opens'])} open(s), {int(totals['fenced_retries'])} fenced retr(ies) in {int(totals['batches'])} batches")
-            out["cells"].append({"base_rows": n, "batch_rows": size, "naive_rows_per_s": naive_rate, "memwal_rows_per_s": mem_rate,
-                                 "x_naive": mem_rate / naive_rate, "breakdown": breakdown,
-                                 "writer_opens": totals["writer_opens"], "fenced_retries": totals["fenced_retries"]})
-            import shutil
+            for source in args.kafka_sources:
+                cell = os.path.join(work, f"{topic}-{source}")
+                naive_uri = _copy(naive_base, cell + "-naive")
+                mem_uri = _copy(mem_base, cell + "-memwal")
+                naive, _ = run_naive(spark, broker, topic, naive_uri, cell + "-ckpt-naive", size, kafka_source=source)
+                job, _ = run_memwal(spark, broker, topic, mem_uri, cell + "-ckpt-memwal", size, None, kafka_source=source)
+                # steady-state rate: the first batch of each (JVM/worker warm-up) left out
+                nd = naive.durations[1:]
+                md = [r.seconds for r in job.sink.reports][1:]
+                naive_rate = size * len(nd) / sum(nd)
+                mem_rate = sum(r.rows for r in job.sink.reports[1:]) / sum(md)
+                print(f"base {n:>10,}  batch {size:>7,}  {source:6} source: naive {naive_rate:9,.0f} rows/s  memwal {mem_rate:9,.0f} rows/s  "
+                      f"x{mem_rate / naive_rate:.2f}  ({sent:,} records)")
+                timings = [job.listener.timings[b] for b in sorted(job.listener.timings)]
+                breakdown = print_breakdown("memwal per batch", timings)
+                totals = job.sink.totals()
+                print(f"  writers: {int(totals['writer_opens'])} open(s), {int(totals['fenced_retries'])} fenced retr(ies) in {int(totals['batches'])} batches")
+                out["cells"].append({"base_rows": n, "batch_rows": size, "kafka_source": source, "naive_rows_per_s": naive_rate,
+                                     "memwal_rows_per_s": mem_rate, "x_naive": mem_rate / naive_rate, "breakdown": breakdown,
+                                     "writer_opens": totals["writer_opens"], "fenced_retries": totals["fenced_retries"]})
+                import shutil
 
-            for d in (naive_uri, mem_uri):
-                shutil.rmtree(d, ignore_errors=True)
+                for d in (naive_uri, mem_uri):
+                    shutil.rmtree(d, ignore_errors=True)
     if args.backlog_records:
-        out["catch_up"] = catch_up(args, spark, broker, work)
+        for source in args.kafka_sources:
+            out["catch_up"].append(catch_up(args, spark, broker, work, source))
     return out
 
 
-def catch_up(args, spark, broker, work: str) -> dict:
-    """``--backlog-records`` waiting, drained with adaptive micro-batches; memwal's Python
-    write path (Table.write of the same rows, decoded) on the same records as the yardstick."""
+def catch_up(args, spark, broker, work: str, source: str) -> dict:
+    """``--backlog-records`` waiting, drained with adaptive micro-batches through ``source``;
+    memwal's Python write path (Table.write of the same rows, decoded) on the same records as
+    the yardstick."""
 
     n = args.bases[0]
     naive_base, mem_base = cached_base(args.cache_dir, n)
-    topic = "backlog"
-    broker.create_topic(topic, 3)
+    topic = f"backlog-{args.value_format}"
     size = 10_000
-    sent = produce_batches(broker, topic, args.backlog_records // size, size, n, value_format=args.value_format)
-    uri = _copy(mem_base, os.path.join(work, "backlog-memwal"))
+    if topic not in broker_topics(broker):
+        broker.create_topic(topic, 3)
+        produce_batches(broker, topic, args.backlog_records // size, size, n, value_format=args.value_format)
+    sent = args.backlog_records // size * size
+    uri = _copy(mem_base, os.path.join(work, f"backlog-memwal-{source}"))
     policy = AdaptiveSizing(steady_rows=size, max_rows=args.adaptive_max_rows, growth=args.adaptive_growth)
-    job = ingest(spark, bootstrap=broker.bootstrap, topic=topic, table_uri=uri, checkpoint=os.path.join(work, "ckpt-backlog"),
-                 kafka_options=broker.kafka_options, available_now=True, adaptive=policy,
+    job = ingest(spark, bootstrap=broker.bootstrap, topic=topic, table_uri=uri, checkpoint=os.path.join(work, f"ckpt-backlog-{source}"),
+                 kafka_source=source, available_now=True, adaptive=policy,
                  options=SinkOptions(source="kafka-json", op_field=None, value_format=args.value_format,
                                      avro_schema=json.dumps(AVSC) if args.value_format == "avro" else None))
     t0 = time.perf_counter()
@@ -593,7 +565,7 @@ def catch_up(args, spark, broker, work: str) -> dict:
     sizes = [job.listener.sizes[b] for b in sorted(job.listener.sizes)]
     spark_rate = sent / elapsed
     sink_rate = sum(r.rows for r in job.sink.reports) / sum(r.seconds for r in job.sink.reports)
-    print(f"\nbacklog catch-up, {sent:,} {args.value_format} records waiting, adaptive micro-batches: {spark_rate:,.0f} rows/s through Spark "
+    print(f"\nbacklog catch-up, {source} source, {sent:,} {args.value_format} records waiting, adaptive micro-batches: {spark_rate:,.0f} rows/s through Spark "
           f"({len(sizes)} batches: " + ", ".join(f"{d.rows:,} {d.kind}" for d in sizes[:6]) + (" ..." if len(sizes) > 6 else "") + ")")
     timings = [job.listener.timings[b] for b in sorted(job.listener.timings)]
     breakdown = print_breakdown("catch-up per batch", timings)
@@ -601,7 +573,7 @@ def catch_up(args, spark, broker, work: str) -> dict:
     print(f"  micro-batches: {in_batches:.1f} s of the query's {elapsed:.1f} s; each: "
           + ", ".join(f"{t.rows // 1000}k {t.total_ms / 1000:.1f} s (read {t.read_ms / 1000:.1f}, decode {t.decode_ms / 1000:.1f})" for t in timings))
     # The yardstick: memwal's Python write path on the same records, decoded once up front.
-    py_uri = _copy(mem_base, os.path.join(work, "backlog-python"))
+    py_uri = _copy(mem_base, os.path.join(work, f"backlog-python-{source}"))
     rows = [batch_rows(b, size, n) for b in range(args.backlog_records // size)]
     tables = [pa.Table.from_pylist(r, schema=SCHEMA) for r in rows]
     del rows
@@ -613,41 +585,48 @@ def catch_up(args, spark, broker, work: str) -> dict:
     py_rate = sent / (time.perf_counter() - t0)
     print(f"memwal's Python write path on the same records: {py_rate:,.0f} rows/s; Spark catch-up = {spark_rate / py_rate:.2f}x of it "
           f"(query wall time, start-up included; in the sink: {sink_rate:,.0f} rows/s = {sink_rate / py_rate:.2f}x)")
-    return {"records": sent, "value_format": args.value_format,
+    return {"records": sent, "value_format": args.value_format, "kafka_source": source,
             "spark_rows_per_s": spark_rate, "sink_rows_per_s": sink_rate, "python_rows_per_s": py_rate, "ratio": spark_rate / py_rate,
             "sizes": [(d.rows, d.kind) for d in sizes], "breakdown": breakdown}
 
 
+def broker_topics(broker) -> set[str]:
+    from confluent_kafka.admin import AdminClient
+
+    return set(AdminClient(broker.client_config()).list_topics(timeout=10).topics)
+
+
 def plot(result: dict, path: str) -> None:
-    """rows/s against micro-batch size (one line per base and sink) and against base size."""
+    """rows/s against micro-batch size and against base size, one line per base (or batch
+    size), sink and Kafka source; the catch-ups in the title."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     cells = result["cells"]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for n in sorted({c["base_rows"] for c in cells}):
-        mine = sorted((c for c in cells if c["base_rows"] == n), key=lambda c: c["batch_rows"])
-        xs = [c["batch_rows"] for c in mine]
-        a.plot(xs, [c["memwal_rows_per_s"] for c in mine], "o-", label=f"memwal, base {n:,}")
-        a.plot(xs, [c["naive_rows_per_s"] for c in mine], "s--", label=f"naive, base {n:,}")
-    a.set_xscale("log")
-    a.set_xlabel("micro-batch (records)")
+    sources = sorted({c.get("kafka_source", "python") for c in cells})
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.6))
+    for source in sources:
+        mark = "-" if source == "spark" else ":"
+        for n in sorted({c["base_rows"] for c in cells}):
+            mine = sorted((c for c in cells if c["base_rows"] == n and c.get("kafka_source", "python") == source), key=lambda c: c["batch_rows"])
+            xs = [c["batch_rows"] for c in mine]
+            a.plot(xs, [c["memwal_rows_per_s"] for c in mine], "o" + mark, label=f"memwal, {source}, base {n:,}")
+            a.plot(xs, [c["naive_rows_per_s"] for c in mine], "s" + mark, alpha=0.6, label=f"naive, {source}, base {n:,}")
+        for size in sorted({c["batch_rows"] for c in cells}):
+            mine = sorted((c for c in cells if c["batch_rows"] == size and c.get("kafka_source", "python") == source), key=lambda c: c["base_rows"])
+            xs = [c["base_rows"] for c in mine]
+            b.plot(xs, [c["memwal_rows_per_s"] for c in mine], "o" + mark, label=f"memwal, {source}, batch {size:,}")
+            b.plot(xs, [c["naive_rows_per_s"] for c in mine], "s" + mark, alpha=0.6, label=f"naive, {source}, batch {size:,}")
+    for ax, label in ((a, "micro-batch (records)"), (b, "base table (rows)")):
+        ax.set_xscale("log")
+        ax.set_xlabel(label)
+        ax.legend(fontsize=6)
     a.set_ylabel("rows/s (in the sink)")
-    a.legend(fontsize=7)
-    for size in sorted({c["batch_rows"] for c in cells}):
-        mine = sorted((c for c in cells if c["batch_rows"] == size), key=lambda c: c["base_rows"])
-        xs = [c["base_rows"] for c in mine]
-        b.plot(xs, [c["memwal_rows_per_s"] for c in mine], "o-", label=f"memwal, batch {size:,}")
-        b.plot(xs, [c["naive_rows_per_s"] for c in mine], "s--", label=f"naive, batch {size:,}")
-    b.set_xscale("log")
-    b.set_xlabel("base table (rows)")
-    b.legend(fontsize=7)
-    cu = result.get("catch_up")
     title = "bench/ingest.py --axes (2 shared cores)"
-    if cu:
-        title += f"; backlog catch-up {cu['spark_rows_per_s']:,.0f} rows/s = {cu['ratio']:.2f}x Python write path"
+    for cu in result.get("catch_up") or []:
+        title += f"; catch-up ({cu['kafka_source']}) {cu['spark_rows_per_s']:,.0f} rows/s"
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -681,8 +660,8 @@ def main() -> None:
                    help="--freshness-only: SinkOptions.single_stage_max_rows (0: always two stages)")
     p.add_argument("--freshness-only", action="store_true",
                    help="only phase 2 for memwal's strong reader, on a table of --base-rows rows, with the targets' verdict")
-    p.add_argument("--broker", choices=("noida", "kafka09"), default="noida",
-                   help="noida-db (the demo broker) or Apache Kafka 0.9.0.1 (tests/brokers.py; needs Java and npm)")
+    p.add_argument("--kafka-sources", type=lambda v: v.split(","), default=["spark", "python"],
+                   help="the Kafka sources to run, each against the naive sink on the same source: spark (Spark's connector), python (memwal's)")
     args = p.parse_args()
     if args.freshness_only:
         logging.basicConfig(level=logging.WARNING)
@@ -696,7 +675,7 @@ def main() -> None:
         with work_dir(args.workdir, "memwal-bench-ingest-") as work:
             spark = local_session(app="memwal-bench")
             spark.sparkContext.setLogLevel("ERROR")
-            with open_broker(args.broker, os.path.join(work, "broker")) as broker:
+            with open_broker(os.path.join(work, "broker")) as broker:
                 results["axes"] = run_axes(args, spark, broker, work)
             spark.stop()
         if args.plot and results["axes"]["cells"]:
@@ -717,7 +696,7 @@ def main() -> None:
     with work_dir(args.workdir, "memwal-bench-ingest-") as work:
         spark = local_session(app="memwal-bench")
         spark.sparkContext.setLogLevel("ERROR")
-        with open_broker(args.broker, os.path.join(work, "broker")) as broker:
+        with open_broker(os.path.join(work, "broker")) as broker:
             t0 = time.perf_counter()
             base = base_rows(args.base_rows)
             naive_uri = os.path.join(work, "naive")

@@ -542,8 +542,8 @@ def main() -> None:
     p.add_argument("--plot", metavar="CSV", help="only draw --png from this CSV")
     p.add_argument("--stall-dump", type=float, default=120,
                    help="seconds without progress while a backlog waits before every stack is dumped into the workdir")
-    p.add_argument("--broker", choices=("noida", "kafka09"), default="noida",
-                   help="the local broker: noida-db (the demo's) or Apache Kafka 0.9 (tests/brokers.py; needs Java)")
+    p.add_argument("--kafka-source", choices=("spark", "python"), default="spark",
+                   help="the Kafka source: Spark's connector (default) or memwal's Python source")
     p.add_argument("--prober-refresh", choices=("background", "inline"), default="background",
                    help="how the probers' readers refresh: on a thread of their own (refresh_in_background) or in the lookup that finds the snapshot stale")
     p.add_argument("--writer-process", action="store_true", help="the sink's writer process (SinkOptions.writer_process)")
@@ -568,7 +568,7 @@ def main() -> None:
     # and the PNG drawn, rather than left running with the broker.
     signal.signal(signal.SIGTERM, interrupt)
     work = args.workdir or tempfile.mkdtemp(prefix="memwal-bench-soak-")
-    title = f"soak: {args.rate:,} rows/s, {args.base_rows:,}-row base, {args.broker}, {args.prober_refresh} refresh; {today()}, commit {git_rev()}"
+    title = f"soak: {args.rate:,} rows/s, {args.base_rows:,}-row base, {args.kafka_source} source, {args.prober_refresh} refresh; {today()}, commit {git_rev()}"
     print(f"{title}\n{machine()}", flush=True)
     maintain = prober = control = None
     try:
@@ -582,7 +582,7 @@ def main() -> None:
         del base
         spark = local_session(app="memwal-bench-soak")
         spark.sparkContext.setLogLevel("ERROR")
-        with open_broker(args.broker, os.path.join(work, "broker")) as broker:
+        with open_broker(os.path.join(work, "broker")) as broker:
             broker.create_topic("soak", 3)
             maintain = subprocess.Popen(
                 [sys.executable, "-m", "memwal", "-v", "maintain", uri, "--interval", str(args.maintain_interval),
@@ -590,11 +590,11 @@ def main() -> None:
                 stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "maintain.log"), "w"),
             )
             job = Ingest(lambda: ingest(spark, bootstrap=broker.bootstrap, topic="soak", table_uri=uri, checkpoint=os.path.join(work, "ckpt"),
-                                        kafka_options=broker.kafka_options,
+                                        kafka_source=args.kafka_source,
                                         max_offsets_per_trigger=args.batch_rows, options=SinkOptions(source="kafka-json", op_field=None,
                                                                                       writer_process=args.writer_process)),
                          args.restarts)
-            producer = Producer(broker.producer_config(), "soak", args.rate, args.base_rows, job.rows,
+            producer = Producer(broker.client_config(), "soak", args.rate, args.base_rows, job.rows,
                                 int(args.rate * args.max_backlog_seconds))
             producer.start()
             lookups_csv, scans_csv = os.path.join(work, "lookups.csv"), os.path.join(work, "scans.csv")

@@ -12,12 +12,12 @@ other in one Spark session (``local[2]``), each sampled from Spark's own progres
 - ``rate, Python task``: the job runs a Python function over the rows (``mapInArrow``), as
   memwal's write stage does: a Python worker hand-off per task;
 - ``memwal-kafka, count`` and ``memwal-kafka, Python task``: memwal's Kafka source reading a
-  topic fed at ``--rate`` rows/s (Kafka 0.9 or noida-db), then the JVM job or the same Python
+  topic fed at ``--rate`` rows/s (Apache Kafka 4), then the JVM job or the same Python
   task: the source's planning and its (Python) read task, without and with a second Python step.
 
 The baseline is the first query; the report prints each query's trigger cadence (p50, p90),
 its micro-batch (``triggerExecution``) and Spark's phases, and the ratio of its cadence to the
-baseline's. Run: ``python bench/spark_floor.py [--rate 5000] [--seconds 30] [--broker kafka09]``.
+baseline's. Run: ``python bench/spark_floor.py [--rate 5000] [--seconds 30] [--kafka-source spark]``.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def main() -> None:
     p.add_argument("--rate", type=int, default=5000, help="rows/s produced to the Kafka topic")
     p.add_argument("--rows-per-batch", type=int, default=2000, help="rows per micro-batch of the rate-micro-batch source")
     p.add_argument("--seconds", type=float, default=30.0)
-    p.add_argument("--broker", choices=("noida", "kafka09"), default="kafka09")
+    p.add_argument("--kafka-source", choices=("spark", "python"), default="spark")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
     with work_dir(None, "memwal-bench-floor-") as work:
@@ -82,7 +82,7 @@ def main() -> None:
             for i, (name, df, action) in enumerate(cases):
                 results.append(measure(name, df, action, args.seconds, os.path.join(work, f"ckpt-{i}"), with_rows=False))
                 print_row(results[-1], results[0])
-            with open_broker(args.broker, os.path.join(work, "broker")) as broker:
+            with open_broker(os.path.join(work, "broker")) as broker:
                 topic = f"floor-{time.monotonic_ns()}"
                 broker.create_topic(topic, 3)
                 stop = threading.Event()
@@ -90,7 +90,7 @@ def main() -> None:
                 feeder = threading.Thread(target=produce_at_rate, args=feed, daemon=True)
                 feeder.start()
                 try:
-                    df = kafka_stream(spark, broker.bootstrap, topic, starting_offsets="latest", kafka_options=broker.kafka_options)
+                    df = kafka_stream(spark, broker.bootstrap, topic, starting_offsets="latest", kafka_source=args.kafka_source)
                     for i, (name, action) in enumerate((("memwal-kafka, count", cases[1][2]), ("memwal-kafka, Python task", cases[2][2]))):
                         results.append(measure(name, df, action, args.seconds, os.path.join(work, f"ckpt-k{i}")))
                         print_row(results[-1], results[0])

@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
 
 import pyarrow as pa
 import pytest
+from memwal import jvm
 from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql.streaming.datasource import ReadAllAvailable
@@ -87,15 +88,15 @@ def fill(broker: Broker, topic: str, per_partition: Dict[int, int], tag: str = "
     return [(k, v, topic, p, off) for (k, v, _), (p, off) in zip(records, placed, strict=True)]
 
 
-def run_available_now(spark: Any, broker: Broker, topic: str, checkpoint: Path,
+def run_available_now(spark: Any, broker: Broker, topic: str, checkpoint: Path, fmt: str = SHORT_NAME,
                       **options: str) -> List[List[Any]]:
-    """Run one ``availableNow`` query to its end; return the rows of each micro-batch."""
+    """Run one ``availableNow`` query (source ``fmt``) to its end; return each micro-batch's rows."""
     batches: Dict[int, List[Any]] = {}
 
     def collect(df: Any, batch_id: int) -> None:
         batches[batch_id] = df.collect()
 
-    reader = (spark.readStream.format(SHORT_NAME)
+    reader = (spark.readStream.format(fmt)
               .options(**spark_options(broker))
               .option("subscribe", topic))
     for k, v in options.items():
@@ -145,6 +146,38 @@ def test_available_now_reads_every_record_once(kafka_spark: Any, broker: Broker,
     assert len(got) == len(set(got)), "a record was delivered twice"
     assert sorted(got, key=repr) == sorted(expected, key=repr)
     assert all(r.timestamp is not None and r.timestampType == 0 for r in rows)
+
+
+@spark_kafka
+@pytest.mark.skipif(not jvm.jars("spark-kafka"), reason="Spark's Kafka connector is not fetched (python -m memwal.jvm fetch spark-kafka)")
+def test_the_python_source_delivers_what_sparks_connector_delivers(kafka_spark: Any, broker: Broker, tmp_path: Path) -> None:
+    """The same topic (keys, headers, CreateTime timestamps before 1970 and after now, a
+    tombstone, partitions of different sizes) read by memwal's source and by Spark's own
+    connector: the same rows, column for column, also when each resumes from its checkpoint
+    after more records arrived."""
+    topic = new_topic(broker, 3)
+    now_ms = 1_790_000_000_000
+
+    def produce_some(n: int, tag: str) -> None:
+        records = [(f"{tag}-k{i}".encode() if i % 5 else None, f"{tag}-v{i}".encode() if i % 11 else None, i % 3 if i % 4 else None)
+                   for i in range(n)]
+        produce(broker, topic, records, headers=[[("h", str(i).encode())] if i % 2 else None for i in range(n)],
+                timestamps_ms=[-86_400_000 * 400 + i if i % 6 == 0 else now_ms + i for i in range(n)])
+
+    def read_both() -> Dict[str, List[tuple]]:
+        out = {}
+        for fmt in (SHORT_NAME, "kafka"):
+            rows = flat(run_available_now(kafka_spark, broker, topic, tmp_path / f"ck-{fmt}", fmt,
+                                          startingOffsets="earliest", maxOffsetsPerTrigger="40"))
+            out[fmt] = sorted(((r.key, r.value, r.topic, r.partition, r.offset, r.timestamp, r.timestampType) for r in rows), key=lambda t: (t[3], t[4]))
+        return out
+
+    produce_some(150, "a")
+    first = read_both()
+    assert len(first[SHORT_NAME]) == 150 and first[SHORT_NAME] == first["kafka"]
+    produce_some(60, "b")
+    second = read_both()
+    assert len(second[SHORT_NAME]) == 60 and second[SHORT_NAME] == second["kafka"]
 
 
 @spark_kafka

@@ -41,7 +41,7 @@ def test_the_stages_carry_the_drivers_storage():
 @pytest.mark.s3
 @pytest.mark.spark
 @pytest.mark.kafka
-def test_ingest_into_an_s3_table_equals_the_model(spark, kafka, s3_server, tmp_path, monkeypatch):
+def test_ingest_into_an_s3_table_equals_the_model(spark, kafka, s3_server, tmp_path, monkeypatch, kafka_source):
     for var, _key in ENVIRONMENT_VARIABLES:
         monkeypatch.delenv(var, raising=False)
     opts = s3_server.storage_options()
@@ -64,6 +64,7 @@ def test_ingest_into_an_s3_table_equals_the_model(spark, kafka, s3_server, tmp_p
         available_now=True,
         max_offsets_per_trigger=1000,
         storage_options=opts,
+        kafka_source=kafka_source,
     )
     job.await_termination()
     assert job.query.exception() is None

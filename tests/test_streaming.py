@@ -12,7 +12,7 @@ import time
 
 import pyarrow as pa
 import pytest
-from brokers import produce, start_broker
+from brokers import produce
 from helpers import approx, table_rows, workload
 
 from memwal import Table, readers
@@ -28,23 +28,30 @@ pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.float64()), ("vec", pa.list_(pa.float32(), 4))])
 
 
-def test_ingest_end_to_end_equals_the_model(spark, tmp_path):
-    with start_broker(tmp_path / "broker") as broker:
-        broker.create_topic("users", 3)
-        records, model = workload(6000, 800, seed=1)
-        produce(broker, "users", records)
-        uri = str(tmp_path / "users")
-        Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)").close()
-        job = ingest(
-            spark,
-            bootstrap=broker.bootstrap,
-            topic="users",
-            table_uri=uri,
-            checkpoint=str(tmp_path / "ckpt"),
-            available_now=True,
-            max_offsets_per_trigger=2000,
-        )
-        job.await_termination()
+def test_ingest_end_to_end_equals_the_model(spark, kafka, tmp_path, kafka_source):
+    """Records as producers write them today: keys, headers and CreateTime timestamps (some
+    before 1970, some in the future), through each Kafka source."""
+    topic = f"users-{time.monotonic_ns()}"
+    kafka.create_topic(topic, 3)
+    records, model = workload(6000, 800, seed=1)
+    headers = [[("trace-id", f"t{i}".encode()), ("source", b"orders-db")] if i % 3 else None for i in range(len(records))]
+    now_ms = int(time.time() * 1000)
+    timestamps = [now_ms - 86_400_000 * 365 * 60 if i % 7 == 0 else now_ms + i for i in range(len(records))]
+    produce(kafka, topic, records, headers=headers, timestamps_ms=timestamps)
+    uri = str(tmp_path / "users")
+    Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)").close()
+    job = ingest(
+        spark,
+        bootstrap=kafka.bootstrap,
+        topic=topic,
+        table_uri=uri,
+        checkpoint=str(tmp_path / "ckpt"),
+        available_now=True,
+        max_offsets_per_trigger=2000,
+        kafka_source=kafka_source,
+    )
+    job.await_termination()
+    assert job.kafka_source == kafka_source
     assert job.query.exception() is None
     totals = job.sink.totals()
     assert totals["batches"] >= 3 and totals["dead_letters"] == 0
@@ -57,7 +64,7 @@ def test_ingest_end_to_end_equals_the_model(spark, tmp_path):
     assert all(p["timestamp"] for p in progress.values())  # each trigger's start, for cadence
 
 
-def test_dead_letters_of_a_mixed_stream(spark, kafka, tmp_path):
+def test_dead_letters_of_a_mixed_stream(spark, kafka, tmp_path, kafka_source):
     topic = f"mixed-{time.monotonic_ns()}"
     kafka.create_topic(topic, 3)
     records, model = workload(3000, 500, seed=2)
@@ -84,6 +91,7 @@ def test_dead_letters_of_a_mixed_stream(spark, kafka, tmp_path):
         available_now=True,
         max_offsets_per_trigger=1000,
         options=SinkOptions(source="kafka-json", max_row_bytes=4096),
+        kafka_source=kafka_source,
     )
     job.await_termination()
     assert job.query.exception() is None
@@ -102,7 +110,7 @@ def test_dead_letters_of_a_mixed_stream(spark, kafka, tmp_path):
     assert all(d["value"] is not None for d in dlq if d["key"] != b"b6")
 
 
-def test_sequence_field_orders_versions(spark, kafka, tmp_path):
+def test_sequence_field_orders_versions(spark, kafka, tmp_path, kafka_source):
     topic = f"seq-{time.monotonic_ns()}"
     kafka.create_topic(topic, 1)
     schema = pa.schema([("id", pa.int64()), ("v", pa.string()), ("version", pa.int64())])
@@ -116,10 +124,11 @@ def test_sequence_field_orders_versions(spark, kafka, tmp_path):
     produce(kafka, topic, [rec(1, "new", 5), rec(1, "old", 3), rec(2, "a", 1)])
     opts = SinkOptions(source="kafka-json", sequence_field="version", drop_stale_across_batches=True)
     ckpt = str(tmp_path / "ckpt")
-    job = ingest(spark, bootstrap=kafka.bootstrap, topic=topic, table_uri=uri, checkpoint=ckpt, available_now=True, options=opts)
+    run = dict(bootstrap=kafka.bootstrap, topic=topic, table_uri=uri, checkpoint=ckpt, available_now=True, options=opts, kafka_source=kafka_source)
+    job = ingest(spark, **run)
     job.await_termination()
     produce(kafka, topic, [rec(1, "late", 4), rec(2, "b", 2)])
-    job = ingest(spark, bootstrap=kafka.bootstrap, topic=topic, table_uri=uri, checkpoint=ckpt, available_now=True, options=opts)
+    job = ingest(spark, **run)
     job.await_termination()
     got = {r["id"]: (r["v"], r["version"]) for r in readers.open(uri).scan().to_pylist()}
     assert got == {1: ("new", 5), 2: ("b", 2)}

@@ -822,6 +822,11 @@ def _pool() -> _ConsumerPool:
     return _POOL
 
 
+#: Times a read task re-seeks an offset the broker called out of range while its log still
+#: holds it (see _read_range), before calling it data loss.
+_OFFSET_RESET_RETRIES = 5
+
+
 def _read_range(s: _Settings, topic: str, part: int, start: int, end: int
                 ) -> Iterator[pa.RecordBatch]:
     conf = s.consumer_conf()
@@ -832,6 +837,7 @@ def _read_range(s: _Settings, topic: str, part: int, start: int, end: int
         rows = _Rows(topic, part)
         next_offset = start
         last_progress = time.monotonic()
+        resets = 0
         while next_offset < end:
             msgs = consumer.consume(num_messages=min(end - next_offset, 5_000), timeout=1.0)
             _raise_receive_failure(errors, s, topic, part, next_offset)
@@ -861,6 +867,14 @@ def _read_range(s: _Settings, topic: str, part: int, start: int, end: int
                         next_offset = end
                         break
                     if err.code() == confluent_kafka.KafkaError._AUTO_OFFSET_RESET:
+                        # A partition just created or just elected answers "out of range" for
+                        # a while; the data is lost only if the offset is outside the log now.
+                        low, high = consumer.get_watermark_offsets(confluent_kafka.TopicPartition(topic, part), timeout=10, cached=False)
+                        if low <= next_offset < high and resets < _OFFSET_RESET_RETRIES:
+                            resets += 1
+                            time.sleep(0.2 * resets)
+                            consumer.seek(confluent_kafka.TopicPartition(topic, part, next_offset))
+                            break
                         raise RuntimeError(
                             f"{SHORT_NAME}: offset {next_offset} of {topic}:{part} is no longer "
                             f"available ({err.str()}); data was lost. Set failOnDataLoss=false "
@@ -944,8 +958,8 @@ class _Rows:
         and the caller checks them one by one."""
         if not msgs:
             return None
-        errs = [m.error() for m in msgs]
-        if errs.count(None) != len(errs):
+        # `is not None`, not list.count(None): KafkaError's == against None raises inside C
+        if any(m.error() is not None for m in msgs):
             return None
         offs = [m.offset() for m in msgs]
         if offs[0] < next_offset or offs[-1] >= end:

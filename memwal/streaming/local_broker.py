@@ -266,10 +266,12 @@ class LocalBroker:
             if self.process.poll() is not None:
                 raise BrokerError(f"the Kafka broker exited with {self.process.returncode}:\n{self.log_tail()}")
             try:
-                AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=1)
+                # A TCP connect first: a Kafka client logs every refused connection to stderr.
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=5)
                 self.start_seconds = time.monotonic() - t0
                 return
-            except confluent_kafka.KafkaException:
+            except (OSError, confluent_kafka.KafkaException):
                 if time.monotonic() > deadline:
                     self.stop()
                     raise BrokerError(f"the Kafka broker did not answer on {self.bootstrap} within {timeout:.0f}s:\n{self.log_tail()}") from None
