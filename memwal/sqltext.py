@@ -7,6 +7,7 @@ must quote the same way, so the quoting lives here, below both.
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 from typing import Any
 
 from memwal.errors import PrimaryKeyError
@@ -20,6 +21,11 @@ def sql_literal(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
+    if isinstance(value, decimal.Decimal):
+        # typed, so it compares with a decimal column of any precision and scale
+        digits = len(value.as_tuple().digits)
+        scale = max(0, -int(value.as_tuple().exponent))
+        return f"CAST('{value}' AS DECIMAL({max(digits, scale, 1)}, {scale}))"
     if isinstance(value, str):
         return "'" + value.replace("'", "''") + "'"
     if isinstance(value, bytes):

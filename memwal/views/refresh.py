@@ -27,7 +27,6 @@ their changes.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -180,7 +179,7 @@ def _group_delta(
     merged = aggregates.merge(defn, stored, added, removed)
     groups = dict(merged.groups)
     if merged.recompute:
-        exact = _recompute_groups(defn, base, merged.recompute)
+        exact = _recompute_groups(defn, base, {key: groups[key].values for key in merged.recompute})
         for key in merged.recompute:
             groups[key] = exact.get(key) or aggregates.GroupState(groups[key].values, 0, groups[key].states)
     alive = [g for g in groups.values() if g.count > 0]
@@ -194,13 +193,16 @@ def _group_delta(
     return Change((GROUP_KEY, pa.array(sorted(touched), pa.string())), add, rows_changed)
 
 
-def _recompute_groups(defn: ViewDefinition, base: lance.LanceDataset, keys: set[str]) -> dict[str, aggregates.GroupState]:
-    """The exact states of groups ``keys``, from their rows in the base table."""
+def _recompute_groups(defn: ViewDefinition, base: lance.LanceDataset, keys: dict[str, dict[str, Any]]) -> dict[str, aggregates.GroupState]:
+    """The exact states of groups ``keys`` (group key -> its GROUP BY values, typed), from
+    their rows in the base table."""
+    # Typed values, not the JSON of the group key (a date or a decimal there is a string,
+    # which Lance will not compare with a date or decimal column). Every comparison in
+    # parentheses of its own: Lance's filter parser binds `x IS NOT DISTINCT FROM 'A' AND
+    # y ...` as `x IS NOT DISTINCT FROM ('A' AND y ...)`.
     predicate = " OR ".join(
-        "(" + " AND ".join(
-            f"({defn.group_expr(g)}) IS NOT DISTINCT FROM {sql_literal(v)}" for g, v in zip(defn.group_by, json.loads(k))
-        ) + ")"
-        for k in keys
+        "(" + " AND ".join(f"(({defn.group_expr(g)}) IS NOT DISTINCT FROM {sql_literal(values[g])})" for g in defn.group_by) + ")"
+        for values in keys.values()
     )
     columns = defn.columns_used(base.schema.names)
     if all(defn.group_expr(g) == g for g in defn.group_by):
