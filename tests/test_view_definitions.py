@@ -96,7 +96,7 @@ round_strategy = st.tuples(
 )
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(
     group_by=st.lists(st.sampled_from(["flag", "status", "ship", "price"]), min_size=1, max_size=3, unique=True),
     aggs=st.lists(st.sampled_from(sorted(AGGREGATES)), min_size=1, max_size=4, unique=True),
