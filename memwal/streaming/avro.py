@@ -37,8 +37,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal.errors import InvalidArgumentError, MemwalError
-from memwal.streaming.avro_native import NativeReader, Step, conform_rows, conformable, plan, record_fits, value_offsets
-from memwal.streaming.decode import Binaries, Decoded, _json_type, _reason, binary_array, bisect_failures
+from memwal.streaming.avro_native import NativeReader, Step, conform_rows, conformable, plan, record_fits
+from memwal.streaming.batches import Binaries, Decoded, binary_array, bisect_failures, json_type, reason, value_offsets
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class WriterSchema:
                 self._native = NativeReader()
             rows = conform_rows(self._native.read(self._container(_concatenated(chosen), len(chosen))), self.parse_schema)
         except Exception as e:  # noqa: BLE001 - e.g. a string that is not UTF-8: fastavro names it
-            log.debug("native Avro decoding of %d value(s) failed, fastavro decodes them: %s", len(chosen), _reason(e))
+            log.debug("native Avro decoding of %d value(s) failed, fastavro decodes them: %s", len(chosen), reason(e))
             return None
         return None if rows.num_rows != len(fits) else (rows, fits)
 
@@ -145,7 +145,7 @@ class WriterSchema:
             try:
                 record = fastavro.schemaless_reader(buf, self.parsed, self.reader)
             except Exception as e:  # noqa: BLE001 - fastavro's errors, as the record's reason
-                errors[k] = f"the value is not an Avro record of the schema: {_reason(e)}"
+                errors[k] = f"the value is not an Avro record of the schema: {reason(e)}"
                 continue
             if buf.tell() != end:
                 errors[k] = ("the value is not an Avro record of the schema: "
@@ -179,7 +179,7 @@ def registry_schema(url: str, schema_id: int, timeout: float = 30.0) -> str:
         try:
             found = SchemaRegistryClient({"url": key[0]}).get_schema(schema_id)
         except Exception as e:  # noqa: BLE001 - the client's errors, as a reason
-            raise MemwalError(f"schema id {schema_id} is not in the registry: {_reason(e)}") from e
+            raise MemwalError(f"schema id {schema_id} is not in the registry: {reason(e)}") from e
         kind, text = found.schema_type or "AVRO", found.schema_str
     else:
         try:
@@ -188,7 +188,7 @@ def registry_schema(url: str, schema_id: int, timeout: float = 30.0) -> str:
         except urllib.error.HTTPError as e:
             raise MemwalError(f"schema id {schema_id} is not in the registry (HTTP {e.code})") from e
         except (urllib.error.URLError, OSError, ValueError) as e:
-            raise MemwalError(f"schema id {schema_id}: the registry did not answer: {_reason(e)}") from e
+            raise MemwalError(f"schema id {schema_id}: the registry did not answer: {reason(e)}") from e
         kind, text = body.get("schemaType", "AVRO"), body.get("schema")
     if kind != "AVRO" or not isinstance(text, str):
         raise MemwalError(f"schema id {schema_id} is a {kind} schema, not Avro")
@@ -214,7 +214,7 @@ class AvroDecoder:
         self.schema_id = schema_id
         self.registry = registry
         self.with_header = schema_id is not None or registry is not None
-        fields = [pa.field(f.name, _json_type(f.type), nullable=True) for f in schema]
+        fields = [pa.field(f.name, json_type(f.type), nullable=True) for f in schema]
         if op_field and op_field not in schema.names:
             fields.append(pa.field(op_field, pa.string()))
         self.parse_schema = pa.schema(fields)
@@ -222,7 +222,7 @@ class AvroDecoder:
         try:
             self.reader = fastavro.parse_schema(json.loads(avro_schema)) if avro_schema is not None else None
         except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as e:
-            raise InvalidArgumentError(f"the Avro schema does not parse: {_reason(e)}") from e
+            raise InvalidArgumentError(f"the Avro schema does not parse: {reason(e)}") from e
         self.avro_schema = avro_schema
         self.native = native  # False: fastavro decodes every schema (the native path's yardstick)
         self._writers: dict[int | None, WriterSchema] = {}
@@ -268,7 +268,7 @@ class AvroDecoder:
             try:
                 writer = self._writer(None if sid < 0 else int(sid))
             except MemwalError as e:
-                errors.update({int(i): _reason(e) for i in group})
+                errors.update({int(i): reason(e) for i in group})
                 continue
             group_bodies = bodies.take(pa.array(group, pa.int64()))
             native = writer.read_native(group_bodies)
@@ -282,7 +282,7 @@ class AvroDecoder:
                 group, group_bodies = group[rest], group_bodies.take(pa.array(rest, pa.int64()))
 
             records, decoded, failed = writer.read(group_bodies)
-            errors.update({int(group[j]): reason for j, reason in failed.items()})
+            errors.update({int(group[j]): why for j, why in failed.items()})
             group = group[decoded]
 
             def attempt(idx: np.ndarray, records=records) -> pa.Table:
@@ -293,7 +293,7 @@ class AvroDecoder:
                 positions.append(group)
             except Exception:  # noqa: BLE001 - isolate the records whose values the columns cannot take
                 good, bad = bisect_failures(len(group), attempt)
-                errors.update({int(group[j]): f"the record does not fit the table's columns: {reason}" for j, reason in bad.items()})
+                errors.update({int(group[j]): f"the record does not fit the table's columns: {why}" for j, why in bad.items()})
                 if len(good):
                     tables.append(attempt(good))
                     positions.append(group[good])

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from memwal.streaming.batches import value_offsets
+
 #: Avro's primitive types the walk can step over, by encoding: fixed width in bytes, a varint,
 #: or a varint length then that many bytes.
 _FIXED = {"boolean": 1, "float": 4, "double": 8}
@@ -188,12 +190,6 @@ class _Walk:
             assert s.inner is not None
             self.step(s.inner, idx[~wrong & (branch != s.null_branch)])
         self._check(idx)
-
-
-def value_offsets(values: pa.BinaryArray) -> np.ndarray:
-    """Where each value of a binary array starts in its data buffer, and where the last ends
-    (``len(values) + 1`` offsets)."""
-    return np.frombuffer(values.buffers()[1], np.int32, len(values) + 1, values.offset * 4).astype(np.int64)
 
 
 def record_fits(steps: tuple[Step, ...], values: pa.BinaryArray) -> np.ndarray:

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal.streaming.decode import Binaries, Decoded, _json_type, binary_array, bisect_failures, read_json_objects
+from memwal.streaming.batches import Binaries, Decoded, binary_array, bisect_failures, json_type, read_json_objects
 
 #: The column of decoded rows holding the operation (not a table column: those may not start with "_").
 OP = "__memwal_debezium_op"
@@ -47,12 +47,12 @@ class DebeziumDecoder:
         self.schema = schema
         self.primary_key = list(primary_key)
         self.sequence_field = sequence_field
-        row = pa.struct([pa.field(f.name, _json_type(f.type)) for f in schema])
+        row = pa.struct([pa.field(f.name, json_type(f.type)) for f in schema])
         source = pa.struct([pa.field("lsn", pa.int64()), pa.field("ts_ms", pa.int64())])
         envelope = [pa.field("before", row), pa.field("after", row), pa.field("op", pa.string()),
                     pa.field("ts_ms", pa.int64()), pa.field("source", source)]
         self.value_schema = pa.schema(envelope + [pa.field("payload", pa.struct(envelope))])
-        key_fields = [pa.field(c, _json_type(schema.field(c).type)) for c in self.primary_key]
+        key_fields = [pa.field(c, json_type(schema.field(c).type)) for c in self.primary_key]
         self.key_schema = pa.schema(key_fields + [pa.field("payload", pa.struct(key_fields))])
 
     def decode_batch(self, values: Binaries, keys: Binaries) -> Decoded:
