@@ -1,41 +1,158 @@
-"""Debezium change events (JSON converter) as upserts and deletes of a table's rows.
+"""Debezium change events (Kafka Connect's JSON converter) as upserts and deletes of a table's rows.
 
-A Debezium value is an envelope ``{"before": row, "after": row, "op": "c"|"r"|"u"|"d",
-"source": {..., "lsn": n, "ts_ms": t}, "ts_ms": t}``, either bare
+A value is a Debezium envelope (:mod:`~memwal.streaming.envelope`), either bare
 (``value.converter.schemas.enable=false``) or wrapped as ``{"schema": ..., "payload":
-envelope}``. Creates (``c``), snapshot reads (``r``) and updates (``u``) upsert ``after``;
-deletes (``d``) delete the key of ``before``. A null value is the tombstone Debezium sends
-after a delete for log compaction: it changes nothing and is skipped (counted, not a dead
-letter). Key columns a row lacks (a delete's ``before`` is null or holds only some columns,
-depending on the source's replica identity) come from the Kafka key, Debezium's key JSON,
-wrapped or bare.
+envelope}`` (``schemas.enable=true``, the converter's default). A null value is the tombstone
+Debezium sends after a delete for log compaction: it changes nothing and is skipped (counted,
+not a dead letter). Keys are Debezium's key JSON, wrapped or bare.
 
-The source position (``source.lsn``, else ``source.ts_ms``, else the envelope's ``ts_ms``)
-becomes the sequence column when the sink has one: versions of a key are then ordered by it
-(ties by Kafka partition and offset), and with ``drop_stale_across_batches`` a replay of an
-older change never overwrites a newer one, whichever partition it arrives from.
+**Values with their schema.** A wrapped value's schema names each column's Connect type:
+decimals are base64 (``decimal.handling.mode=precise``, the default), timestamps epoch
+numbers in the unit their name says (``time.precision.mode=adaptive``, the default), and so
+on; each column is converted by it (:mod:`~memwal.streaming.connect`), exactly. The records
+of a batch are grouped by their schema without parsing each one: Kafka Connect writes
+``{"schema":`` first, so each value is split where its ``"payload":`` key starts (one Arrow
+kernel), the schema parts are grouped by an Arrow hash (normally one group per batch), each
+distinct schema is parsed once (and remembered), and only the payload part is given to
+Arrow's JSON reader: the schema, several times the payload's size, is never tokenized.
+Values written otherwise (another key order, whitespace) are found by a regular expression
+and their schema read record by record. Bare values, and wrapped ones whose schema does not
+describe the columns, are read as the table's types, as before.
 
-Everything is decoded per batch in Arrow calls (one JSON read for the values, one for the
-keys, column-wise selection); only a batch that fails as a whole is bisected to find the
-records at fault (:func:`~memwal.streaming.decode.bisect_failures`).
+Everything is decoded per batch in Arrow calls; only a group that fails as a whole is
+bisected to find the records at fault (:func:`~memwal.streaming.batches.bisect_failures`).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal.streaming.batches import Binaries, Decoded, binary_array, bisect_failures, json_type, read_json_objects
+from memwal.streaming.batches import Binaries, Decoded, binary_array, bisect_failures, json_type, read_json_objects, value_offsets
+from memwal.streaming.connect import ConnectSchema
+from memwal.streaming.envelope import OP, Columns, change_rows, envelope_type, row_schema
 
-#: The column of decoded rows holding the operation (not a table column: those may not start with "_").
-OP = "__memwal_debezium_op"
-#: Debezium's row operations: create, read (snapshot), update, delete.
-UPSERT_OPS = ("c", "r", "u")
-DELETE_OP = "d"
+__all__ = ["DebeziumDecoder", "OP", "SchemaGroup", "schema_groups"]
+
+#: What Kafka Connect's JSON converter writes at the start of a value with its schema, and
+#: the key that follows the schema.
+_SCHEMA_FIRST = b'{"schema":'
+_PAYLOAD_KEY = b'"payload":'
+#: A value whose schema is written otherwise (another key order, whitespace).
+_ANY_SCHEMA = r'"schema"\s*:\s*\{'
+#: Distinct schemas remembered per decoder (a topic has a handful; the bound only stops growth).
+_SCHEMA_CACHE = 256
+
+
+@dataclass(frozen=True)
+class SchemaGroup:
+    """Records of a batch that share one Connect schema."""
+
+    #: Their positions in the batch.
+    rows: np.ndarray
+    #: The schema of their values (None: none, or none that could be read).
+    schema: ConnectSchema | None
+    #: What the JSON reader reads: the values without their schema (``{"payload": ...}``),
+    #: or the values as they are.
+    values: pa.BinaryArray
+
+
+class _Schemas:
+    """The Connect schemas of the JSON converter's values, parsed once per distinct text."""
+
+    def __init__(self) -> None:
+        self._known: dict[bytes, ConnectSchema | None] = {}
+
+    def of_prefix(self, prefix: bytes) -> ConnectSchema | None:
+        """The schema of values starting ``{"schema": ..., `` (None if that is not one)."""
+        if prefix not in self._known:
+            if len(self._known) >= _SCHEMA_CACHE:
+                self._known.clear()
+            try:
+                obj = json.loads(prefix.rstrip(b" \t\r\n,") + b"}")
+                self._known[prefix] = ConnectSchema.from_json(obj["schema"]) if isinstance(obj, dict) and len(obj) == 1 else None
+            except (ValueError, KeyError, TypeError):
+                self._known[prefix] = None
+        return self._known[prefix]
+
+    def of_value(self, value: bytes) -> ConnectSchema | None:
+        """The schema of one value, read whole (values not written as the converter writes them)."""
+        try:
+            obj = json.loads(value)
+            return ConnectSchema.from_json(obj["schema"]) if isinstance(obj, dict) and isinstance(obj.get("schema"), dict) else None
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def _split(arr: pa.BinaryArray, at: np.ndarray) -> tuple[pa.BinaryArray, pa.BinaryArray]:
+    """Each value cut in two at ``at`` (a position per value): the heads and the tails, as two
+    arrays. The values' data is not copied to cut them: one array of 2n values over the same
+    data buffer (offsets start, start + at, next start, ...) gives both, taken apart."""
+    n = len(arr)
+    offsets = value_offsets(arr)
+    cut = np.empty(2 * n + 1, np.int64)
+    cut[0:-1:2] = offsets[:-1]
+    cut[1:-1:2] = offsets[:-1] + at
+    cut[-1] = offsets[-1]
+    both = pa.Array.from_buffers(pa.binary(), 2 * n, [None, pa.py_buffer(cut.astype(np.int32).tobytes()), arr.buffers()[2]])
+    idx = np.arange(n, dtype=np.int64) * 2
+    return both.take(pa.array(idx, pa.int64())), both.take(pa.array(idx + 1, pa.int64()))
+
+
+def schema_groups(arr: pa.BinaryArray, schemas: _Schemas | None = None) -> list[SchemaGroup]:
+    """The non-null values of ``arr`` grouped by their Connect schema (see the module's doc)."""
+    schemas = schemas or _Schemas()
+    n = len(arr)
+    present = np.asarray(arr.is_valid(), bool)
+    at = np.asarray(pc.find_substring(arr, _PAYLOAD_KEY).fill_null(-1), np.int64)
+    fast = present & (at > 0) & np.asarray(pc.starts_with(arr, _SCHEMA_FIRST).fill_null(False), bool)
+    groups: list[SchemaGroup] = []
+    found = np.zeros(n, bool)
+    if fast.any():
+        rows = np.flatnonzero(fast)
+        chosen = arr if len(rows) == n else arr.take(pa.array(rows, pa.int64()))
+        heads, tails = _split(chosen, at[rows])
+        codes = pc.dictionary_encode(heads)
+        index = np.asarray(codes.indices, np.int64)
+        tails = pc.binary_join_element_wise(_OPEN, tails, _EMPTY)  # "{" + '"payload": ...}'
+        by_schema: dict[int, list[int]] = {}
+        for k, prefix in enumerate(codes.dictionary.to_pylist()):
+            schema = schemas.of_prefix(prefix)
+            if schema is not None:
+                by_schema.setdefault(id(schema), []).append(k)
+        for ks in by_schema.values():
+            keep = np.flatnonzero(np.isin(index, ks))
+            schema = schemas.of_prefix(codes.dictionary[ks[0]].as_py())
+            groups.append(SchemaGroup(rows[keep], schema, tails.take(pa.array(keep, pa.int64()))))
+            found[rows[keep]] = True
+    rest = present & ~found
+    if rest.any():
+        slow = rest & np.asarray(pc.match_substring_regex(arr, _ANY_SCHEMA).fill_null(False), bool)
+        by_text: dict[str, list[int]] = {}
+        parsed: dict[str, ConnectSchema] = {}
+        for i in np.flatnonzero(slow):  # written otherwise than Kafka Connect writes: read one by one
+            schema = schemas.of_value(arr[int(i)].as_py())
+            if schema is not None:
+                text = repr(schema)
+                parsed[text] = schema
+                by_text.setdefault(text, []).append(int(i))
+        for text, idx in by_text.items():
+            rows = np.array(idx, np.int64)
+            groups.append(SchemaGroup(rows, parsed[text], arr.take(pa.array(rows, pa.int64()))))
+            rest[rows] = False
+        if rest.any():
+            rows = np.flatnonzero(rest)
+            groups.append(SchemaGroup(rows, None, arr if len(rows) == n else arr.take(pa.array(rows, pa.int64()))))
+    return groups
+
+
+_OPEN = pa.scalar(b"{", pa.binary())
+_EMPTY = pa.scalar(b"", pa.binary())
 
 
 class DebeziumDecoder:
@@ -47,92 +164,108 @@ class DebeziumDecoder:
         self.schema = schema
         self.primary_key = list(primary_key)
         self.sequence_field = sequence_field
-        row = pa.struct([pa.field(f.name, json_type(f.type)) for f in schema])
-        source = pa.struct([pa.field("lsn", pa.int64()), pa.field("ts_ms", pa.int64())])
-        envelope = [pa.field("before", row), pa.field("after", row), pa.field("op", pa.string()),
-                    pa.field("ts_ms", pa.int64()), pa.field("source", source)]
-        self.value_schema = pa.schema(envelope + [pa.field("payload", pa.struct(envelope))])
-        key_fields = [pa.field(c, json_type(schema.field(c).type)) for c in self.primary_key]
-        self.key_schema = pa.schema(key_fields + [pa.field("payload", pa.struct(key_fields))])
+        #: What each column is converted to (then conformed to the table's type, as for JSON).
+        self.targets = {f.name: json_type(f.type) for f in schema}
+        self._schemas = _Schemas()
+        self._key_schemas = _Schemas()
+        self._plans: dict[int, tuple[ConnectSchema | None, Columns, pa.Schema]] = {}
+
+    def _plan(self, schema: ConnectSchema | None, key: bool = False) -> tuple[Columns, pa.Schema]:
+        """How records of one schema are read: the columns, and the JSON reader's schema."""
+        cache_key = (id(schema), key)
+        hit = self._plans.get(cache_key)  # type: ignore[call-overload]
+        if hit is not None and hit[0] is schema:
+            return hit[1], hit[2]
+        if len(self._plans) >= _SCHEMA_CACHE:
+            self._plans.clear()
+        if key:
+            columns = Columns.of_struct(self.schema, self.targets, schema, pa.string(), self.primary_key)
+            fields = [pa.field(c, columns.parse.field(c).type) for c in self.primary_key]
+            parse = pa.schema([pa.field("payload", pa.struct(fields))] if schema is not None else fields + [pa.field("payload", pa.struct(fields))])
+        else:
+            columns = Columns.of_struct(self.schema, self.targets, row_schema(schema), pa.string())
+            envelope = envelope_type(columns.parse)
+            parse = pa.schema([pa.field("payload", envelope)] if schema is not None else list(envelope) + [pa.field("payload", envelope)])
+        self._plans[cache_key] = (schema, columns, parse)  # type: ignore[index]
+        return columns, parse
 
     def decode_batch(self, values: Binaries, keys: Binaries) -> Decoded:
-        values, key_array = binary_array(values).to_pylist(), binary_array(keys)
-        present = np.array([i for i, v in enumerate(values) if v is not None], dtype=np.int64)
-        skipped = len(values) - len(present)  # tombstones
-        vals = [values[i] for i in present]
+        arr, key_array = binary_array(values), binary_array(keys)
+        skipped = int(arr.null_count)  # tombstones
         errors: dict[int, str] = {}
-        try:
-            env = read_json_objects(vals, self.value_schema)
-            good = np.arange(len(vals))
-        except Exception:  # noqa: BLE001 - isolate the records at fault
-            good, bad = bisect_failures(len(vals), lambda idx: read_json_objects([vals[i] for i in idx], self.value_schema))
-            for j, reason in bad.items():
-                errors[int(present[j])] = _envelope_reason(vals[j], reason)
-            env = read_json_objects([vals[i] for i in good], self.value_schema) if len(good) else self.value_schema.empty_table()
-        positions = present[good]
-        rows, row_errors = self._rows(_unwrap(env, [f.name for f in self.value_schema if f.name != "payload"]),
-                                      key_array.take(pa.array(positions, pa.int64())))
-        for j, reason in row_errors.items():
-            errors[int(positions[j])] = reason
-        keep = np.array([j for j in range(len(positions)) if j not in row_errors], dtype=np.int64)
-        return Decoded(rows.take(pa.array(keep, pa.int64())), positions[keep], errors, skipped)
+        tables: list[pa.Table] = []
+        positions: list[np.ndarray] = []
+        for group in schema_groups(arr, self._schemas):
+            columns, parse = self._plan(group.schema)
+            vals = group.values
+            try:
+                env, good = read_json_objects(vals, parse), np.arange(len(vals))
+            except Exception:  # noqa: BLE001 - isolate the records at fault
+                good, bad = bisect_failures(len(vals), lambda idx, v=vals, p=parse: read_json_objects(v.take(pa.array(idx, pa.int64())), p))
+                for j, why in bad.items():
+                    errors[int(group.rows[j])] = _envelope_reason(arr[int(group.rows[j])].as_py(), why)
+                env = read_json_objects(vals.take(pa.array(good, pa.int64())), parse) if len(good) else parse.empty_table()
+            rows_at = group.rows[good]
+            fields = _unwrap(env, ["before", "after", "op", "ts_ms", "source"], wrapped=group.schema is not None)
+            rows, row_errors = change_rows(fields, columns, self.primary_key, self.sequence_field,
+                                           lambda at=rows_at: self._keys(key_array.take(pa.array(at, pa.int64()))))
+            for j, why in row_errors.items():
+                errors[int(rows_at[j])] = why
+            keep = np.flatnonzero(~np.isin(np.arange(len(rows_at)), np.fromiter(row_errors, np.int64, len(row_errors))))
+            tables.append(rows if len(keep) == len(rows_at) else rows.take(pa.array(keep, pa.int64())))
+            positions.append(rows_at[keep])
+        if not tables:
+            columns, _ = self._plan(None)
+            empty = pa.schema([pa.field(c, columns.targets[c]) for c in columns.names] + [pa.field(OP, pa.string())])
+            return Decoded(empty.empty_table(), np.zeros(0, np.int64), errors, skipped)
+        pos = np.concatenate(positions)
+        rows = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        if len(tables) > 1:  # in batch order, as one group gives them
+            order = np.argsort(pos, kind="stable")
+            rows, pos = rows.take(pa.array(order, pa.int64())), pos[order]
+        return Decoded(rows, pos, errors, skipped)
 
-    def _rows(self, env: dict[str, pa.Array], keys: pa.BinaryArray) -> tuple[pa.Table, dict[int, str]]:
-        """Table rows (plus :data:`OP` and the sequence) of unwrapped envelopes, and the
-        positions of malformed ones with the reason."""
-        op = env["op"]
-        is_delete = pc.fill_null(pc.equal(op, DELETE_OP), False)
-        is_upsert = pc.fill_null(pc.is_in(op, pa.array(UPSERT_OPS)), False)
-        errors: dict[int, str] = {}
-        for j in np.flatnonzero(~np.asarray(is_delete) & ~np.asarray(is_upsert)):
-            o = op[int(j)].as_py()
-            errors[int(j)] = ("not a Debezium change event: no 'op' field" if o is None
-                              else f"Debezium operation {o!r} is not a row change (expected one of c, r, u, d)")
-        after_missing = np.asarray(pc.and_(is_upsert, env["after"].is_null()))
-        for j in np.flatnonzero(after_missing):
-            errors.setdefault(int(j), f"Debezium {op[int(j)].as_py()!r} event without an 'after' row")
-        columns = [pc.if_else(is_delete, pc.struct_field(env["before"], f.name), pc.struct_field(env["after"], f.name))
-                   for f in self.schema]
-        names = list(self.schema.names)
-        if any(columns[names.index(c)].null_count for c in self.primary_key):
-            key_rows = self._keys(keys.to_pylist())  # the key when the value lacks it
-            for c in self.primary_key:
-                columns[names.index(c)] = pc.coalesce(columns[names.index(c)], key_rows[c])
-        if self.sequence_field:
-            source = env["source"]
-            position = pc.coalesce(pc.struct_field(source, "lsn"), pc.struct_field(source, "ts_ms"), env["ts_ms"])
-            for j in np.flatnonzero(np.asarray(position.is_null())):
-                errors.setdefault(int(j), "the Debezium event has no source position (source.lsn, source.ts_ms or ts_ms)")
-            columns[names.index(self.sequence_field)] = position
-        rows = pa.Table.from_arrays(columns + [op], names=names + [OP])
-        return rows, errors
-
-    def _keys(self, keys: list[bytes | None]) -> dict[str, pa.Array]:
-        """Primary-key columns of Debezium key JSON, bare or wrapped; null where a record has
-        no key or its key does not parse (the value must then hold the key itself)."""
+    def _keys(self, keys: pa.BinaryArray) -> dict[str, pa.Array]:
+        """Primary-key columns of Debezium key JSON, bare or wrapped (converted by their schema);
+        null where a record has no key, or its key does not parse or fit (the value must then
+        hold the key itself)."""
         n = len(keys)
-        out = {c: pa.nulls(n, self.key_schema.field(c).type) for c in self.primary_key}
-        present = [i for i, k in enumerate(keys) if k is not None]
-        if not present or not self.primary_key:
+        targets = {c: self.targets[c] for c in self.primary_key}
+        out = {c: pa.nulls(n, targets[c]) for c in self.primary_key}
+        if not self.primary_key or keys.null_count == n:
             return out
-        ks = [keys[i] for i in present]
-        try:
-            parsed, good = read_json_objects(ks, self.key_schema), np.arange(len(ks))
-        except Exception:  # noqa: BLE001 - unparseable keys count as absent
-            good, _ = bisect_failures(len(ks), lambda idx: read_json_objects([ks[i] for i in idx], self.key_schema))
-            parsed = read_json_objects([ks[i] for i in good], self.key_schema) if len(good) else self.key_schema.empty_table()
-        cols = _unwrap(parsed, self.primary_key)
-        at = np.full(n, -1, np.int64)
-        at[np.asarray(present, np.int64)[good]] = np.arange(len(good))
-        idx = pa.array(at, pa.int64(), mask=at < 0)
-        return {c: cols[c].take(idx) for c in self.primary_key}
+        at = {c: [] for c in self.primary_key}  # type: dict[str, list[pa.Array]]
+        rows_of: list[np.ndarray] = []
+        for group in schema_groups(keys, self._key_schemas):
+            columns, parse = self._plan(group.schema, key=True)
+            vals = group.values
+            try:
+                parsed, good = read_json_objects(vals, parse), np.arange(len(vals))
+            except Exception:  # noqa: BLE001 - unparseable keys count as absent
+                good, _ = bisect_failures(len(vals), lambda idx, v=vals, p=parse: read_json_objects(v.take(pa.array(idx, pa.int64())), p))
+                parsed = read_json_objects(vals.take(pa.array(good, pa.int64())), parse) if len(good) else parse.empty_table()
+            raw = _unwrap(parsed, self.primary_key, wrapped=group.schema is not None)
+            converted = columns.convert(raw, {})  # a key that does not fit is null: the value must hold it
+            for c in self.primary_key:
+                at[c].append(converted[c])
+            rows_of.append(group.rows[good])
+        if not rows_of:
+            return out
+        rows = np.concatenate(rows_of)
+        where = np.full(n, len(rows), np.int64)  # a trailing null for records without a key
+        where[rows] = np.arange(len(rows))
+        idx = pa.array(where, pa.int64())
+        return {c: pa.concat_arrays([*(a.cast(targets[c]) for a in at[c]), pa.nulls(1, targets[c])]).take(idx) for c in self.primary_key}
 
 
-def _unwrap(t: pa.Table, names: list[str]) -> dict[str, pa.Array]:
-    """Per name: the field of ``payload`` where a record is wrapped, else its top-level field."""
+def _unwrap(t: pa.Table, names: list[str], wrapped: bool) -> dict[str, pa.Array]:
+    """Per name: the field of ``payload`` (wrapped values; a bare value's own field when it has
+    no ``payload``), or the value's top-level field."""
     payload = t.column("payload").combine_chunks()
-    wrapped = payload.is_valid()
-    return {n: pc.if_else(wrapped, pc.struct_field(payload, n), t.column(n).combine_chunks()) for n in names}
+    if wrapped:
+        return {n: pc.struct_field(payload, n) for n in names}
+    has = payload.is_valid()
+    return {n: pc.if_else(has, pc.struct_field(payload, n), t.column(n).combine_chunks()) for n in names}
 
 
 def _envelope_reason(value: bytes | None, reason: str) -> str:
@@ -143,6 +276,3 @@ def _envelope_reason(value: bytes | None, reason: str) -> str:
     if not isinstance(obj, dict):
         return f"the value is JSON {type(obj).__name__}, not a Debezium envelope"
     return f"the Debezium envelope does not match the table schema: {reason}"
-
-
-__all__ = ["DebeziumDecoder"]
