@@ -100,11 +100,11 @@ def cmd_init(args: argparse.Namespace) -> int:
     )
     if file_io_for(args.uri, _storage(args)).is_file(paths.normalize_uri(args.uri)):  # before reading any input
         raise InvalidArgumentError(f"{args.uri} is a file, not a directory; a table is a directory: pick another URI")
-    schema = formats.read_schema(args.schema_from)
+    schema, primary_key = _init_schema(args)
     table = Table.create(
         args.uri,
         schema,
-        primary_key=args.primary_key,
+        primary_key=primary_key,
         shard_by=args.shard_by,
         writer=writer,
         indexes=IndexConfig(vector_column=args.vector_column, fts_column=args.fts_column),
@@ -112,6 +112,33 @@ def cmd_init(args: argparse.Namespace) -> int:
     )
     print(f"created {table.uri}: primary key {', '.join(table.primary_key)}; sharding {table.spec.render()}")
     return 0
+
+
+def _init_schema(args: argparse.Namespace) -> tuple[pa.Schema, list[str]]:
+    """The schema and primary key ``init`` creates: from a data file, or from a Debezium change
+    event (whose key, when given, names the primary key; --primary-key overrides it)."""
+    if (args.schema_from is None) == (args.schema_from_debezium is None):
+        raise InvalidArgumentError("give one of --schema-from FILE and --schema-from-debezium FILE|-")
+    if args.schema_from is not None:
+        if not args.primary_key:
+            raise InvalidArgumentError("--primary-key COL is required with --schema-from")
+        return formats.read_schema(args.schema_from), args.primary_key
+    from memwal.streaming.debezium import schema_from_event
+
+    source = args.schema_from_debezium
+    try:
+        if source == "-":
+            text = sys.stdin.buffer.read()
+        else:
+            with open(source, "rb") as f:
+                text = f.read()
+    except OSError as e:
+        raise InputFileError(f"cannot read the change event {source}: {e.strerror or e}") from e
+    event = schema_from_event(text)
+    primary_key = args.primary_key or list(event.primary_key or ())
+    if not primary_key:
+        raise InvalidArgumentError("the change event came without its key: give --primary-key COL (or the key's JSON before the value)")
+    return event.schema, primary_key
 
 
 def _durability_flag(s: argparse.ArgumentParser, default: str | None = None, what: str = "durability of this command's writes") -> None:
@@ -545,8 +572,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("init", help="create a table", description="Create an empty memwal table.")
     s.add_argument("uri", metavar="URI", help="table location: a local path, or s3://, gs://, az:// URI")
-    s.add_argument("--schema-from", required=True, metavar="FILE", help="Parquet, Arrow IPC or JSON-lines file whose schema to use (no rows are written)")
-    s.add_argument("--primary-key", required=True, action="append", metavar="COL", help="primary-key column; repeat for a composite key")
+    s.add_argument("--schema-from", metavar="FILE", help="Parquet, Arrow IPC or JSON-lines file whose schema to use (no rows are written)")
+    s.add_argument("--schema-from-debezium", metavar="FILE|-",
+        help="a Debezium change event as Kafka Connect's JSON converter writes it with its schema (its key too, before or after it, "
+        "gives the primary key): each column gets the Arrow type of its Connect type (docs/formats.md)")
+    s.add_argument("--primary-key", action="append", metavar="COL",
+        help="primary-key column; repeat for a composite key (required with --schema-from; with --schema-from-debezium, the event's key)")
     s.add_argument("--shard-by", default="unsharded", metavar="SPEC", help="sharding spec, e.g. 'bucket(id,4)', 'identity(region)', 'unsharded' (default)")
     s.add_argument("--max-memtable-rows", type=int, default=WriterConfig.max_memtable_rows, help="rows per MemTable before it is flushed to an SSTable")
     s.add_argument("--wal-flush-interval-ms", type=int, default=WriterConfig.max_wal_flush_interval_ms, help="WAL flush tick; a durable write waits for it")

@@ -33,11 +33,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memwal.errors import InvalidArgumentError
 from memwal.streaming.batches import Binaries, Decoded, binary_array, bisect_failures, json_type, read_json_objects, value_offsets
-from memwal.streaming.connect import ConnectSchema
+from memwal.streaming.connect import ConnectSchema, arrow_type
 from memwal.streaming.envelope import OP, Columns, change_rows, envelope_type, row_schema
 
-__all__ = ["DebeziumDecoder", "OP", "SchemaGroup", "schema_groups"]
+__all__ = ["DebeziumDecoder", "EventSchema", "OP", "SchemaGroup", "schema_from_event", "schema_groups"]
 
 #: What Kafka Connect's JSON converter writes at the start of a value with its schema, and
 #: the key that follows the schema.
@@ -276,3 +277,58 @@ def _envelope_reason(value: bytes | None, reason: str) -> str:
     if not isinstance(obj, dict):
         return f"the value is JSON {type(obj).__name__}, not a Debezium envelope"
     return f"the Debezium envelope does not match the table schema: {reason}"
+
+
+@dataclass(frozen=True)
+class EventSchema:
+    """The table a topic of change events fills: the Arrow schema of its rows and, when the
+    event's key came with it, the primary key (the key's fields, in order)."""
+
+    schema: pa.Schema
+    primary_key: tuple[str, ...] | None
+
+
+def schema_from_event(text: bytes | str) -> EventSchema:
+    """The table schema of one change event as Kafka Connect's JSON converter writes it with
+    its schema (``memwal init --schema-from-debezium``): ``text`` holds the event's value,
+    optionally preceded or followed by its key (JSON documents one after another, as
+    ``kafka-console-consumer --property print.key=true`` prints them). Each column gets the
+    natural Arrow type of its Connect type (:func:`~memwal.streaming.connect.arrow_type`),
+    nullable as the column is optional."""
+    data = text.decode("utf-8") if isinstance(text, bytes) else text
+    decoder = json.JSONDecoder()
+    docs, at = [], 0
+    while True:
+        while at < len(data) and data[at].isspace():
+            at += 1
+        if at >= len(data):
+            break
+        try:
+            doc, at = decoder.raw_decode(data, at)
+        except ValueError as e:
+            raise InvalidArgumentError(f"the change event is not JSON: {e}") from None
+        docs.append(doc)
+    row: ConnectSchema | None = None
+    key: ConnectSchema | None = None
+    for doc in docs:
+        schema = doc.get("schema") if isinstance(doc, dict) and "schema" in doc else doc
+        if not isinstance(schema, dict):
+            continue
+        try:
+            parsed = ConnectSchema.from_json(schema)
+        except ValueError:
+            continue
+        if row_schema(parsed) is not None:
+            row = row_schema(parsed)
+        elif parsed.type == "struct" and parsed.fields:
+            key = parsed
+    if row is None:
+        raise InvalidArgumentError("no change event with its schema found: give a Debezium value as Kafka Connect's JSON converter "
+                                   "writes it with schemas.enable=true ({\"schema\": {...}, \"payload\": {...}})")
+    fields = []
+    for name, f in row.fields:
+        try:
+            fields.append(pa.field(name, arrow_type(f), nullable=f.optional))
+        except ValueError as e:
+            raise InvalidArgumentError(f"column {name!r}: {e}") from None
+    return EventSchema(pa.schema(fields), tuple(n for n, _ in key.fields) if key is not None else None)
