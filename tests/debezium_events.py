@@ -297,3 +297,114 @@ def random_order(rng, oid: int, i: int) -> dict[str, Any]:
         "attrs": {"n": i, "tags": ["a", "b"][: rng.randrange(3)]} if rng.random() < 0.5 else None,
         "note": rng.choice(["none", "gift", "fragile"]),
     }
+
+
+# -- Debezium's Avro converter (Confluent's AvroConverter: AvroData's Connect -> Avro mapping) --------
+
+
+def _avro_type(schema: dict, names: dict[str, bool], logical_times: bool) -> Any:
+    """A Connect field schema (as the JSON converter writes it) as AvroData writes it in Avro:
+    ``connect.name``/``connect.version``/``connect.parameters``/``connect.default`` attributes,
+    Avro's ``decimal`` logical type for Connect decimals; with ``logical_times``, Avro's
+    ``timestamp-micros``/``timestamp-millis``/``date`` logical types for Debezium's times (as
+    converters that map them to Avro logical types write them)."""
+    literal = {"int8": "int", "int16": "int", "int32": "int", "int64": "long", "float32": "float", "float64": "double",
+               "boolean": "boolean", "string": "string", "bytes": "bytes"}
+    name = schema.get("name")
+    if schema["type"] == "struct":
+        full = name or "ConnectDefault"
+        if full in names:
+            out: Any = full.rsplit(".", 1)[-1] if "." not in full else full
+            return out
+        names[full] = True
+        ns, short = full.rsplit(".", 1) if "." in full else (None, full)
+        record: dict[str, Any] = {"type": "record", "name": short}
+        if ns:
+            record["namespace"] = ns
+        fields = []
+        for f in schema["fields"]:
+            t = _avro_type(f, names, logical_times)
+            field: dict[str, Any] = {"name": f["field"], "type": ["null", t] if f.get("optional") else t}
+            if f.get("optional"):
+                field["default"] = None
+            elif "default" in f:
+                field["default"] = f["default"]
+            fields.append(field)
+        record["fields"] = fields
+        if "doc" in schema:
+            record["connect.doc"] = schema["doc"]
+        if "version" in schema:
+            record["connect.version"] = schema["version"]
+        if name:
+            record["connect.name"] = name
+        return record
+    t: dict[str, Any] = {"type": literal[schema["type"]]}
+    if schema["type"] in ("int8", "int16"):
+        t["connect.type"] = schema["type"]
+    if name == "org.apache.kafka.connect.data.Decimal":
+        t["scale"] = int(schema["parameters"]["scale"])
+        t["precision"] = int(schema["parameters"].get("connect.decimal.precision", 64))
+    if "version" in schema:
+        t["connect.version"] = schema["version"]
+    if "parameters" in schema:
+        t["connect.parameters"] = schema["parameters"]
+    if "default" in schema:
+        t["connect.default"] = schema["default"]
+    if name:
+        t["connect.name"] = name
+    if name == "org.apache.kafka.connect.data.Decimal":
+        t["logicalType"] = "decimal"
+    elif logical_times and name in ("io.debezium.time.MicroTimestamp", "io.debezium.time.Timestamp", "io.debezium.time.Date"):
+        t = {"type": t["type"], "logicalType": {"io.debezium.time.MicroTimestamp": "timestamp-micros",
+                                                "io.debezium.time.Timestamp": "timestamp-millis", "io.debezium.time.Date": "date"}[name]}
+    return t if len(t) > 1 else t["type"]
+
+
+def _raw(value: Any, schema: dict) -> Any:
+    """A JSON converter value as the Avro converter's datum (bytes instead of base64)."""
+    if value is None:
+        return None
+    if schema["type"] == "bytes":
+        return base64.b64decode(value)
+    if schema["type"] == "struct":
+        return {f["field"]: _raw(value.get(f["field"]), f) for f in schema["fields"]}
+    return value
+
+
+class AvroTopic:
+    """A table's change events as Debezium's Avro converter writes them: Confluent framing
+    (magic byte, schema id), the value's and the key's Avro schemas registered by id."""
+
+    def __init__(self, table: PostgresTable, value_id: int = 7, key_id: int = 8, logical_times: bool = False) -> None:
+        self.table, self.value_id, self.key_id = table, value_id, key_id
+        self.value_avro = _avro_type(table.value_schema, {}, logical_times)
+        self.key_avro = _avro_type(table.key_schema, {}, logical_times)
+        import fastavro
+
+        self._fastavro = fastavro
+        self._value = fastavro.parse_schema(_strip(self.value_avro))
+        self._key = fastavro.parse_schema(_strip(self.key_avro))
+
+    def _frame(self, schema_id: int, parsed: Any, datum: Any) -> bytes:
+        import io
+
+        buf = io.BytesIO()
+        self._fastavro.schemaless_writer(buf, parsed, datum)
+        return b"\x00" + schema_id.to_bytes(4, "big") + buf.getvalue()
+
+    def event(self, *args: Any, **kwargs: Any) -> bytes:
+        envelope = json.loads(self.table.event(*args, **kwargs))
+        return self._frame(self.value_id, self._value, _raw(envelope["payload"], envelope["schema"]))
+
+    def key_of(self, values: dict[str, Any]) -> bytes:
+        key = json.loads(self.table.key_of(values))
+        return self._frame(self.key_id, self._key, _raw(key["payload"], key["schema"]))
+
+
+def _strip(schema: Any) -> Any:
+    """Without logical types: the datum is written from raw values (the same bytes)."""
+    if isinstance(schema, list):
+        return [_strip(t) for t in schema]
+    if isinstance(schema, dict):
+        return {k: _strip(v) for k, v in schema.items() if k != "logicalType"}
+    return schema

@@ -8,7 +8,6 @@ import json
 import os
 import random
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import fastavro
 import numpy as np
@@ -18,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from brokers import produce
 from helpers import approx, keyed_changes, table_rows
+from registry import Registry
 
 from memwal import Table, readers
 from memwal.errors import InvalidArgumentError
@@ -324,42 +324,6 @@ def test_only_flat_writer_schemas_without_logical_types_take_the_native_path():
               {"type": "record", "name": "inner", "fields": []}, {"type": "fixed", "name": "f", "size": 2}):
         assert plan(with_field(t)) is None, t
     assert plan("[1, 2]") is None and plan("not json") is None
-
-
-class Registry:
-    """A schema registry's read API (``GET /schemas/ids/{id}``) over real HTTP on 127.0.0.1:
-    what a registry client asks to decode Confluent-framed values."""
-
-    def __init__(self, schemas: dict[int, dict]) -> None:
-        self.schemas = schemas
-        self.requests: list[str] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 - http.server's name
-                outer.requests.append(self.path)
-                parts = self.path.strip("/").split("/")
-                if len(parts) == 3 and parts[:2] == ["schemas", "ids"] and parts[2].isdigit() and int(parts[2]) in outer.schemas:
-                    body = json.dumps({"schema": json.dumps(outer.schemas[int(parts[2])])}).encode()
-                    self.send_response(200)
-                else:
-                    body = json.dumps({"error_code": 40403, "message": "Schema not found"}).encode()
-                    self.send_response(404)
-                self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture

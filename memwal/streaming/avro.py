@@ -30,15 +30,17 @@ import os
 import threading
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal.errors import InvalidArgumentError, MemwalError
-from memwal.streaming.avro_native import NativeReader, Step, conform_rows, conformable, plan, record_fits
+from memwal.streaming.avro_native import NativeReader, Step, conform_rows, conformable, nested_plan, plan, record_fits
 from memwal.streaming.batches import Binaries, Decoded, binary_array, bisect_failures, json_type, reason, value_offsets
+from memwal.streaming.connect import ConnectSchema
+from memwal.streaming.envelope import OP, Columns, change_rows, envelope_type, row_schema
 
 log = logging.getLogger(__name__)
 
@@ -83,22 +85,67 @@ def _concatenated(arr: pa.BinaryArray) -> bytes:
     return data[int(offsets[0]):int(offsets[-1])].to_pybytes() if data is not None else b""
 
 
+def is_envelope(schema: Any) -> bool:
+    """Whether an Avro schema is a Debezium change-event envelope (a record with ``op``,
+    ``before`` and ``after``)."""
+    names = {f.get("name") for f in schema.get("fields", []) if isinstance(f, dict)} if isinstance(schema, dict) else set()
+    return schema.get("type") == "record" and {"op", "before", "after"} <= names if isinstance(schema, dict) else False
+
+
+def raw_schema(schema: Any) -> Any:
+    """An Avro schema without its logical types: fastavro then reads the raw values (a decimal's
+    bytes, a timestamp's long) that the column converters turn into the column's type, as the
+    JSON converter's values are, instead of building a Python object per value."""
+    if isinstance(schema, list):
+        return [raw_schema(t) for t in schema]
+    if isinstance(schema, dict):
+        return {k: raw_schema(v) for k, v in schema.items() if k != "logicalType"}
+    return schema
+
+
+def conform_struct(arr: pa.Array, t: pa.DataType) -> pa.Array:
+    """A decoded column as ``t`` (a reader's raw types into the parse types): struct fields by
+    name (missing ones null, others dropped), integers widened; nulls kept."""
+    if pa.types.is_struct(t):
+        if not pa.types.is_struct(arr.type):
+            return pa.nulls(len(arr), t)
+        names = {arr.type.field(i).name for i in range(arr.type.num_fields)}
+        children = [conform_struct(pc.struct_field(arr, f.name), f.type) if f.name in names else pa.nulls(len(arr), f.type) for f in t]
+        return pa.StructArray.from_arrays(children, fields=list(t), mask=arr.is_null() if arr.null_count else None)
+    return arr if arr.type == t else arr.cast(t)
+
+
 class WriterSchema:
     """One writer schema, parsed, with what decoding a batch of its records needs."""
 
-    def __init__(self, schema_json: str, reader: Any | None, parse_schema: pa.Schema, native: bool = True) -> None:
+    def __init__(self, schema_json: str, reader: Any | None, parse_schema: pa.Schema, native: bool = True,
+                 reader_json: str | None = None) -> None:
         fastavro = _fastavro()
         self.json = schema_json
-        self.parsed = fastavro.parse_schema(json.loads(schema_json))
-        self.reader = reader  # parsed reader schema, None: the writer schema itself
+        obj = json.loads(schema_json)
         self.sync = os.urandom(16)
-        self.header = _container_header(schema_json, self.sync)
-        self.parse_schema = parse_schema  # what the rows are decoded into
-        #: How to walk a record of this schema for the native path; None: fastavro only (also
-        #: when a reader schema differs, as Avro's resolution is fastavro's, or when the table's
-        #: columns cannot take the native rows' types, so no batch pays for a native read).
-        steps = plan(schema_json) if reader is None and native else None
-        self.steps: tuple[Step, ...] | None = steps if steps is not None and conformable(schema_json, parse_schema) else None
+        self.parse_schema = parse_schema  # what the rows of flat records are decoded into
+        #: A Debezium change-event envelope (Debezium's Avro converter): its rows are read raw
+        #: (logical types left to the column converters) and turned into changes.
+        self.envelope = is_envelope(json.loads(reader_json) if reader is not None and reader_json else obj)
+        self.connect: ConnectSchema | None = None
+        container = schema_json
+        if self.envelope:
+            self.parsed = fastavro.parse_schema(raw_schema(obj))
+            self.reader = fastavro.parse_schema(raw_schema(json.loads(reader_json))) if reader is not None and reader_json else None
+            self.connect = ConnectSchema.from_avro(json.loads(reader_json) if self.reader is not None else obj)
+            nested = nested_plan(schema_json) if self.reader is None and native else None
+            self.steps: tuple[Step, ...] | None = nested[0] if nested else None
+            container = nested[1] if nested else schema_json
+        else:
+            self.parsed = fastavro.parse_schema(obj)
+            self.reader = reader  # parsed reader schema, None: the writer schema itself
+            #: How to walk a record of this schema for the native path; None: fastavro only (also
+            #: when a reader schema differs, as Avro's resolution is fastavro's, or when the table's
+            #: columns cannot take the native rows' types, so no batch pays for a native read).
+            steps = plan(schema_json) if reader is None and native else None
+            self.steps = steps if steps is not None and conformable(schema_json, parse_schema) else None
+        self.header = _container_header(container, self.sync)
         self._native: NativeReader | None = None
 
     def _container(self, data: bytes, n: int) -> bytes:
@@ -118,7 +165,9 @@ class WriterSchema:
         try:
             if self._native is None:
                 self._native = NativeReader()
-            rows = conform_rows(self._native.read(self._container(_concatenated(chosen), len(chosen))), self.parse_schema)
+            rows = self._native.read(self._container(_concatenated(chosen), len(chosen)))
+            if not self.envelope:
+                rows = conform_rows(rows, self.parse_schema)
         except Exception as e:  # noqa: BLE001 - e.g. a string that is not UTF-8: fastavro names it
             log.debug("native Avro decoding of %d value(s) failed, fastavro decodes them: %s", len(chosen), reason(e))
             return None
@@ -203,7 +252,7 @@ class AvroDecoder:
 
     def __init__(self, schema: pa.Schema, op_field: str | None = "op", sequence_field: str | None = None,
                  avro_schema: str | None = None, schema_id: int | None = None, registry: str | None = None,
-                 native: bool = True) -> None:
+                 native: bool = True, primary_key: Sequence[str] = ()) -> None:
         if avro_schema is None and registry is None:
             raise InvalidArgumentError("--format avro needs --avro-schema FILE.avsc or --schema-registry URL")
         if schema_id is not None and registry is not None:
@@ -226,14 +275,21 @@ class AvroDecoder:
         self.avro_schema = avro_schema
         self.native = native  # False: fastavro decodes every schema (the native path's yardstick)
         self._writers: dict[int | None, WriterSchema] = {}
+        #: What each column is converted to from a Debezium envelope (then conformed, as for JSON).
+        self.targets = {f.name: json_type(f.type) for f in schema}
+        self.primary_key = list(primary_key)  # a Debezium change's key columns, from the Kafka key when the value lacks them
+        self._columns: dict[int, tuple[WriterSchema, Columns]] = {}
+        #: Null values are Debezium's tombstones (skipped) once the topic is known to carry envelopes.
+        self._envelopes = avro_schema is not None and is_envelope(json.loads(avro_schema))
 
     def _writer(self, schema_id: int | None) -> WriterSchema:
         w = self._writers.get(schema_id)
         if w is None:
             if self.registry is not None and schema_id is not None:
-                w = WriterSchema(registry_schema(self.registry, schema_id), self.reader, self.parse_schema, self.native)
+                w = WriterSchema(registry_schema(self.registry, schema_id), self.reader, self.parse_schema, self.native, self.avro_schema)
             else:
                 w = WriterSchema(str(self.avro_schema), None, self.parse_schema, self.native)
+            self._envelopes |= w.envelope
             self._writers[schema_id] = w
         return w
 
@@ -241,6 +297,7 @@ class AvroDecoder:
         arr = binary_array(values)
         n = len(arr)
         errors: dict[int, str] = {int(i): "the record has no value (null)" for i in np.flatnonzero(np.asarray(arr.is_null()))}
+        nulls = len(errors)
         if self.with_header:
             lengths = np.asarray(pc.binary_length(arr).fill_null(0), dtype=np.int64)
             for i in np.flatnonzero(lengths < HEADER_BYTES):
@@ -271,6 +328,12 @@ class AvroDecoder:
                 errors.update({int(i): reason(e) for i in group})
                 continue
             group_bodies = bodies.take(pa.array(group, pa.int64()))
+            if writer.envelope:
+                got, at, bad = self._changes(writer, group_bodies, binary_array(keys).take(pa.array(group, pa.int64())))
+                tables.append(got)
+                positions.append(group[at])
+                errors.update({int(group[j]): why for j, why in bad.items()})
+                continue
             native = writer.read_native(group_bodies)
             if native is not None:
                 rows, fits = native
@@ -297,6 +360,94 @@ class AvroDecoder:
                 if len(good):
                     tables.append(attempt(good))
                     positions.append(group[good])
-        rows = pa.concat_tables(tables) if tables else self.parse_schema.empty_table()
+        skipped = 0
+        if self._envelopes and nulls:  # Debezium's tombstones: nothing to write, not dead letters
+            for i in np.flatnonzero(np.asarray(arr.is_null())):
+                errors.pop(int(i), None)
+            skipped = nulls
+        rows = pa.concat_tables(tables, promote_options="default") if tables else self.parse_schema.empty_table()
         pos = np.concatenate(positions) if positions else np.zeros(0, np.int64)
-        return Decoded(rows, pos, errors)
+        return Decoded(rows, pos, errors, skipped)
+
+    # -- Debezium envelopes
+
+    def _plan(self, writer: WriterSchema) -> Columns:
+        hit = self._columns.get(id(writer))
+        if hit is None or hit[0] is not writer:
+            hit = (writer, Columns.of_struct(self.schema, self.targets, row_schema(writer.connect), pa.binary()))
+            self._columns[id(writer)] = hit
+        return hit[1]
+
+    def _changes(self, writer: WriterSchema, bodies: pa.BinaryArray, keys: pa.BinaryArray) -> tuple[pa.Table, np.ndarray, dict[int, str]]:
+        """Rows of Debezium envelopes (``bodies``, bare Avro data of ``writer``): the table's columns
+        converted by their Connect types, the operation (column :attr:`op_field`) and the source
+        position (the sequence); their indices in ``bodies``, and why each other one is bad."""
+        if self.op_field is None:
+            self.op_field = OP  # the envelope says which changes are deletes
+        columns = self._plan(writer)
+        env_type = envelope_type(columns.parse)
+        env_schema = pa.schema(list(env_type))
+        parts: list[tuple[pa.Table, np.ndarray]] = []
+        errors: dict[int, str] = {}
+        index = np.arange(len(bodies))
+        native = writer.read_native(bodies)
+        if native is not None:
+            table, fits = native
+            parts.append((pa.table([conform_struct(table.column(f.name).combine_chunks() if f.name in table.column_names
+                                                   else pa.nulls(table.num_rows), f.type) for f in env_type], schema=env_schema), fits))
+            index = np.setdiff1d(index, fits)
+        if len(index):
+            rest = bodies if len(index) == len(bodies) else bodies.take(pa.array(index, pa.int64()))
+            records, decoded, failed = writer.read(rest)
+            errors.update({int(index[j]): why for j, why in failed.items()})
+
+            def attempt(idx: np.ndarray, records=records) -> pa.Table:
+                return pa.Table.from_pylist([records[j] for j in idx], schema=env_schema)
+
+            try:
+                parts.append((attempt(np.arange(len(decoded))), index[decoded]))
+            except Exception:  # noqa: BLE001 - isolate the records whose values the reader cannot take
+                good, bad = bisect_failures(len(decoded), attempt)
+                errors.update({int(index[decoded[j]]): f"the record does not fit the table's columns: {why}" for j, why in bad.items()})
+                if len(good):
+                    parts.append((attempt(good), index[decoded[good]]))
+        env = pa.concat_tables([t for t, _ in parts]) if parts else env_schema.empty_table()
+        at = np.concatenate([i for _, i in parts]) if parts else np.zeros(0, np.int64)
+        fields = {f.name: env.column(f.name).combine_chunks() for f in env_type}
+        rows, bad_rows = change_rows(fields, columns, self.primary_key, self.sequence_field,
+                                     lambda: self._keys(keys.take(pa.array(at, pa.int64()))))
+        for j, why in bad_rows.items():
+            errors[int(at[j])] = why
+        keep = np.flatnonzero(~np.isin(np.arange(len(at)), np.fromiter(bad_rows, np.int64, len(bad_rows))))
+        rows = rows.rename_columns([self.op_field if c == OP else c for c in rows.column_names])
+        return rows.take(pa.array(keep, pa.int64())), at[keep], errors
+
+    def _keys(self, keys: pa.BinaryArray) -> dict[str, pa.Array]:
+        """Primary-key columns of Debezium's Avro keys (Confluent-framed records, their writer
+        schema from the registry), converted by their Connect types; null where a key cannot be
+        read (without a registry, always): the value must then hold the key. Read one by one:
+        only a batch with a change whose value lacks its key asks."""
+        n = len(keys)
+        targets = {c: self.targets[c] for c in self.primary_key}
+        out: dict[str, list] = {c: [None] * n for c in self.primary_key}
+        fastavro = _fastavro()
+        raw = keys.to_pylist()
+        by_id: dict[int, tuple[Any, Columns]] = {}
+        for i, key in enumerate(raw if self.registry is not None else []):
+            if key is None or len(key) < HEADER_BYTES or key[0] != MAGIC:
+                continue
+            sid = int.from_bytes(key[1:HEADER_BYTES], "big")
+            try:
+                if sid not in by_id:
+                    text = json.loads(registry_schema(self.registry, sid))  # type: ignore[arg-type]
+                    by_id[sid] = (fastavro.parse_schema(raw_schema(text)),
+                                  Columns.of_struct(self.schema, self.targets, ConnectSchema.from_avro(text), pa.binary(), self.primary_key))
+                record = fastavro.schemaless_reader(io.BytesIO(key[HEADER_BYTES:]), by_id[sid][0])
+            except Exception:  # noqa: BLE001 - an unreadable key is no key
+                continue
+            columns = by_id[sid][1]
+            cells = {c: pa.array([record.get(c) if isinstance(record, dict) else None], columns.parse.field(c).type) for c in self.primary_key}
+            converted = columns.convert(cells, {})
+            for c in self.primary_key:
+                out[c][i] = converted[c][0].as_py()
+        return {c: pa.array(out[c], targets[c]) for c in self.primary_key}

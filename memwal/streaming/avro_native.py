@@ -43,13 +43,15 @@ _VARINT_MAX = 10
 @dataclass(frozen=True)
 class Step:
     """How to step over one field's encoding: ``kind`` is "fixed" (``width`` bytes), "varint",
-    "length" (a varint length, then that many bytes), "array" (blocks of ``width``-byte items)
-    or "nullable" (a union branch index, then ``inner`` unless the branch is ``null_branch``)."""
+    "length" (a varint length, then that many bytes), "array" (blocks of ``width``-byte items),
+    "nullable" (a union branch index, then ``inner`` unless the branch is ``null_branch``) or
+    "record" (each of ``fields`` in turn)."""
 
     kind: str
     width: int = 0
     inner: "Step | None" = None
     null_branch: int = 0
+    fields: tuple["Step", ...] = ()
 
 
 def _primitive(t: object) -> str | None:
@@ -94,6 +96,90 @@ def conformable(schema_json: str, parse_schema: pa.Schema) -> bool:
     native rows cannot take, e.g. a timestamp from a ``long``, never pays for a native read)."""
     fields = {f["name"]: _arrow_type(f["type"]) for f in json.loads(schema_json)["fields"]}
     return all(_castable(fields[f.name], f.type) for f in parse_schema if f.name in fields)
+
+
+#: How deep named types may nest in a nested plan (a recursive type would never end).
+_MAX_DEPTH = 24
+
+
+def nested_plan(schema_json: str) -> tuple[tuple[Step, ...], str] | None:
+    """The steps over a record with nested records (Debezium's change-event envelopes: rows,
+    the source block, the transaction block), and the schema Arrow's decoder is given for it;
+    None if a field is of a type the walk does not take (maps, arrays of variable-size items,
+    unions other than null and one type).
+
+    Logical types and enums are taken by their encoding (the column converters give them their
+    meaning), and the decoder's schema has every named type written out where it is used
+    (Arrow's decoder does not resolve references to named types: measured with DataFusion 55),
+    renamed where it repeats, and no logical types: the same bytes, read as raw values."""
+    try:
+        schema = json.loads(schema_json)
+    except ValueError:
+        return None
+    named: dict[str, object] = {}
+    copies: dict[str, int] = {}
+
+    def full_name(t: dict, ns: str | None) -> str:
+        name = str(t.get("name"))
+        return name if "." in name or not ns else f"{ns}.{name}"
+
+    def unique(full: str) -> str:
+        copies[full] = copies.get(full, 0) + 1
+        short = full.rsplit(".", 1)[-1]
+        return short if copies[full] == 1 else f"{short}_{copies[full]}"
+
+    def walk(t: object, ns: str | None, depth: int) -> tuple[Step, object] | None:
+        if depth > _MAX_DEPTH:
+            return None
+        if isinstance(t, str):
+            if t in _FIXED:
+                return Step("fixed", _FIXED[t]), t
+            if t in _VARINT:
+                return Step("varint"), t
+            if t in _LENGTH:
+                return Step("length"), t
+            ref = named.get(t) or named.get(f"{ns}.{t}")
+            return None if ref is None else walk(ref, ns, depth + 1)
+        if isinstance(t, list):
+            if len(t) != 2 or t.count("null") != 1:
+                return None
+            at = t.index("null")
+            inner = walk(t[1 - at], ns, depth + 1)
+            if inner is None:
+                return None
+            return Step("nullable", inner=inner[0], null_branch=at), ["null", inner[1]] if at == 0 else [inner[1], "null"]
+        if not isinstance(t, dict):
+            return None
+        kind = t.get("type")
+        if kind in ("record", "enum", "fixed"):
+            full = full_name(t, ns)
+            named.setdefault(full, t)
+            inner_ns = full.rsplit(".", 1)[0] if "." in full else ns
+            if kind == "enum":
+                return Step("varint"), {"type": "enum", "name": unique(full), "symbols": t.get("symbols", [])}
+            if kind == "fixed":
+                return Step("fixed", int(t["size"])), {"type": "fixed", "name": unique(full), "size": int(t["size"])}
+            steps, fields = [], []
+            for f in t.get("fields", []):
+                got = walk(f.get("type"), inner_ns, depth + 1) if isinstance(f, dict) else None
+                if got is None:
+                    return None
+                steps.append(got[0])
+                fields.append({"name": f["name"], "type": got[1]})
+            return Step("record", fields=tuple(steps)), {"type": "record", "name": unique(full), "fields": fields}
+        if kind == "array":
+            item = _primitive({k: v for k, v in t.items() if k != "logicalType"} if isinstance(t.get("items"), dict) else t.get("items"))
+            if item not in _FIXED:
+                return None
+            return Step("array", _FIXED[item]), {"type": "array", "items": item}
+        if isinstance(kind, (str, list, dict)) and kind != "map":
+            return walk(kind, ns, depth + 1)  # a primitive with attributes (logical types), or {"type": <type>}
+        return None
+
+    top = walk(schema, schema.get("namespace") if isinstance(schema, dict) else None, 0)
+    if top is None or top[0].kind != "record":
+        return None
+    return top[0].fields, json.dumps(top[1])
 
 
 def plan(schema_json: str) -> tuple[Step, ...] | None:
@@ -183,6 +269,9 @@ class _Walk:
                 live, count = live[~too_many], count[~too_many]
                 self.pos[live] += count * s.width
                 live = self._check(live)
+        elif s.kind == "record":
+            for f in s.fields:
+                self.step(f, idx)
         elif s.kind == "nullable":
             branch = self.varint(idx)
             wrong = (branch != 0) & (branch != 1)

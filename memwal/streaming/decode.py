@@ -87,7 +87,7 @@ def value_decoder(schema: pa.Schema, fmt: str = "json", *, op_field: str | None 
     if fmt == "debezium-json":
         return DebeziumDecoder(schema, primary_key, sequence_field)
     if fmt == "avro":
-        return AvroDecoder(schema, op_field, sequence_field, avro_schema, avro_schema_id, schema_registry)
+        return AvroDecoder(schema, op_field, sequence_field, avro_schema, avro_schema_id, schema_registry, primary_key=primary_key)
     raise InvalidArgumentError(f"unknown value format {fmt!r}; expected one of {', '.join(FORMATS)}")
 
 
