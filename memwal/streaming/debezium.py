@@ -46,6 +46,9 @@ _SCHEMA_FIRST = b'{"schema":'
 _PAYLOAD_KEY = b'"payload":'
 #: A value whose schema is written otherwise (another key order, whitespace).
 _ANY_SCHEMA = r'"schema"\s*:\s*\{'
+_PAYLOAD_RE = '"payload":'
+#: Distinct schemas a batch is searched for by comparing starts (each a pass over the batch).
+_PREFIXES = 8
 #: Distinct schemas remembered per decoder (a topic has a handful; the bound only stops growth).
 _SCHEMA_CACHE = 256
 
@@ -82,18 +85,21 @@ class _Schemas:
         return self._known[prefix]
 
     def of_value(self, value: bytes) -> ConnectSchema | None:
-        """The schema of one value, read whole (values not written as the converter writes them)."""
+        """The schema of one value, read whole (values not written as the converter writes them);
+        parsed once per distinct schema (its canonical text)."""
         try:
             obj = json.loads(value)
-            return ConnectSchema.from_json(obj["schema"]) if isinstance(obj, dict) and isinstance(obj.get("schema"), dict) else None
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, UnicodeDecodeError):
             return None
+        if not isinstance(obj, dict) or not isinstance(obj.get("schema"), dict):
+            return None
+        return self.of_prefix(b'{"schema":' + json.dumps(obj["schema"], sort_keys=True, separators=(",", ":")).encode())
 
 
-def _split(arr: pa.BinaryArray, at: np.ndarray) -> tuple[pa.BinaryArray, pa.BinaryArray]:
-    """Each value cut in two at ``at`` (a position per value): the heads and the tails, as two
-    arrays. The values' data is not copied to cut them: one array of 2n values over the same
-    data buffer (offsets start, start + at, next start, ...) gives both, taken apart."""
+def _split(arr: pa.BinaryArray, at: np.ndarray, part: int) -> pa.BinaryArray:
+    """Each value cut in two at ``at`` (a position per value): the heads (``part`` 0) or the
+    tails (1). The values' data is not copied to cut them: one array of 2n values over the same
+    data buffer (offsets start, start + at, next start, ...) holds both; one is taken."""
     n = len(arr)
     offsets = value_offsets(arr)
     cut = np.empty(2 * n + 1, np.int64)
@@ -101,50 +107,75 @@ def _split(arr: pa.BinaryArray, at: np.ndarray) -> tuple[pa.BinaryArray, pa.Bina
     cut[1:-1:2] = offsets[:-1] + at
     cut[-1] = offsets[-1]
     both = pa.Array.from_buffers(pa.binary(), 2 * n, [None, pa.py_buffer(cut.astype(np.int32).tobytes()), arr.buffers()[2]])
-    idx = np.arange(n, dtype=np.int64) * 2
-    return both.take(pa.array(idx, pa.int64())), both.take(pa.array(idx + 1, pa.int64()))
+    return both.take(pa.array(np.arange(n, dtype=np.int64) * 2 + part, pa.int64()))
 
 
 def schema_groups(arr: pa.BinaryArray, schemas: _Schemas | None = None) -> list[SchemaGroup]:
-    """The non-null values of ``arr`` grouped by their Connect schema (see the module's doc)."""
+    """The non-null values of ``arr`` grouped by their Connect schema (see the module's doc).
+
+    A batch's values normally share their schema's bytes: the schema part of one value (up to
+    its ``"payload":``, found in Python) is compared with the start of every value by one Arrow
+    kernel (a memcmp per value), and so on for each further distinct schema, up to
+    :data:`_PREFIXES` of them; Arrow's substring search (much slower) finds the rest's."""
     schemas = schemas or _Schemas()
     n = len(arr)
     present = np.asarray(arr.is_valid(), bool)
-    at = np.asarray(pc.find_substring(arr, _PAYLOAD_KEY).fill_null(-1), np.int64)
-    fast = present & (at > 0) & np.asarray(pc.starts_with(arr, _SCHEMA_FIRST).fill_null(False), bool)
+    candidates = present & np.asarray(pc.starts_with(arr, _SCHEMA_FIRST).fill_null(False), bool)
     groups: list[SchemaGroup] = []
     found = np.zeros(n, bool)
-    if fast.any():
-        rows = np.flatnonzero(fast)
+    at = np.zeros(n, np.int64)
+    schema_of: list[tuple[ConnectSchema, np.ndarray]] = []
+    for _ in range(_PREFIXES):
+        if not candidates.any():
+            break
+        first = int(np.flatnonzero(candidates)[0])
+        value = arr[first].as_py()
+        cut = value.find(_PAYLOAD_KEY)
+        schema = schemas.of_prefix(value[:cut]) if cut > 0 else None
+        if schema is None:
+            candidates[first] = False
+            continue
+        same = candidates & np.asarray(pc.starts_with(arr, value[:cut]).fill_null(False), bool)
+        same &= np.asarray(pc.equal(pc.binary_slice(arr, cut, cut + len(_PAYLOAD_KEY)), _PAYLOAD_KEY).fill_null(False), bool)
+        at[same] = cut
+        schema_of.append((schema, same))
+        candidates &= ~same
+    if candidates.any():  # more distinct schemas than that: find each value's payload
+        where = np.asarray(pc.find_substring_regex(arr, _PAYLOAD_RE).fill_null(-1), np.int64)
+        rows = np.flatnonzero(candidates & (where > 0))
+        if len(rows):
+            heads = _split(arr.take(pa.array(rows, pa.int64())), where[rows], 0)
+            codes = pc.dictionary_encode(heads)
+            index = np.asarray(codes.indices, np.int64)
+            for k, prefix in enumerate(codes.dictionary.to_pylist()):
+                schema = schemas.of_prefix(prefix)
+                if schema is not None:
+                    same = np.zeros(n, bool)
+                    same[rows[index == k]] = True
+                    at[same] = where[same]
+                    schema_of.append((schema, same))
+    if schema_of:
+        rows = np.flatnonzero(np.logical_or.reduce([m for _, m in schema_of]))
         chosen = arr if len(rows) == n else arr.take(pa.array(rows, pa.int64()))
-        heads, tails = _split(chosen, at[rows])
-        codes = pc.dictionary_encode(heads)
-        index = np.asarray(codes.indices, np.int64)
+        tails = _split(chosen, at[rows], 1)
         tails = pc.binary_join_element_wise(_OPEN, tails, _EMPTY)  # "{" + '"payload": ...}'
-        by_schema: dict[int, list[int]] = {}
-        for k, prefix in enumerate(codes.dictionary.to_pylist()):
-            schema = schemas.of_prefix(prefix)
-            if schema is not None:
-                by_schema.setdefault(id(schema), []).append(k)
-        for ks in by_schema.values():
-            keep = np.flatnonzero(np.isin(index, ks))
-            schema = schemas.of_prefix(codes.dictionary[ks[0]].as_py())
-            groups.append(SchemaGroup(rows[keep], schema, tails.take(pa.array(keep, pa.int64()))))
-            found[rows[keep]] = True
+        position = np.full(n, -1, np.int64)
+        position[rows] = np.arange(len(rows))
+        for schema, same in schema_of:
+            idx = np.flatnonzero(same)
+            groups.append(SchemaGroup(idx, schema, tails.take(pa.array(position[idx], pa.int64()))))
+            found |= same
     rest = present & ~found
     if rest.any():
         slow = rest & np.asarray(pc.match_substring_regex(arr, _ANY_SCHEMA).fill_null(False), bool)
-        by_text: dict[str, list[int]] = {}
-        parsed: dict[str, ConnectSchema] = {}
+        by_schema: dict[int, tuple[ConnectSchema, list[int]]] = {}
         for i in np.flatnonzero(slow):  # written otherwise than Kafka Connect writes: read one by one
             schema = schemas.of_value(arr[int(i)].as_py())
             if schema is not None:
-                text = repr(schema)
-                parsed[text] = schema
-                by_text.setdefault(text, []).append(int(i))
-        for text, idx in by_text.items():
+                by_schema.setdefault(id(schema), (schema, []))[1].append(int(i))
+        for schema, idx in by_schema.values():
             rows = np.array(idx, np.int64)
-            groups.append(SchemaGroup(rows, parsed[text], arr.take(pa.array(rows, pa.int64()))))
+            groups.append(SchemaGroup(rows, schema, arr.take(pa.array(rows, pa.int64()))))
             rest[rows] = False
         if rest.any():
             rows = np.flatnonzero(rest)
