@@ -412,10 +412,21 @@ def test_4000_default_debezium_change_events_through_a_broker_equal_the_source(s
 def test_the_command_line_a_new_user_runs(kafka, tmp_path):
     """`memwal init --schema-from-debezium` and `memwal ingest --format debezium-json`, as
     processes, on a default connector's topic (a smaller one: the test above covers the
-    volume, both Kafka sources, the values)."""
+    volume, both Kafka sources, the values). Two events the table cannot hold exactly (after an
+    ALTER TABLE widened a decimal's scale; PostgreSQL's 'infinity') are dead letters naming the
+    column and type; everything else arrives."""
     topic = f"shop.public.orders.cli.{random.randrange(1 << 30)}"
     kafka.create_topic(topic, 3)
     records, model, tombstones = orders_stream(600, DEBEZIUM_DEFAULTS_SEED + 1)
+    orders = orders_table()
+    altered = PostgresTable([Column("amount", "numeric(12,4)", nullable=False) if c.name == "amount" else c for c in orders.columns], ["id"])
+    rng = random.Random(1)
+    wide = {**random_order(rng, 10**6, 0), "amount": decimal.Decimal("1.2345")}
+    endless = random_order(rng, 10**6 + 1, 0)
+    infinity = json.loads(orders.event("c", None, endless, lsn=10**9, commit_ms=1, txid=1))
+    infinity["payload"]["after"]["paid_at"] = "infinity"
+    records += [(altered.key_of(wide), altered.event("c", None, wide, lsn=10**9 + 1, commit_ms=2, txid=2), 0),
+                (orders.key_of(endless), json.dumps(infinity, separators=(",", ":")).encode(), 1)]
     produce(kafka, topic, records)
     uri = str(tmp_path / "orders")
     first = next(r for r in records if r[1] is not None)
@@ -424,6 +435,11 @@ def test_the_command_line_a_new_user_runs(kafka, tmp_path):
     p = memwal_cli("ingest", "--bootstrap", kafka.bootstrap, "--topic", topic, "--table", uri, "--checkpoint", str(tmp_path / "ckpt"),
                    "--format", "debezium-json", "--available-now", "--cores", "1")
     assert p.returncode == 0, p.stderr.decode()[-3000:]
-    assert f" 0 dead letter(s), {tombstones} skipped" in p.stdout.decode(), p.stdout
+    assert f" 2 dead letter(s), {tombstones} skipped" in p.stdout.decode(), p.stdout
     got = {r["id"]: r for r in readers.open(uri).scan().to_pylist()}
     assert got == {k: canonical(v) for k, v in model.items()}
+    dead = read_dead_letters(dead_letter_uri(uri)).to_pylist()
+    reasons = sorted(d["error"] for d in dead)
+    assert len(reasons) == 2
+    assert "'amount'" in reasons[0] and "org.apache.kafka.connect.data.Decimal, scale 4" in reasons[0] and "1.2345" in reasons[0]
+    assert "'paid_at'" in reasons[1] and "io.debezium.time.ZonedTimestamp" in reasons[1] and "'infinity'" in reasons[1]
