@@ -44,10 +44,15 @@ VERSION = "3.0.8.Final"
 SNAPSHOT_ALLOWED = "true,last,false,incremental"
 
 
-def unscaled_base64(value: int) -> str:
-    """``BigInteger.toByteArray()`` of ``value`` (fewest big-endian two's-complement bytes), in base64."""
+def unscaled_bytes(value: int) -> bytes:
+    """``BigInteger.toByteArray()`` of ``value``: the fewest big-endian two's-complement bytes."""
     n = max(1, (value.bit_length() + 8) // 8) if value >= 0 else max(1, ((~value).bit_length() + 8) // 8)
-    return base64.b64encode(value.to_bytes(n, "big", signed=True)).decode()
+    return value.to_bytes(n, "big", signed=True)
+
+
+def unscaled_base64(value: int) -> str:
+    """:func:`unscaled_bytes` in base64: a decimal as Kafka Connect's JSON converter writes it."""
+    return base64.b64encode(unscaled_bytes(value)).decode()
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,13 @@ import uuid
 
 import pyarrow as pa
 import pytest
+from debezium_events import unscaled_base64 as decimal_base64
+from debezium_events import unscaled_bytes as decimal_bytes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memwal.streaming import connect
-from memwal.streaming.connect import ConnectSchema, arrow_type, convert, decimal_base64, decimal_bytes, parse_type
+from memwal.streaming.connect import ConnectSchema, arrow_type, convert, parse_type
 
 EXACT = decimal.Context(prec=200)
 UNITS = {"s": 1, "ms": 1000, "us": 10**6, "ns": 10**9}

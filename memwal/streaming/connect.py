@@ -35,7 +35,6 @@ Arrow timestamp column stores (a naive column then holds UTC wall-clock time).
 
 from __future__ import annotations
 
-import base64 as _b64
 import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
@@ -903,16 +902,4 @@ def _days_from_civil(y: np.ndarray, m: np.ndarray, d: np.ndarray) -> tuple[np.nd
     return era * 146097 + doe - 719468, ok
 
 
-def decimal_bytes(value: int) -> bytes:
-    """An unscaled integer as Java's ``BigInteger.toByteArray()`` writes it (the fewest
-    big-endian two's-complement bytes): what Connect's ``Decimal`` carries."""
-    length = max(1, (value.bit_length() + 8) // 8) if value >= 0 else max(1, ((~value).bit_length() + 8) // 8)
-    return value.to_bytes(length, "big", signed=True)
-
-
-def decimal_base64(value: int) -> str:
-    """:func:`decimal_bytes` in base64, as Kafka Connect's JSON converter writes a decimal."""
-    return _b64.b64encode(decimal_bytes(value)).decode("ascii")
-
-
-__all__ = ["ConnectSchema", "Converted", "arrow_type", "convert", "decimal_base64", "decimal_bytes", "parse_type", "semantic"]
+__all__ = ["ConnectSchema", "Converted", "arrow_type", "convert", "parse_type", "semantic"]
