@@ -361,6 +361,29 @@ def test_base_point_read_returns_exactly_the_live_rows(tmp_path, stable_row_ids,
         assert base_point_read(ds, ["id", "v"], f"id = {key}").to_pylist() == want.to_pylist()
 
 
+def test_point_reads_of_the_base_use_lances_native_scanner_and_equal_to_table(tmp_path):
+    """memwal's point reads call Lance's native scanner with options built once; they return
+    what ``to_table`` returns, with and without deleted rows in the base. If a pylance
+    upgrade changes the native signature, the reads fall back to ``to_table`` and this test
+    fails on ``native``, so the slowdown is seen."""
+    from memwal.readers.points import base_point_read, point_lookup
+
+    uri = str(tmp_path / "b")
+    ds = lance.write_dataset(pa.table({"id": np.arange(500), "v": np.arange(500) * 2.0, "s": [f"r{i}" for i in range(500)]}), uri)
+    ds.create_scalar_index("id", "BTREE")
+    for deleted in (False, True):
+        if deleted:
+            lance.dataset(uri).delete("id % 7 = 0")
+        ds = lance.dataset(uri)
+        lookup = point_lookup(ds)
+        for key in (0, 1, 7, 250, 499, 600):
+            for columns in (["id", "v", "s"], ["s"]):
+                want = ds.to_table(columns=columns, filter=f"id = {key}")
+                assert base_point_read(lookup, columns, f"id = {key}").to_pylist() == want.to_pylist()
+        assert lookup.native
+        assert ("include_deleted_rows" in lookup.options) == deleted
+
+
 def _refresh_threads(uri: str) -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == f"memwal-refresh {uri}" and t.is_alive()]
 
@@ -445,15 +468,18 @@ def test_a_background_refresh_needs_an_eventual_reader_of_the_latest_version(tab
 )
 def test_an_sstable_key_set_answers_as_a_dict_of_its_rows_would(rows, probes, key_type):
     """Integer key sets are sorted arrays, other keys a dict; both say what a dict built
-    from the rows in order says (the later row of a repeated key wins), absent keys included."""
+    from the rows in order says (the later row of a repeated key wins, with its position),
+    absent keys included."""
     lo, hi = {pa.int64(): (-(2**63), 2**63 - 1), pa.int32(): (-(2**31), 2**31 - 1), pa.uint64(): (0, 2**64 - 1)}.get(key_type, (None, None))
     cast = (lambda k: str(k)) if key_type == pa.string() else (lambda k: k)  # noqa: E731
     rows = [(cast(k), t) for k, t in rows if lo is None or lo <= k <= hi]
     table = pa.table({"id": pa.array([k for k, _ in rows], key_type), TOMBSTONE: pa.array([t for _, t in rows], pa.bool_())})
     keys = KeySet.of(table, ["id"])
     expected = dict(rows)
+    position = {k: i for i, (k, _) in enumerate(rows)}
     for k in [*expected, *(cast(p) for p in probes)]:
         assert keys.tombstone(k) == expected.get(k)
+        assert keys.find(k) == ((expected[k], position[k]) if k in expected else None)
 
 
 def test_a_late_background_refresh_never_replaces_a_newer_snapshot(table_uri):

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from memwal.readers import sstables
 from memwal.readers.merge import base_without_delta, drop_keys
 from memwal.readers.keys import keys_predicate, keys_table, quote_ident, sql_literal, typed_key
+from memwal.readers.points import BaseLookup, base_point_read, first_row, point_lookup
 from memwal.readers.pruning import Pruning, prune
 from memwal.readers import text
 from memwal.readers.sql import filter_rows
@@ -49,21 +50,6 @@ BACKGROUND_STALE_INTERVALS = 5
 #: Up to this many keys, get_many runs point lookups (bloom filters, short-circuit per key);
 #: above it one filtered scan per shard is cheaper.
 POINT_LOOKUP_BATCH = 32
-
-
-def base_point_read(dataset: lance.LanceDataset, columns: Sequence[str], predicate: str) -> pa.Table:
-    """The live base rows matching ``predicate`` (a point predicate on the primary key).
-
-    Asked for its live rows, Lance builds the whole table's deletion mask for every query, at
-    about 9 ns per deleted row: every base row the compactor updated or deleted and base
-    compaction has not yet rewritten away, 1.6 ms of a 2.6 ms lookup on a soaked 1.9M-row
-    table against 0.8 ms on the same rows written fresh (docs/bench-log/lookup-history.md). Asked for
-    deleted rows too, it skips the mask; a deleted row then comes back with a null
-    ``_rowid``, so dropping those rows leaves exactly the live ones. The index narrows the
-    read to the key's few versions first, so the extra rows cost nothing measurable.
-    """
-    rows = dataset.to_table(columns=list(columns), filter=predicate, with_row_id=True, include_deleted_rows=True, late_materialization=False)
-    return rows.filter(pc.is_valid(rows.column("_rowid"))).drop_columns(["_rowid"])
 
 
 @dataclass(frozen=True)
@@ -113,6 +99,10 @@ class Reader:
         #: the last point lookup's base predicate, replayed on each new base version by the
         #: background refresh so the first lookup on it finds its index pages loaded
         self._warm_predicate: str | None = None
+        #: per shard: its state in the snapshot last looked up, and its live SSTables' key sets
+        self._point_keys: dict[str, tuple[Any, list[tuple[str, sstables.KeySet]]]] = {}
+        self._base_lookups: BaseLookup | None = None
+        self._schemas: dict[tuple[str, ...] | None, pa.Schema] = {}
         self._refresher: _Refresher | None = None
         if refresh_in_background:
             if consistency != "eventual" or version is not None or refresh_interval_ms is None or refresh_interval_ms <= 0:
@@ -155,8 +145,8 @@ class Reader:
         predicate = self._warm_predicate
         if predicate is not None:
             pk = list(self.state.primary_key)
-            for path in snap.sstable_paths():
-                self.sstables.keys(path, pk)
+            for shard in snap.shards:
+                self._newest_sstables(snap, shard.shard_id)
             current = self._snapshot
             if current is None or snap.base_version != current.base_version:
                 # Not base_point_read: asked for live rows only, Lance builds the deletion mask
@@ -211,28 +201,60 @@ class Reader:
 
     def _lookup(self, key: dict[str, Any], columns: Sequence[str] | None, pinned: Snapshot | None = None) -> pa.Table:
         shard_id = self.state.shard_of_key(key)
-        snap, tail = (pinned.restrict([shard_id]), None) if pinned is not None else self._view([shard_id])
+        if pinned is not None:
+            snap, tail = pinned, None
+        elif self.consistency == "eventual":
+            snap, tail = self.snapshot, None  # the whole snapshot: restricting it costs more than it saves
+        else:
+            snap, tail = self._view([shard_id])
+        out_schema = self._output_schema(columns)
         if tail is not None:
             hit = tail.filter(_key_mask(tail, key))
             if hit.num_rows:  # the unflushed WAL holds the newest version of this key
                 if hit.column(TOMBSTONE)[0].as_py():
-                    return self._output_schema(columns).empty_table()
-                return hit.select(self._output_schema(columns).names)
-        out = self._output_schema(columns).names
-        pk = list(self.state.primary_key)
-        predicate = " AND ".join(f"{quote_ident(c)} = {sql_literal(key[c])}" for c in pk)
-        state = snap.shard(shard_id)
+                    return out_schema.empty_table()
+                return hit.select(out_schema.names)
+        pk = self.state.primary_key
         wanted = sstables.lookup_key(key, pk)
-        for sst in reversed(state.live_sstables if state is not None else ()):  # newest first
-            path = paths.sstable_path(snap.dataset.uri, shard_id, sst.path)
-            tombstone = self.sstables.keys(path, pk).tombstone(wanted)
-            if tombstone is not None:
+        for path, keys in self._newest_sstables(snap, shard_id):
+            found = keys.find(wanted)
+            if found is not None:
+                tombstone, position = found
                 if tombstone:  # the newest version is a delete
-                    return self._output_schema(columns).empty_table()
-                return self.sstables.read(path, columns=out, filter=predicate)
+                    return out_schema.empty_table()
+                return self.sstables.take(path, [position], out_schema.names)
         # No SSTable holds the key: the base table's row (via its primary-key index), if any.
+        predicate = " AND ".join(f"{quote_ident(c)} = {sql_literal(key[c])}" for c in pk)
         self._warm_predicate = predicate
-        return base_point_read(snap.dataset, out, predicate)
+        return base_point_read(self._base_lookup(snap), out_schema.names, predicate)
+
+    def _newest_sstables(self, snap: Snapshot, shard_id: str) -> list[tuple[str, sstables.KeySet]]:
+        """The shard's live SSTables in ``snap``, newest first, with their key sets.
+
+        Kept for the shard's state in the current snapshot, so a lookup walks a list instead
+        of asking the byte-bounded cache for each SSTable's key set (~6 us each, 0.6 ms a
+        lookup at 100 SSTables). The list holds the live SSTables' key sets until the next
+        snapshot: beyond the cache's bound if that is smaller than the key sets of one
+        shard's live SSTables.
+        """
+        state = snap.shard(shard_id)
+        if state is None:
+            return []
+        cached = self._point_keys.get(shard_id)
+        if cached is not None and cached[0] is state:
+            return cached[1]
+        pk = list(self.state.primary_key)
+        paths_ = [paths.sstable_path(snap.dataset.uri, shard_id, sst.path) for sst in reversed(state.live_sstables)]
+        newest = [(path, self.sstables.keys(path, pk)) for path in paths_]
+        self._point_keys[shard_id] = (state, newest)
+        return newest
+
+    def _base_lookup(self, snap: Snapshot) -> BaseLookup:
+        """Point reads of ``snap``'s base version, their scanner options built once."""
+        lookup = self._base_lookups
+        if lookup is None or lookup.dataset is not snap.dataset:
+            lookup = self._base_lookups = point_lookup(snap.dataset)
+        return lookup
 
     def get(self, key: Any, columns: Sequence[str] | None = None) -> dict[str, Any] | None:
         """The live row with primary key ``key`` (scalar, tuple or dict), or None.
@@ -241,7 +263,7 @@ class Reader:
         :meth:`get_many`: :func:`typed_key` types it as :func:`keys_table` does.
         """
         t = self._lookup(typed_key(key, self.state.primary_key, self.state.schema), columns)
-        return t.to_pylist()[0] if t.num_rows else None
+        return first_row(t) if t.num_rows else None
 
     def get_many(self, keys: Iterable[Any], columns: Sequence[str] | None = None) -> pa.Table:
         """The live rows of ``keys`` (absent keys are left out), as one Arrow table."""
@@ -289,13 +311,20 @@ class Reader:
     # -- scans ---------------------------------------------------------------------------------
 
     def _output_schema(self, columns: Sequence[str] | None) -> pa.Schema:
+        key = tuple(columns) if columns else None
+        cached = self._schemas.get(key)
+        if cached is not None:
+            return cached
         schema = self.state.schema
-        if not columns:
-            return schema
-        unknown = [c for c in columns if c not in schema.names]
-        if unknown:
-            raise UnknownColumnError(f"no column(s) {unknown} in the table; its columns are {schema.names}")
-        return pa.schema([schema.field(c) for c in columns])
+        if columns:
+            unknown = [c for c in columns if c not in schema.names]
+            if unknown:
+                raise UnknownColumnError(f"no column(s) {unknown} in the table; its columns are {schema.names}")
+            schema = pa.schema([schema.field(c) for c in columns])
+        if len(self._schemas) >= 256:
+            self._schemas.clear()
+        self._schemas[key] = schema
+        return schema
 
     def check_filter(self, where: str | None) -> None:
         """Raise :class:`InvalidArgumentError` if ``where`` is not one SQL predicate over the

@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 DATASET_BYTES = 64 << 10
 #: What one entry of a key set is counted as (a Python key object and a dict slot) ...
 KEY_ENTRY_BYTES = 100
-#: ... and what one entry of an integer key set is (a sorted int64 and a bool).
-INT_KEY_ENTRY_BYTES = 9
+#: ... and what one entry of an integer key set is (a sorted int64, a bool and an int64 position).
+INT_KEY_ENTRY_BYTES = 17
 #: At most this many SSTables are read at once by one scan.
 READ_THREADS = 8
 #: Default bound of one reader's SSTable cache.
@@ -47,9 +47,10 @@ def lookup_key(key: dict[str, Any], primary_key: Sequence[str]) -> Any:
 
 @dataclass(frozen=True)
 class KeySet:
-    """An SSTable's keys, each mapped to whether its newest version there is a tombstone.
+    """An SSTable's keys, each mapped to whether its newest version there is a tombstone and
+    to that row's position among the SSTable's live rows (what ``LanceDataset.take`` takes).
 
-    A single integer key column is held as two NumPy arrays sorted by key, a tenth of a
+    A single integer key column is held as three NumPy arrays sorted by key, a tenth of a
     dict's memory and built without a Python object per row: loading the key set of a new
     SSTable is the main cost of a reader refresh, and it holds the GIL while it builds.
     Other keys (strings, composite keys as tuples) are held in a dict. Either way, when a key
@@ -58,30 +59,37 @@ class KeySet:
 
     ints: np.ndarray | None = None
     tombstones: np.ndarray | None = None
-    other: dict[Any, bool] | None = None
+    positions: np.ndarray | None = None
+    other: dict[Any, tuple[bool, int]] | None = None
 
     @classmethod
     def of(cls, table: pa.Table, primary_key: Sequence[str]) -> "KeySet":
-        """The key set of an SSTable's ``primary_key`` and ``_tombstone`` columns."""
+        """The key set of an SSTable's ``primary_key`` and ``_tombstone`` columns, read in the
+        order of its live rows."""
         flags = table.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
         key_type = table.schema.field(primary_key[0]).type
         if len(primary_key) == 1 and pa.types.is_integer(key_type) and not pa.types.is_uint64(key_type):
             keys = table.column(primary_key[0]).to_numpy(zero_copy_only=False).astype(np.int64)
             order = np.argsort(keys, kind="stable")  # equal keys keep their row order
-            return cls(ints=keys[order], tombstones=flags[order])
+            return cls(ints=keys[order], tombstones=flags[order], positions=order.astype(np.int64))
         cols = [table.column(c).to_pylist() for c in primary_key]
         ids = cols[0] if len(cols) == 1 else list(zip(*cols))
-        return cls(other=dict(zip(ids, flags.tolist())))
+        return cls(other=dict(zip(ids, zip(flags.tolist(), range(len(flags))))))
 
-    def tombstone(self, key: Any) -> bool | None:
-        """True if the key's newest version is a tombstone, False if a row, None if absent."""
+    def find(self, key: Any) -> tuple[bool, int] | None:
+        """(is the key's newest version a tombstone, its row's position), or None if absent."""
         if self.other is not None:
             return self.other.get(key)
-        assert self.ints is not None and self.tombstones is not None
+        assert self.ints is not None and self.tombstones is not None and self.positions is not None
         if not isinstance(key, int) or not -(2**63) <= key < 2**63:
             return None  # no int64 column holds it
         i = int(np.searchsorted(self.ints, key, side="right")) - 1  # the last of equal keys
-        return bool(self.tombstones[i]) if i >= 0 and self.ints[i] == key else None
+        return (bool(self.tombstones[i]), int(self.positions[i])) if i >= 0 and self.ints[i] == key else None
+
+    def tombstone(self, key: Any) -> bool | None:
+        """True if the key's newest version is a tombstone, False if a row, None if absent."""
+        hit = self.find(key)
+        return None if hit is None else hit[0]
 
     def __len__(self) -> int:
         return len(self.other) if self.other is not None else len(self.ints)  # type: ignore[arg-type]
@@ -161,6 +169,11 @@ class SSTableCache:
             return whole.select(wanted)
         kind = "rows:" + ",".join(wanted)
         return self._get(kind, path, lambda: self.dataset(path).to_table(columns=wanted), lambda t: t.nbytes)
+
+    def take(self, path: str, positions: Sequence[int], columns: Sequence[str]) -> pa.Table:
+        """The SSTable's live rows at ``positions`` (:meth:`KeySet.find`'s), uncached."""
+        with reading(path):
+            return self.dataset(path).take(list(positions), columns=list(columns))
 
     def read(self, path: str, **to_table: Any) -> pa.Table:
         """``to_table(**to_table)`` of the SSTable at ``path``, uncached (a filtered read, say)."""
