@@ -128,6 +128,9 @@ class ReadMachine(RuleBasedStateMachine):
             assert r.get(k) == self.model.get(k)
         got = r.get_many(range(0, 31), columns=["id", "body"]).to_pylist()
         assert {row["id"]: row["body"] for row in got} == {i: row["body"] for i, row in self.model.items()}
+        got = r.get_many([*range(40), *range(31)], columns=["body", "id"]).to_pylist()  # > 32 keys, some twice
+        assert sorted(row["id"] for row in got) == sorted(self.model)
+        assert {row["id"]: row["body"] for row in got} == {i: row["body"] for i, row in self.model.items()}
         if self.flushed:
             eventual = readers.open(self.uri, refresh_interval_ms=0)
             assert {row["id"]: row for row in eventual.scan().to_pylist()} == self.model

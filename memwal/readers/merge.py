@@ -42,7 +42,7 @@ BITMAP_BYTES_PER_ROW = 32
 BATCH_BITMAP_BYTES = 64 << 20
 
 
-def _int_key(table: pa.Table, primary_key: Sequence[str]) -> np.ndarray | None:
+def int_key(table: pa.Table, primary_key: Sequence[str]) -> np.ndarray | None:
     """The single integer key column as int64 NumPy (no copy for one int64 chunk), else
     None. Widened so that differences of keys cannot overflow a narrow type; uint64 keys
     (which int64 cannot hold) take the general path."""
@@ -57,7 +57,7 @@ def _int_key(table: pa.Table, primary_key: Sequence[str]) -> np.ndarray | None:
 
 def newest(rows: pa.Table, primary_key: Sequence[str]) -> pa.Table:
     """The last row of each key in ``rows`` (given oldest first), in the order of those rows."""
-    keys = _int_key(rows, primary_key) if rows.num_rows > 1 else None
+    keys = int_key(rows, primary_key) if rows.num_rows > 1 else None
     if keys is None:
         return newest_per_key(rows, primary_key)
     # np.unique keeps the first occurrence: on the reversed keys, that is each key's last row.
@@ -68,7 +68,7 @@ def newest(rows: pa.Table, primary_key: Sequence[str]) -> pa.Table:
 
 def _keep_mask(rows: pa.Table, keys: pa.Table, primary_key: Sequence[str]) -> pa.Array:
     """True where a row of ``rows`` has a key absent from ``keys`` (single-column keys)."""
-    ids, drop = _int_key(rows, primary_key), _int_key(keys, primary_key)
+    ids, drop = int_key(rows, primary_key), int_key(keys, primary_key)
     if ids is not None and drop is not None and len(ids):
         # A bitmap over the range of both key sets: one gather per row, no bounds checks.
         lo, hi = min(int(drop.min()), int(ids.min())), max(int(drop.max()), int(ids.max()))
@@ -130,7 +130,7 @@ class BatchKeyDrop:
         key with a range of at most ``BATCH_BITMAP_BYTES``: those take :func:`drop_keys`."""
         if delta is None or delta.num_rows == 0:
             return cls(primary_key[0], 0, np.zeros(1, dtype=bool))
-        keys = _int_key(delta, primary_key)
+        keys = int_key(delta, primary_key)
         if keys is None:
             return None
         lo, hi = int(keys.min()), int(keys.max())

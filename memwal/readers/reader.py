@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal.readers import sstables
-from memwal.readers.merge import base_without_delta, drop_keys
+from memwal.readers.merge import base_without_delta, drop_keys, int_key as merge_int_key
 from memwal.readers.keys import keys_predicate, keys_table, quote_ident, sql_literal, typed_key
 from memwal.readers.points import BaseLookup, base_point_read, first_row, point_lookup
 from memwal.readers.pruning import Pruning, prune
@@ -278,7 +278,8 @@ class Reader:
             parts = [self._lookup(k, columns, pinned) for k in kt.to_pylist()]
             parts = [p for p in parts if p.num_rows]
             return pa.concat_tables([p.cast(out_schema) for p in parts]) if parts else out_schema.empty_table()
-        return self.scan(columns=columns, where=keys_predicate(kt))
+        snap, tail = self._view()
+        return self._rows_of(kt, out_schema, snap, tail)
 
     def rows_of_keys(self, keys: pa.Table, shard_id: str | None = None) -> pa.Table:
         """The live rows (every column) of ``keys`` (a table of the key columns, typed as the
@@ -288,25 +289,48 @@ class Reader:
         updates read thousands of keys per write, and parsing (then evaluating) one literal
         per key cost more than the read itself (docs/bench-log/partial-updates.md).
         """
-        pk = list(self.state.primary_key)
-        names = self.state.schema.names
         snap, tail = self._view([shard_id] if shard_id is not None else None)
-        delta = self.sstables.delta(snap, tail, names, pk)
-        keys = keys.select(pk)
-        live = None
-        if delta is not None:
-            mine = _semi_join(delta, keys, pk)
-            keys = without_keys(keys, mine, pk)  # the delta holds their newest version
-            live = mine.filter(pc.invert(mine.column(TOMBSTONE))).drop_columns([TOMBSTONE])
-        if keys.num_rows == 0:
-            base = self.state.schema.empty_table()
-        elif len(pk) == 1:
-            base = snap.dataset.to_table(columns=names, filter=pc.field(pk[0]).isin(keys.column(0).combine_chunks()))
-        else:
-            base = snap.dataset.to_table(columns=names, filter=keys_predicate(keys))
-        if live is None or live.num_rows == 0:
-            return base
-        return pa.concat_tables([base, live.select(names).cast(base.schema)])
+        return self._rows_of(keys.select(list(self.state.primary_key)), self.state.schema, snap, tail)
+
+    def _rows_of(self, keys: pa.Table, out_schema: pa.Schema, snap: Snapshot, tail: pa.Table | None) -> pa.Table:
+        """The live rows of ``keys`` (the key columns, typed, each key once) in ``snap`` and
+        ``tail``, columns ``out_schema``'s; absent keys left out, in no particular order.
+
+        Each key is looked up where its newest version is, as a point lookup does, but for all
+        keys at once: the WAL tail by a semi-join, then every live SSTable newest first by its
+        key set (one vectorised search per SSTable for an integer key), read by position with
+        one ``take`` per SSTable, then the base for the rest with one filter. Reading the
+        SSTables whole and merging them (as a scan does) cost more than the lookups for a
+        thousand keys, and a SQL list of a thousand literals more than the read
+        (docs/bench-log/reads.md, "Lookups of many keys").
+        """
+        pk = list(self.state.primary_key)
+        names = out_schema.names
+        parts: list[pa.Table] = []
+        if tail is not None:
+            mine = _semi_join(tail, keys, pk)
+            if mine.num_rows:
+                keys = without_keys(keys, mine, pk)  # the WAL tail holds their newest version
+                parts.append(mine.filter(pc.invert(mine.column(TOMBSTONE))).select(names))
+        todo = _KeysToFind(keys, pk)
+        for shard in snap.shards:
+            for path, key_set in self._newest_sstables(snap, shard.shard_id):
+                if todo.done:
+                    break
+                positions = todo.find(key_set)
+                if positions:
+                    parts.append(self.sstables.take(path, positions, names))
+        rest = todo.remaining()
+        if rest.num_rows:
+            if len(pk) == 1:
+                where = pc.field(pk[0]).isin(rest.column(0).combine_chunks())
+                base = snap.dataset.to_table(columns=names, filter=where)
+            else:
+                base = snap.dataset.to_table(columns=names, filter=keys_predicate(rest))
+            parts.append(base)
+        if not parts:
+            return out_schema.empty_table()
+        return pa.concat_tables([p.cast(out_schema) for p in parts])
 
     # -- scans ---------------------------------------------------------------------------------
 
@@ -610,6 +634,50 @@ def vector_index_name(ds: lance.LanceDataset, column: str) -> str | None:
         if field_id in d.fields and "VectorIndexDetails" in d.type_url:
             return d.name
     return None
+
+
+class _KeysToFind:
+    """Keys being looked up in SSTables newest first: which are still unresolved, and the
+    positions of those an SSTable holds (tombstones resolve a key without a row)."""
+
+    def __init__(self, keys: pa.Table, primary_key: list[str]) -> None:
+        self.keys = keys
+        self.primary_key = primary_key
+        ints = merge_int_key(keys, primary_key)
+        self.ints = ints
+        self.open = np.ones(keys.num_rows, dtype=bool)
+        self.values: list[Any] | None = None if ints is not None else [sstables.lookup_key(k, primary_key) for k in keys.to_pylist()]
+
+    @property
+    def done(self) -> bool:
+        return not self.open.any()
+
+    def find(self, key_set: sstables.KeySet) -> list[int]:
+        """Resolve the open keys ``key_set`` holds; the positions of those it holds as rows."""
+        found: list[int] = []
+        if self.ints is not None and key_set.ints is not None:
+            assert key_set.tombstones is not None and key_set.positions is not None
+            at = np.flatnonzero(self.open)
+            if not len(key_set.ints) or not len(at):
+                return found
+            i = np.searchsorted(key_set.ints, self.ints[at], side="right") - 1
+            hit = (i >= 0) & (key_set.ints[np.maximum(i, 0)] == self.ints[at])
+            self.open[at[hit]] = False
+            rows = i[hit][~key_set.tombstones[i[hit]]]
+            return np.unique(key_set.positions[rows]).tolist()  # a key asked twice is one row
+        values = self.values if self.values is not None else [sstables.lookup_key(k, self.primary_key) for k in self.keys.to_pylist()]
+        self.values = values
+        for j in np.flatnonzero(self.open):
+            hit = key_set.find(values[j])
+            if hit is not None:
+                self.open[j] = False
+                if not hit[0]:
+                    found.append(hit[1])
+        return sorted(set(found))
+
+    def remaining(self) -> pa.Table:
+        """The keys no SSTable held."""
+        return self.keys if self.open.all() else self.keys.filter(pa.array(self.open))
 
 
 def _semi_join(rows: pa.Table, keys: pa.Table, pk: list[str]) -> pa.Table:
