@@ -16,7 +16,9 @@ import shutil
 import sys
 import time
 
-os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
+from memwal.runtime import configure_process  # noqa: E402
+
+configure_process()  # Lance's log filter, before Lance is imported
 
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402

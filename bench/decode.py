@@ -29,7 +29,9 @@ import tempfile
 import time
 import types
 
-os.environ.setdefault("LANCE_LOG", "error")
+from memwal.runtime import configure_process  # noqa: E402
+
+configure_process()  # Lance's log filter, before Lance is imported
 
 import confluent_kafka  # noqa: E402
 import pyarrow as pa  # noqa: E402

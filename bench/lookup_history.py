@@ -29,7 +29,9 @@ import os
 import sys
 import time
 
-os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
+from memwal.runtime import configure_process  # noqa: E402
+
+configure_process()  # Lance's log filter, before Lance is imported
 
 import lance  # noqa: E402
 import numpy as np  # noqa: E402

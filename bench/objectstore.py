@@ -38,7 +38,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import parse_qs
 
-os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
+from memwal.runtime import configure_process  # noqa: E402
+
+configure_process()  # Lance's log filter, before Lance is imported
 
 import lance  # noqa: E402
 import pyarrow as pa  # noqa: E402

@@ -13,11 +13,12 @@ The probe's ``val`` is its send time (``time.time()`` in the producer); the read
 from __future__ import annotations
 
 import multiprocessing
-import os
 import time
 from typing import Any
 
-os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
+from memwal.runtime import configure_process  # noqa: E402
+
+configure_process()  # Lance's log filter, before Lance is imported
 
 #: How often the reader polls (the resolution of the measurement).
 POLL_SECONDS = 0.02

@@ -43,7 +43,9 @@ import tempfile
 import threading
 import time
 
-os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
+from memwal.runtime import configure_process  # noqa: E402
+
+configure_process()  # Lance's log filter, before Lance is imported
 
 import lance  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402

@@ -26,7 +26,9 @@ import statistics
 import sys
 import time
 
-os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
+from memwal.runtime import configure_process  # noqa: E402
+
+configure_process()  # Lance's log filter, before Lance is imported
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import SCHEMA, base_rows, batch_rows, git_rev, machine, pct, report, today, work_dir  # noqa: E402

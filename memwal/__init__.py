@@ -13,7 +13,11 @@ The main entry points::
 ``memwal.streaming`` holds the Spark sink and the Kafka source.
 """
 
-from memwal.errors import (
+from memwal.runtime import configure_process
+
+configure_process()  # Lance's log filter, before anything of memwal imports Lance (memwal.runtime)
+
+from memwal.errors import (  # noqa: E402
     CommitConflictError,
     ConcurrencyError,
     FencedError,

@@ -11,16 +11,17 @@ Defaults of options that configure the library are read from its config dataclas
 
 from __future__ import annotations
 
-from memwal.runtime import configure_process
+import sys
 
-configure_process()  # before anything imports Lance
+from memwal.runtime import configure_process, verbosity_in
+
+configure_process(verbosity_in(sys.argv[1:]))  # before anything imports Lance: `-v` shows Lance's warnings
 
 import argparse  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from typing import Any, Iterator, Sequence  # noqa: E402

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
+from memwal.runtime import configure_process
 
-# Lance logs a spurious ERROR on every base table update of a MemWAL table; keep test output
-# readable. Must happen before Lance is imported.
-os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
+configure_process()  # Lance's log filter, before Lance is imported
 
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
