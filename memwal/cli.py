@@ -18,6 +18,7 @@ from memwal.runtime import configure_process, verbosity_in
 configure_process(verbosity_in(sys.argv[1:]))  # before anything imports Lance: `-v` shows Lance's warnings
 
 import argparse  # noqa: E402
+import datetime  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
@@ -49,7 +50,7 @@ from memwal.gc import GcConfig  # noqa: E402
 from memwal.lance_errors import classify, lance_message  # noqa: E402
 from memwal.maintenance import MaintenanceConfig  # noqa: E402
 from memwal.metadata import DURABILITY_LEVELS, IndexConfig, WriterConfig  # noqa: E402
-from memwal.render import render_check, render_plan, render_repair, render_rows, render_status  # noqa: E402
+from memwal.render import render_check, render_plan, render_repair, render_row_stream, render_rows, render_status  # noqa: E402
 from memwal.state import TableState  # noqa: E402
 from memwal.storage import StorageConfig  # noqa: E402
 from memwal.status import table_status  # noqa: E402
@@ -80,6 +81,13 @@ _INPUT_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 DEBUG_HINT = "memwal: re-run with --debug to see the traceback"
+
+#: The SSTable cache of a reader that serves one command (get, scan): enough for key sets and
+#: open datasets; a scan of a large table then holds little more than what it prints.
+ONE_SHOT_CACHE_BYTES = 32 << 20
+
+#: Rows `memwal scan` turns into text at a time.
+PRINT_ROWS = 1024
 
 #: How often long-running commands log progress.
 PROGRESS_SECONDS = 5.0
@@ -292,20 +300,37 @@ def cmd_get(args: argparse.Namespace) -> int:
     return 0
 
 
+def _as_of(text: str) -> int | datetime.datetime:
+    """``--as-of``: a base version number, or an ISO-8601 time (without a zone: UTC)."""
+    if text.strip().isdigit():
+        return int(text)
+    try:
+        return datetime.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise InvalidArgumentError(f"--as-of {text!r}: give a base version number or an ISO-8601 time, e.g. 2026-11-27T14:30:00") from None
+
+
 def cmd_scan(args: argparse.Namespace) -> int:
     from memwal.readers import Reader
 
-    reader = Reader(_state(args), consistency=args.consistency, version=args.version)
+    # One scan and done: caching SSTable rows for later reads would only add to its memory.
+    as_of = _as_of(args.as_of) if args.as_of is not None else args.version
+    reader = Reader(_state(args), consistency=args.consistency, as_of=as_of, cache_bytes=ONE_SHOT_CACHE_BYTES)
     if args.explain:
         print(render_plan(reader.plan(args.where)))
         return 0
-    t = reader.scan(columns=_columns(args.columns), where=args.where, limit=args.limit)
+    # Streamed: each batch is printed as the reader yields it, so the first rows appear at
+    # once and memory stays bounded however large the table (ReadConfig.scan_batch_rows).
+    batches = reader.to_batches(columns=_columns(args.columns), where=args.where, limit=args.limit)
+    out = sys.stdout
+    # Printed a slice at a time: a batch's rows as Python objects take many times its bytes.
+    slices = (batch.slice(i, PRINT_ROWS) for batch in batches for i in range(0, batch.num_rows, PRINT_ROWS))
     if args.json:
-        out = sys.stdout
-        for row in t.to_pylist():
-            out.write(row_to_json(row) + "\n")
+        for part in slices:
+            out.write("".join(row_to_json(row) + "\n" for row in part.to_pylist()))
     else:
-        print(render_rows(t))
+        for text in render_row_stream(slices, batches.schema):
+            out.write(text + "\n")
     return 0
 
 
@@ -620,7 +645,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--limit", type=int)
     s.add_argument("--json", action="store_true", help="one JSON object per row")
     s.add_argument("--consistency", choices=("eventual", "strong"), default="eventual")
-    s.add_argument("--version", type=int, help="read the base table as of this version (time travel)")
+    s.add_argument("--as-of", metavar="VERSION|TIME",
+        help="read the table as it was at a base version or an ISO-8601 time (UTC unless it names a zone), base and SSTables")
+    s.add_argument("--version", type=int, help="the same as --as-of VERSION")
     s.add_argument("--explain", action="store_true", help="print which shards and SSTables the scan reads")
     s.set_defaults(func=cmd_scan)
 

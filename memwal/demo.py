@@ -170,7 +170,9 @@ def run_kafka_flow(workdir: str, records: int, keys: int) -> bool:
                     group_by=["band"])
         print("== created views high_scores (score > 50) and score_bands (users per band of 25 points)")
 
-        report = Maintenance(uri, MaintenanceConfig(gc_config=GcConfig(reader_grace_seconds=0, drain_interval_seconds=0))).run_cycle()
+        # No reader grace and no time-travel retention: the demo shows GC collecting at once.
+        collect_now = GcConfig(reader_grace_seconds=0, drain_interval_seconds=0, time_travel_seconds=0)
+        report = Maintenance(uri, MaintenanceConfig(gc_config=collect_now)).run_cycle()
         print(f"== maintenance: compacted {report.generations_compacted} SSTables in {report.compaction_commits} "
               f"commits ({report.rows_compacted} rows), reclaimed {report.sstables_removed} SSTables "
               f"({report.bytes_reclaimed:,} bytes), refreshed {report.views_refreshed} views")

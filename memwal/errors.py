@@ -124,3 +124,9 @@ class WriterProcessError(MemwalError):
     """The executor's writer process (``SinkOptions(writer_process=True)``) could not be
     started or reached, or ended during a write. The task fails and Spark retries it, which
     starts a new writer process; what the old one acknowledged is durable in the WAL."""
+
+
+class StateNotRetainedError(InvalidArgumentError):
+    """A time-travel read asked for a table state that garbage collection no longer keeps
+    (older than ``GcConfig.time_travel_seconds``), or that never existed; the message names
+    the oldest state that can be read."""

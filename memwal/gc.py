@@ -5,7 +5,9 @@ Per shard, GC removes
 1. **SSTables** that are compacted, covered by every base index (``index_catchup``) and
    consumed by every view fed by compaction (its hold, :mod:`memwal.holds`), judged at a
    base version at least ``reader_grace_seconds`` old, so a reader that pinned a snapshot
-   shortly before keeps finding the SSTables it was told to read;
+   shortly before keeps finding the SSTables it was told to read -- or at least
+   ``time_travel_seconds`` old, so a time-travel reader finds the SSTables of any state
+   since (:mod:`memwal.readers.timetravel`);
 2. **WAL entries** at or below the shard's flushed position (``replay_after_wal_entry_position``):
    data entries of the generations collected in 1 (when their SSTables go), and fence
    sentinels once the flushed position of the newest shard manifest version at least
@@ -17,8 +19,9 @@ Per shard, GC removes
 5. **base table versions** older than ``base_version_retention_seconds`` (Lance's
    ``cleanup_old_versions``), which is what frees the files compaction rewrote.
 
-Time travel reads a retained base version alone (see ``memwal.readers``), so retained
-base versions need nothing from the MemWAL.
+Time travel reads a retained base version with the SSTables the shards' manifests listed
+at its time (``memwal.readers.timetravel``): what GC keeps for it is bounded by the base
+version and manifest retentions, whichever ends first.
 
 How GC drains ``sstables`` from a shard manifest, which no Lance API edits: it commits
 the next manifest version (put-if-not-exists) with the collected SSTables left out and the
@@ -111,6 +114,13 @@ class GcConfig:
     min_sstables_to_drain: int = 64
     #: Base table versions younger than this stay (time travel); never less than the reader grace.
     base_version_retention_seconds: float = 3600.0
+    #: Time travel across the LSM (``readers.open(uri, as_of=...)``): compacted SSTables stay
+    #: until they were compacted this long ago, so the state of any moment since is readable
+    #: (its base version, the shards' manifests then and the SSTables they list). Capped by
+    #: the base version and manifest retentions: a state whose base version or manifests are
+    #: gone cannot be read, so its SSTables need not stay either. The disk cost is this long a
+    #: stretch of the table's writes, kept as SSTables after compaction.
+    time_travel_seconds: float = 3600.0
     #: WAL entries (fence sentinels included) are collected at or below the flushed position of
     #: the newest shard manifest at least this old. Must exceed the writers' ``max_idle_seconds``
     #: (``ShardWriterPool``, 120 s) plus the longest a WAL append may stall; see the module doc.
@@ -174,8 +184,17 @@ class GarbageCollector:
         #: shard id -> (collectable position, listed generations) when its WAL was last collected
         self._wal_collected: dict[str, tuple[int, int, int, frozenset[int]]] = {}
 
-    def safe_base_version(self) -> int | None:
-        """The newest base version committed at least ``reader_grace_seconds`` ago, if any.
+    @property
+    def sstable_retention_seconds(self) -> float:
+        """How long ago an SSTable must have been compacted to be collected: the reader grace,
+        or the time-travel retention while the states it serves are kept (see ``GcConfig``)."""
+        c = self.config
+        travel = min(c.time_travel_seconds, c.base_version_retention_seconds, c.manifest_retention_seconds)
+        return max(c.reader_grace_seconds, travel)
+
+    def safe_base_version(self, older_than: float | None = None) -> int | None:
+        """The newest base version committed at least ``older_than`` seconds ago
+        (``reader_grace_seconds`` by default), if any.
 
         Found by bisection over the version numbers, whose commit times ascend with them: a
         manifest read per probe. Listing the versions reads every retained manifest, and the
@@ -185,7 +204,7 @@ class GarbageCollector:
         collects less, never more). Versions already cleaned up count as old: cleanup removes
         the oldest ones.
         """
-        cutoff = time.time() - self.config.reader_grace_seconds
+        cutoff = time.time() - (self.config.reader_grace_seconds if older_than is None else older_than)
         ds = self.state.dataset()
 
         def committed_at(version: int) -> float | None:
@@ -220,7 +239,7 @@ class GarbageCollector:
         With ``on_shard_error``, a shard that fails (a damaged manifest, say) is handed to it
         and the other shards are still collected; without, the error propagates.
         """
-        version = self.safe_base_version()
+        version = self.safe_base_version(self.sstable_retention_seconds)
         base = self.state.dataset(version) if version is not None else None
         index = self.state.manifests.mem_wal_index(version) if version is not None else None
         indexes = base_indexes(self.state.dataset())

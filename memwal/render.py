@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
 
@@ -23,22 +23,44 @@ from memwal.status import MaintenanceStatus, TableStatus
 from memwal.upgrade import UpgradeReport
 
 
+def _cell(v: Any, max_width: int) -> str:
+    s = "null" if v is None else (json.dumps(jsonable(v)) if isinstance(v, (list, dict, bytes)) else str(v))
+    return s if len(s) <= max_width else s[: max_width - 1] + "…"
+
+
+def _row_count(n: int) -> str:
+    return f"({n} row{'s' if n != 1 else ''})"
+
+
 def render_rows(table: pa.Table, max_width: int = 40) -> str:
     """A plain-text table of ``table``'s rows."""
-    names = table.schema.names
-    rows = table.to_pylist()
+    return "\n".join(render_row_stream(table.to_batches(), table.schema, max_width))
 
-    def cell(v: Any) -> str:
-        s = "null" if v is None else (json.dumps(jsonable(v)) if isinstance(v, (list, dict, bytes)) else str(v))
-        return s if len(s) <= max_width else s[: max_width - 1] + "…"
 
-    cells = [[cell(r[n]) for n in names] for r in rows]
-    widths = [max([len(n)] + [len(c[i]) for c in cells]) for i, n in enumerate(names)]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    out = [fmt.format(*names), fmt.format(*("-" * w for w in widths))]
-    out += [fmt.format(*c).rstrip() for c in cells]
-    out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
-    return "\n".join(out)
+def render_row_stream(batches: Iterable[pa.RecordBatch], schema: pa.Schema | None = None, max_width: int = 40) -> Iterator[str]:
+    """A plain-text table of the rows of ``batches``, a block of lines per batch as it comes
+    (the header with the first; a record batch reader gives its schema), then the row count.
+    Column widths are those of the first batch, so a later cell wider than its column shifts
+    the rest of its line (every cell stays whole up to ``max_width``)."""
+    schema = schema if schema is not None else getattr(batches, "schema", None)
+    widths: list[int] | None = None
+    fmt = ""
+    count = 0
+    for batch in batches:
+        names = batch.schema.names
+        cells = [[_cell(r[n], max_width) for n in names] for r in batch.to_pylist()]
+        if widths is None:
+            widths = [max([len(n)] + [len(c[i]) for c in cells]) for i, n in enumerate(names)]
+            fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+            yield "\n".join([fmt.format(*names), fmt.format(*("-" * w for w in widths))])
+        if cells:
+            yield "\n".join(fmt.format(*c).rstrip() for c in cells)
+        count += len(cells)
+    if widths is None:  # no batch: the header alone
+        names = schema.names if schema is not None else []
+        fmt = "  ".join(f"{{:<{len(n)}}}" for n in names)
+        yield "\n".join([fmt.format(*names), fmt.format(*("-" * len(n) for n in names))])
+    yield _row_count(count)
 
 
 def render_plan(plan: ReadPlan) -> str:

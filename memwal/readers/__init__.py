@@ -6,6 +6,7 @@
 >>> r.scan(columns=["id", "score"], where="score > 3", limit=10)
 """
 
+from memwal.readers.config import ReadConfig
 from memwal.readers.reader import Consistency, Reader, ReadPlan, open
 
-__all__ = ["Consistency", "ReadPlan", "Reader", "open"]
+__all__ = ["Consistency", "ReadConfig", "ReadPlan", "Reader", "open"]

@@ -13,9 +13,8 @@ import logging
 import threading
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Iterable, Iterator, Literal, Sequence
 
 import lance
 import lance.mem_wal
@@ -24,17 +23,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal.readers import sstables
-from memwal.readers.merge import base_without_delta, drop_keys, int_key as merge_int_key
+from memwal.readers.merge import int_key as merge_int_key
+from memwal.readers.stream import Level, MergedScan, take
+from memwal.readers.config import ReadConfig
 from memwal.readers.keys import keys_predicate, keys_table, quote_ident, sql_literal, typed_key
 from memwal.readers.points import BaseLookup, base_point_read, first_row, point_lookup
 from memwal.readers.pruning import Pruning, prune
-from memwal.readers import text
+from memwal.readers import text, timetravel
 from memwal.readers.sql import filter_rows
 from memwal.readers.vectors import as_matrix, distances, vector_columns
 from memwal import paths
 from memwal.errors import InvalidArgumentError, MemwalError, UnknownColumnError
 from memwal.lsm import without_keys
 from memwal.schema import TOMBSTONE
+from memwal.manifest import SsTable
 from memwal.snapshot import Snapshot
 from memwal.state import TableState
 from memwal.wal import WalTailReader
@@ -75,15 +77,22 @@ class Reader:
         version: int | None = None,
         cache_bytes: int = sstables.DEFAULT_CACHE_BYTES,
         refresh_in_background: bool = False,
+        config: ReadConfig | None = None,
+        as_of: timetravel.AsOf | None = None,
     ) -> None:
         if consistency not in ("eventual", "strong"):
             raise InvalidArgumentError(f"consistency must be 'eventual' or 'strong', got {consistency!r}")
-        if version is not None and consistency == "strong":
-            raise InvalidArgumentError("time travel (version=) reads a base table version; it cannot be strongly consistent")
+        if version is not None and as_of is not None:
+            raise InvalidArgumentError("give as_of or version (its older name), not both")
+        as_of = version if as_of is None else as_of
+        if as_of is not None and consistency == "strong":
+            raise InvalidArgumentError("time travel (as_of=) reads a past state; it cannot be strongly consistent")
         self.state = state
+        self.config = config or ReadConfig()
         self.consistency = consistency
         self.refresh_interval_ms = refresh_interval_ms
-        self.version = version
+        #: the past state a time-travel reader reads (resolved now: a bad ``as_of`` fails here)
+        self.past = timetravel.resolve(state, as_of) if as_of is not None else None
         self._snapshot: Snapshot | None = None
         #: when the current snapshot was started (monotonic): its age, and which of two is newer
         self._taken_at = 0.0
@@ -105,7 +114,7 @@ class Reader:
         self._schemas: dict[tuple[str, ...] | None, pa.Schema] = {}
         self._refresher: _Refresher | None = None
         if refresh_in_background:
-            if consistency != "eventual" or version is not None or refresh_interval_ms is None or refresh_interval_ms <= 0:
+            if consistency != "eventual" or as_of is not None or refresh_interval_ms is None or refresh_interval_ms <= 0:
                 raise InvalidArgumentError("refresh_in_background needs an eventual reader of the latest version with a refresh_interval_ms")
             self.refresh()  # the first snapshot in the caller's thread: a bad table fails here
             self._refresher = _Refresher(self, refresh_interval_ms / 1000)
@@ -115,11 +124,9 @@ class Reader:
     def refresh(self) -> Snapshot:
         """Take a new snapshot now: latest base version and shard manifests."""
         started = time.monotonic()
-        if self.version is not None:
-            # Time travel reads the base table as it was at that version: the table state
-            # that compaction had produced then. SSTables carry no base version, so mixing
-            # today's SSTables into an old base would be neither then nor now.
-            snap = Snapshot(self.state.dataset(self.version), self.state.manifests.mem_wal_index(self.version), ())
+        if self.past is not None:
+            # Time travel: the base version and the SSTables the shards listed then.
+            snap = timetravel.past_snapshot(self.state, self.past)
         else:
             snap = self.state.snapshot()
         return self._publish(snap, started)
@@ -175,7 +182,7 @@ class Reader:
         background refresh: only once it is ``BACKGROUND_STALE_INTERVALS`` intervals old)."""
         if self._snapshot is None:
             return self.refresh()
-        if self.version is None and self.refresh_interval_ms is not None:
+        if self.past is None and self.refresh_interval_ms is not None:
             age_ms = (time.monotonic() - self._taken_at) * 1000
             stale_ms = self.refresh_interval_ms * (BACKGROUND_STALE_INTERVALS if self._refresher is not None else 1)
             if age_ms >= stale_ms:
@@ -380,41 +387,55 @@ class Reader:
         pruned = tuple(s.shard_id for s in snap.shards if s.shard_id not in set(read))
         return ReadPlan(snap.base_version, read, pruned, tuple(kept.sstable_paths()), p.reason)
 
-    def _merge(
+    def _stream(
         self, snap: Snapshot, tail: pa.Table | None, wanted: Sequence[str], where: str | None, limit: int | None
-    ) -> pa.Table:
-        """Live rows matching ``where`` (``wanted`` holds the primary key): the base rows whose
-        key the delta does not hold, plus the delta's live rows.
-
-        This is the LSM merge with the base table read once, filtered and projected by Lance,
-        and the (small) delta merged in memory, rather than deduplicating every row of every
-        level as Lance's LsmScanner does (docs/bench-log/reads.md, "Reads", measures the difference).
-        """
+    ) -> Iterator[pa.RecordBatch]:
+        """Live rows matching ``where``, columns ``wanted`` (which hold the primary key), as
+        record batches: the levels newest first, each minus the keys of newer ones
+        (:class:`~memwal.readers.stream.MergedScan`), cut after ``limit`` rows."""
         pk = list(self.state.primary_key)
-        # The delta is projected early, except when ``where`` must be evaluated on its rows
-        # (it may name columns the read does not return).
-        columns = list(wanted) if where is None else self.state.schema.names
-        if tail is None and snap.num_live_sstables == 0:
-            return snap.dataset.to_table(columns=list(wanted), filter=where, limit=limit)
-        if limit is None:
-            # The delta and the base scan are independent until the anti-join: read the
-            # SSTables while Lance scans the base (both release the GIL).
-            with ThreadPoolExecutor(1) as pool:
-                pending = pool.submit(self.sstables.delta, snap, tail, columns, pk)
-                scan = snap.dataset.scanner(columns=list(wanted), filter=where).to_reader()
-                base, delta = base_without_delta(scan, pending, pk)
-            if delta is None:
-                return base
-        else:
-            # A limited scan fetches as many more base rows as the delta could shadow.
-            delta = self.sstables.delta(snap, tail, columns, pk)
-            if delta is None:
-                return snap.dataset.to_table(columns=list(wanted), filter=where, limit=limit)
-            base = drop_keys(snap.dataset.to_table(columns=list(wanted), filter=where, limit=limit + delta.num_rows), delta, pk)
-        live = delta.filter(pc.invert(delta.column(TOMBSTONE))).drop_columns([TOMBSTONE])
-        newer = filter_rows(live, where).select(list(wanted))
-        rows = pa.concat_tables([base, newer.cast(base.schema)])
-        return rows.slice(0, limit) if limit is not None else rows
+        wanted = list(wanted)
+        batch_rows = self.config.scan_batch_rows
+        if tail is None and snap.num_live_sstables == 0:  # the base alone: Lance applies the limit
+            return iter(snap.dataset.scanner(columns=wanted, filter=where, limit=limit, batch_size=batch_rows).to_reader())
+        read_columns = [*wanted, TOMBSTONE]
+
+        def level(shard_id: str, sst: SsTable) -> Level:
+            path = paths.sstable_path(snap.dataset.uri, shard_id, sst.path)
+
+            def read() -> tuple[sstables.KeySet, pa.Table]:
+                if where is None:
+                    if self.sstables.worth_caching(sst.in_memory_bytes):
+                        rows = self.sstables.rows(path, wanted)  # cached: an SSTable never changes
+                    else:
+                        rows = self.sstables.read(path, columns=read_columns)
+                    return self.sstables.keys(path, pk, rows), rows
+                return self.sstables.keys(path, pk), self.sstables.read(path, columns=read_columns, filter=where)
+
+            return Level(path, read)
+
+        shards = [[level(s.shard_id, t) for t in reversed(s.live_sstables)] for s in snap.shards]
+
+        def base() -> pa.RecordBatchReader:
+            return snap.dataset.scanner(columns=wanted, filter=where, batch_size=batch_rows).to_reader()
+
+        # A limited scan reads one SSTable at a time: it usually ends inside the newest.
+        ahead = self.config.scan_sstables_ahead if limit is None else 1
+        merged = MergedScan(shards, base, tail, wanted, pk, self.state.schema, where, batch_rows, ahead)
+        return take(iter(merged), limit)
+
+    def _scan_batches(self, columns: Sequence[str] | None, where: str | None, limit: int | None) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise InvalidArgumentError(f"limit must be a non-negative integer, got {limit!r}")
+        schema = self._output_schema(columns)
+        out = schema.names
+        p = self.pruning(where)
+        snap, tail = self._view(sorted(p.shard_ids) if p.shard_ids is not None else None)
+        wanted = list(dict.fromkeys([*out, *self.state.primary_key]))
+        batches = self._stream(snap, tail, wanted, where, limit)
+        if wanted == out:
+            return schema, batches
+        return schema, (b.select(out) for b in batches)
 
     def scan(
         self,
@@ -423,22 +444,33 @@ class Reader:
         limit: int | None = None,
     ) -> pa.Table:
         """Live rows (newest version per key, deleted keys absent) matching ``where`` (SQL)."""
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-            raise InvalidArgumentError(f"limit must be a non-negative integer, got {limit!r}")
-        out = self._output_schema(columns).names
-        p = self.pruning(where)
-        snap, tail = self._view(sorted(p.shard_ids) if p.shard_ids is not None else None)
-        wanted = list(dict.fromkeys([*out, *self.state.primary_key]))
-        return self._merge(snap, tail, wanted, where, limit).select(out)
+        schema, batches = self._scan_batches(columns, where, limit)
+        return pa.Table.from_batches(list(batches), schema)
 
     def to_batches(
         self,
         columns: Sequence[str] | None = None,
         where: str | None = None,
+        limit: int | None = None,
     ) -> pa.RecordBatchReader:
-        """Like :meth:`scan`, as a record batch reader."""
-        t = self.scan(columns, where)
-        return pa.RecordBatchReader.from_batches(t.schema, t.to_batches())
+        """Like :meth:`scan`, as a stream of record batches read as they are consumed: the
+        newest SSTables first, then the base, then the WAL tail, never the whole table in
+        memory (``ReadConfig.scan_batch_rows`` and ``scan_sstables_ahead`` bound what is
+        held). The snapshot is taken when this is called."""
+        schema, batches = self._scan_batches(columns, where, limit)
+        return pa.RecordBatchReader.from_batches(schema, batches)
+
+    def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
+        """The live rows as an Arrow C stream (the Arrow PyCapsule interface): DuckDB, Polars,
+        DataFusion and pyarrow read the fresh view from a reader directly, batch by batch."""
+        return self.to_batches().__arrow_c_stream__(requested_schema)
+
+    def to_arrow(self, columns: Sequence[str] | None = None, where: str | None = None) -> pa.RecordBatchReader:
+        """The live rows as a :class:`pyarrow.RecordBatchReader`, for other engines
+        (``duckdb.sql("SELECT ... FROM r")`` with ``r = reader.to_arrow()``,
+        ``polars.from_arrow(...)``, DataFusion's ``from_arrow``); :meth:`to_batches` with a name
+        other engines' users look for."""
+        return self.to_batches(columns, where)
 
     def count(self, where: str | None = None) -> int:
         """Number of live rows matching ``where``."""
@@ -446,7 +478,7 @@ class Reader:
         snap, tail = self._view(sorted(p.shard_ids) if p.shard_ids is not None else None)
         if tail is None and snap.num_live_sstables == 0:
             return snap.dataset.count_rows(filter=where)
-        return self._merge(snap, tail, list(self.state.primary_key), where, None).num_rows
+        return sum(b.num_rows for b in self._stream(snap, tail, list(self.state.primary_key), where, None))
 
 
     # -- vector search ---------------------------------------------------------------------------
@@ -538,7 +570,8 @@ class Reader:
                 rows = rows.select(wanted).append_column("_distance", pa.array(d, pa.float32()))
                 found = pa.concat_tables([found, rows.cast(found.schema)])
         else:
-            rows = self._merge(snap, tail, wanted, where, None)  # exact: every live row, the WAL tail's too
+            # exact: every live row, the WAL tail's too
+            rows = pa.Table.from_batches(list(self._stream(snap, tail, wanted, where, None)), self._output_schema(wanted))
             d = distances(as_matrix(rows.column(col), dim), query, metric)
             order = np.argsort(d, kind="stable")[:k]
             found = rows.take(pa.array(order, pa.int64())).append_column("_distance", pa.array(d[order], pa.float32()))
@@ -742,6 +775,8 @@ def open(  # noqa: A001 - mirrors lance.dataset / builtin open naming users expe
     refresh_interval_ms: int | None = 1000,
     version: int | None = None,
     refresh_in_background: bool = False,
+    config: ReadConfig | None = None,
+    as_of: timetravel.AsOf | None = None,
 ) -> Reader:
     """Open a reader on the memwal table at ``uri``.
 
@@ -752,8 +787,11 @@ def open(  # noqa: A001 - mirrors lance.dataset / builtin open naming users expe
     that on a thread of the reader's own and swaps the snapshot in when it is ready, so
     lookups do not wait for a refresh (unless the thread falls five intervals behind): for a
     process that serves reads (close it with
-    :meth:`Reader.close` or a ``with`` block). ``version`` reads the base table as of that
-    version (time travel).
+    :meth:`Reader.close` or a ``with`` block). ``as_of`` reads the table as it was (time
+    travel, base and SSTables): at a base version (an int: when it was committed) or a time
+    (a ``datetime``, naive meaning UTC, or Unix seconds), while GC keeps that state
+    (``GcConfig.time_travel_seconds``); :class:`~memwal.errors.StateNotRetainedError` names
+    the oldest readable state otherwise. ``version`` is ``as_of``'s older name for a base version.
     """
     return Reader(TableState.load(uri), consistency=consistency, refresh_interval_ms=refresh_interval_ms, version=version,
-                  refresh_in_background=refresh_in_background)
+                  refresh_in_background=refresh_in_background, config=config, as_of=as_of)

@@ -135,6 +135,16 @@ class SSTableCache:
     def bytes_held(self) -> int:
         return self._lru.bytes_held
 
+    @property
+    def max_bytes(self) -> int:
+        return self._lru.max_bytes
+
+    def worth_caching(self, in_memory_bytes: int) -> bool:
+        """Whether a scan should cache the rows of an SSTable of this size: at most a
+        sixteenth of the cache, so one scan of large SSTables (a table just loaded) neither
+        holds them all nor pushes out the key sets lookups use."""
+        return in_memory_bytes <= self.max_bytes // 16
+
     def clear(self) -> None:
         self._lru.clear()
 
@@ -146,14 +156,17 @@ class SSTableCache:
         """The SSTable at ``path`` as an open Lance dataset."""
         return self._get("dataset", path, lambda: lance.dataset(path, storage_options=self.storage_options), lambda _: DATASET_BYTES)
 
-    def keys(self, path: str, primary_key: Sequence[str]) -> KeySet:
+    def keys(self, path: str, primary_key: Sequence[str], rows: pa.Table | None = None) -> KeySet:
         """Every key of the SSTable (a scalar, or a tuple for composite keys) -> is it a tombstone.
 
         The SSTable's deletion vector has already kept only the newest row of each key.
+        ``rows``: the SSTable's rows already read whole (every live row in order, the key
+        columns and ``_tombstone`` among them), to build the key set from if it is not cached.
         """
 
         def load() -> KeySet:
-            return KeySet.of(self.dataset(path).to_table(columns=[*primary_key, TOMBSTONE]), primary_key)
+            source = rows if rows is not None else self.dataset(path).to_table(columns=[*primary_key, TOMBSTONE])
+            return KeySet.of(source, primary_key)
 
         return self._get("keys", path, load, lambda k: k.nbytes)
 
