@@ -1,17 +1,20 @@
-"""Read benchmark: memwal's reader against a plain Lance table, in one run.
+"""Read benchmark: memwal's reader against plain Lance, in one run.
 
 1. point lookups p50/p99 on a ``--base-rows`` table with 0, 10 and 100 uncompacted SSTables
    (one shard, so a lookup sees all of them), against a plain Lance table with a BTREE on
-   the key and no MemWAL;
+   the key and no MemWAL; and ``get_many`` of 1,000 keys against plain Lance's filter
+   (``id IN (...)``) and ``take`` of 1,000 rows;
 2. full deduplicated scan rows/s, same tables (median of 5 scans by fresh readers; the
    ratio to memwal's own compacted table, 0 SSTables, is the "scans stay fast" target);
-3. vector search latency and recall@10 against exact brute force, on a ``--vector-rows``
-   table with an IVF_PQ index, with SSTables on top;
-4. the indexed read plan: vector search while the base index lags behind compaction,
-   memwal's plan (the compacted SSTables' own indexes for the gap) against Lance's own
-   search of the base (flat scan of the unindexed fragments).
+3. vector search on real embeddings (bench/embeddings.py: docstring paragraphs embedded
+   with all-MiniLM-L6-v2, 384-d): ``--vector-rows`` rows, 70% in the base with the index
+   memwal builds, 20% new rows, 5% updated and 2% deleted in SSTables, a few unflushed
+   writes in the WAL tail (a strong reader); ``--queries`` held-out queries; recall@10
+   against exact search over the live rows, p50 against plain Lance with the same index
+   on the same live rows compacted, and against exact search in NumPy.
 
-Run: ``python bench/read.py``.
+Run: ``python bench/read.py`` (needs the ``bench`` extra for part 3's data set, made and
+cached on the first run).
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import DIM, SCHEMA, base_rows, git_rev, machine, pct, report, today, work_dir  # noqa: E402
 
 from memwal import Bounds, Table, WriterConfig, readers  # noqa: E402
-from memwal.compactor import Compactor  # noqa: E402
 
 
 def update_rows(rng: np.random.Generator, ids: np.ndarray) -> pa.Table:
@@ -91,24 +93,120 @@ def scan_rate(uri: str, plain: bool = False, runs: int = 5) -> dict[str, float]:
     return {"fresh": pct(wall, 50), "fresh_cpu": pct(cpu, 50), "warm": pct(warm, 50)}
 
 
+def get_many_ms(reader, plain, base_rows: int, rng: np.random.Generator, calls: int = 15) -> dict[str, float]:
+    """p50 ms of reading 1,000 random keys: memwal's get_many, plain Lance's filter and take."""
+    out: dict[str, list[float]] = {"memwal": [], "plain_in": [], "plain_take": []}
+    cols = ["id", "val", "name"]
+    for _ in range(calls):
+        keys = np.sort(rng.choice(base_rows, 1000, replace=False))
+        for name, fn in (("memwal", lambda k=keys: reader.get_many(k.tolist(), columns=cols)),
+                         ("plain_in", lambda k=keys: plain.to_table(columns=cols, filter=f"id IN ({', '.join(map(str, k))})")),
+                         ("plain_take", lambda k=keys: plain.take(k, columns=cols))):
+            t0 = time.perf_counter()
+            fn()
+            out[name].append(time.perf_counter() - t0)
+    return {k: pct(v, 50) * 1000 for k, v in out.items()}
+
+
+def vector_search(work: str, rows: int, queries: int) -> dict:
+    """Part 3: recall@10 and p50 of memwal's search at its defaults against plain Lance with the
+    same index on the same live rows compacted, and exact NumPy, on real embeddings."""
+    import embeddings
+
+    from memwal import IndexConfig
+    from memwal.indexes import IndexMaintainer, vector_index_params
+    from memwal.readers import ReadConfig
+
+    data = embeddings.load()
+    vecs = embeddings.vectors(data)
+    if rows + queries + rows // 20 > len(vecs):
+        raise SystemExit(f"--vector-rows {rows}: the data set has {len(vecs)} vectors")
+    rng = np.random.default_rng(1)
+    qs = vecs[len(vecs) - queries:]  # held out: in no table
+    schema = pa.schema([("id", pa.int64()), ("text", pa.string()), ("vec", pa.list_(pa.float32(), embeddings.DIM))])
+    texts = data.column("text")
+
+    def table(ids: np.ndarray, source: np.ndarray) -> pa.Table:
+        return pa.table({"id": pa.array(ids, pa.int64()), "text": texts.take(pa.array(source)),
+                         "vec": pa.FixedSizeListArray.from_arrays(pa.array(vecs[source].reshape(-1)), embeddings.DIM)}, schema=schema)
+
+    nb, nnew, nupd, ndel = int(0.7 * rows), int(0.2 * rows), int(0.05 * rows), int(0.02 * rows)
+    uri = os.path.join(work, "embeddings")
+    t = Table.create(uri, schema, ["id"], "bucket(id, 4)", initial_data=table(np.arange(nb), np.arange(nb)),
+                     indexes=IndexConfig(vector_column="vec"), bounds=Bounds.unbounded())
+    t0 = time.perf_counter()
+    IndexMaintainer(t.state).ensure_indexes()
+    build = time.perf_counter() - t0
+    for part in np.array_split(np.arange(nb, nb + nnew), 4):  # new rows: four flushes
+        t.write(table(part, part))
+        t.flush()
+    updated = rng.choice(nb, nupd, replace=False)
+    t.write(table(updated, np.arange(nb + nnew, nb + nnew + nupd)))  # another text's vector
+    t.delete({"id": rng.choice(np.setdiff1d(np.arange(nb), updated), ndel, replace=False).tolist()})
+    t.flush()
+    tail = np.arange(nb + nnew + nupd, nb + nnew + nupd + rows // 100)  # unflushed: the WAL tail
+    t.write(table(np.arange(10**9, 10**9 + len(tail)), tail))
+    r = readers.open(uri, consistency="strong")
+    live = r.scan(columns=["id", "vec"])
+    ids = live.column("id").to_numpy()
+    mat = embeddings.vectors(live)
+    truth = [set(ids[np.argsort(((mat - q) ** 2).sum(1))[:10]].tolist()) for q in qs]
+    cfg = ReadConfig()
+    params = vector_index_params(len(ids))
+    plain_uri = os.path.join(work, "embeddings-plain")
+    lance.write_dataset(live, plain_uri)
+    lance.dataset(plain_uri).create_index("vec", **params)
+    plain = lance.dataset(plain_uri)
+
+    def measure(fn) -> dict[str, float]:
+        lat, recall = [], []
+        for q, want in zip(qs, truth):
+            t1 = time.perf_counter()
+            got = fn(q)
+            lat.append(time.perf_counter() - t1)
+            recall.append(len(set(got) & want) / 10)
+        return {"recall_at_10": float(np.mean(recall)), "p50_ms": pct(lat, 50) * 1000, "p99_ms": pct(lat, 99) * 1000}
+
+    nearest = {"column": "vec", "k": 10, "nprobes": cfg.vector_nprobes, "refine_factor": cfg.vector_refine_factor}
+    variants = {
+        "memwal": lambda q: r.search(q, k=10, columns=["id"]).column("id").to_pylist(),
+        "plain": lambda q: plain.to_table(nearest={**nearest, "q": q}, columns=["id", "_distance"]).column("id").to_pylist(),
+        "numpy": lambda q: ids[np.argpartition(((mat - q) ** 2).sum(1), 10)[:10]].tolist(),
+    }
+    for fn in variants.values():  # warm: first reads, the snapshot's SSTable vectors
+        fn(qs[0])
+    got = {name: measure(fn) for name, fn in variants.items()}
+    snap = r.snapshot
+    print(f"\nvector search on real embeddings (all-MiniLM-L6-v2, 384-d): {len(ids):,} live rows, {snap.num_live_sstables} SSTables, "
+          f"a WAL tail of {len(tail)}; {params['index_type']} with {params['num_partitions']} partition(s) built in {build:.1f} s; "
+          f"nprobes {cfg.vector_nprobes}, refine {cfg.vector_refine_factor}; {queries} held-out queries")
+    labels = {"memwal": "memwal reader.search(q) at its defaults", "plain": "plain Lance, same index, same live rows compacted",
+              "numpy": "exact search in NumPy over the live rows"}
+    for name, m in got.items():
+        print(f"  {labels[name]:52} recall@10 {m['recall_at_10']:.3f}  p50 {m['p50_ms']:6.2f} ms  p99 {m['p99_ms']:6.2f} ms")
+    print(f"  memwal p50 / plain Lance p50: {got['memwal']['p50_ms'] / got['plain']['p50_ms']:.2f}x (target <= 1.5x); "
+          f"/ NumPy: {got['memwal']['p50_ms'] / got['numpy']['p50_ms']:.2f}x")
+    t.close()
+    return {"rows": len(ids), "sstables": snap.num_live_sstables, "wal_tail": len(tail), "index": params, "build_s": build,
+            "nprobes": cfg.vector_nprobes, "refine_factor": cfg.vector_refine_factor, **got}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base-rows", type=int, default=1_000_000)
     p.add_argument("--lookups", type=int, default=500)
     p.add_argument("--sstable-rows", type=int, default=2_000)
-    p.add_argument("--vector-rows", type=int, default=200_000)
-    p.add_argument("--queries", type=int, default=50)
-    p.add_argument("--gap-sstables", type=int, default=10, help="flushes (x4 shards) compacted but not indexed, for part 4")
-    p.add_argument("--gap-sstable-rows", type=int, default=2_000, help="rows per flush in part 4")
+    p.add_argument("--vector-rows", type=int, default=18_800, help="rows of the real-embedding table (part 3)")
+    p.add_argument("--queries", type=int, default=200)
     p.add_argument("--scans-only", action="store_true", help="parts 1 and 2 only (lookups and scans)")
-    p.add_argument("--vectors-only", action="store_true", help="parts 3 and 4 only (vector search)")
+    p.add_argument("--vectors-only", action="store_true", help="part 3 only (vector search)")
     p.add_argument("--workdir")
     p.add_argument("--json")
     args = p.parse_args()
     results: dict = {"date": today(), "machine": machine(), "commit": git_rev(), "args": vars(args)}
     rng = np.random.default_rng(0)
     with work_dir(args.workdir, "memwal-bench-read-") as work:
-        base = base_rows(args.vector_rows if args.vectors_only else args.base_rows)
+        base = None if args.vectors_only else base_rows(args.base_rows)
         # No maintenance runs here: lift the write stall so 100 SSTables can pile up.
         no_stall = Bounds(slowdown_sstables=10**6, stop_sstables=10**6)
         if not args.vectors_only:
@@ -150,90 +248,16 @@ def main() -> None:
                       f"{scan['fresh']:14,.0f}   {slower['fresh']:.2f}, {slower['fresh_cpu']:.2f}, {slower['warm']:.2f}")
                 results["memwal"].append({"sstables": sstables, "lookup_p50_ms": pct(lat, 50) * 1000, "lookup_p99_ms": pct(lat, 99) * 1000,
                                           "x_plain_p50": ratio, "scan_rows_per_s": scan["fresh"], "scan": scan, "scan_x_compacted": slower})
+                many = get_many_ms(reader, plain, args.base_rows, rng)
+                results["memwal"][-1]["get_many_1000"] = many
+                print(f"{'':36} get_many(1,000 keys) p50 {many['memwal']:.1f} ms: {many['memwal'] / many['plain_in']:.2f}x plain Lance "
+                      f"id IN (...) ({many['plain_in']:.1f} ms), {many['memwal'] / many['plain_take']:.2f}x its take ({many['plain_take']:.1f} ms)")
 
         if args.scans_only:
             report(results, args.json)
             return
 
-        # 3: vector search
-        vbase = base.slice(0, args.vector_rows)
-        vuri = os.path.join(work, "vectors")
-        vt = Table.create(vuri, SCHEMA, ["id"], "bucket(id, 4)", initial_data=vbase, bounds=no_stall)
-        t0 = time.perf_counter()
-        lance.dataset(vuri).create_index("vec", "IVF_PQ", num_partitions=64, num_sub_vectors=16)
-        build = time.perf_counter() - t0
-        add_sstables(vt, 3, args.sstable_rows, args.vector_rows, rng)  # 3 flushes x 4 shards
-        live = readers.open(vuri).scan(columns=["id", "vec"])
-        ids = live.column("id").to_numpy()
-        mat = np.stack(live.column("vec").to_numpy(zero_copy_only=False)).astype(np.float32)
-        queries = rng.random((args.queries, DIM), dtype=np.float32)
-        r = readers.open(vuri, refresh_interval_ms=None)
-        print(f"\nvector search, {args.vector_rows:,} rows + {r.snapshot.num_live_sstables} SSTables, IVF_PQ 64 partitions (built in {build:.0f}s)")
-        results["vector"] = []
-
-        def exact_ids(q: np.ndarray) -> set[int]:
-            return set(ids[np.argsort(((mat - q) ** 2).sum(1))[:10]].tolist())
-
-        truth = [exact_ids(q) for q in queries]
-        for nprobes, overfetch in ((8, 1.0), (20, 1.0), (20, 4.0), (64, 4.0), (64, 16.0)):
-            lat, recall = [], []
-            for q, want in zip(queries, truth):
-                t0 = time.perf_counter()
-                got = r.search(q, k=10, nprobes=nprobes, columns=["id"], overfetch=overfetch)
-                lat.append(time.perf_counter() - t0)
-                recall.append(len(set(got.column("id").to_pylist()) & want) / 10)
-            p50, p99 = pct(lat, 50) * 1000, pct(lat, 99) * 1000
-            print(f"  nprobes {nprobes:3}, overfetch {overfetch:4.0f}: p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  recall@10 {np.mean(recall):.3f}")
-            results["vector"].append({"nprobes": nprobes, "overfetch": overfetch, "p50_ms": pct(lat, 50) * 1000,
-                                      "p99_ms": pct(lat, 99) * 1000, "recall_at_10": float(np.mean(recall))})
-
-        # 3b: what scoring small SSTables exactly costs: the default plan against the SSTables'
-        # own indexes only, alternating query by query, nprobes 20 and overfetch 4.
-        import memwal.readers.reader as reader_module
-
-        exact_default = reader_module.EXACT_SSTABLE_MAX_ROWS
-        took: dict[str, list[float]] = {"exact": [], "indexes": []}
-        hits: dict[str, list[float]] = {"exact": [], "indexes": []}
-        for i, (q, want) in enumerate(zip(queries, truth)):
-            for name in (("exact", "indexes") if i % 2 == 0 else ("indexes", "exact")):
-                reader_module.EXACT_SSTABLE_MAX_ROWS = exact_default if name == "exact" else 0
-                t0 = time.perf_counter()
-                got = r.search(q, k=10, nprobes=20, columns=["id"], overfetch=4.0)
-                took[name].append(time.perf_counter() - t0)
-                hits[name].append(len(set(got.column("id").to_pylist()) & want) / 10)
-        reader_module.EXACT_SSTABLE_MAX_ROWS = exact_default
-        print(f"  small SSTables (< {exact_default:,} rows) scored exactly (the default) against by their indexes only, nprobes 20, overfetch 4:")
-        for name in ("exact", "indexes"):
-            print(f"    {name:8} p50 {pct(took[name], 50) * 1000:6.1f} ms  p99 {pct(took[name], 99) * 1000:6.1f} ms  recall@10 {np.mean(hits[name]):.3f}")
-        results["exact_small_sstables"] = {n: {"p50_ms": pct(took[n], 50) * 1000, "p99_ms": pct(took[n], 99) * 1000,
-                                               "recall_at_10": float(np.mean(hits[n]))} for n in took}
-
-        # 4: the indexed read plan while the base index lags behind compaction
-        add_sstables(vt, args.gap_sstables, args.gap_sstable_rows, args.vector_rows, rng)
-        Compactor(vt.state).run_once()  # everything compacted; the IVF index does not cover it yet
-        ds = lance.dataset(vuri)
-        unindexed = ds.stats.index_stats("vec_idx")["num_unindexed_rows"]
-        live = readers.open(vuri).scan(columns=["id", "vec"])
-        ids = live.column("id").to_numpy()
-        mat = np.stack(live.column("vec").to_numpy(zero_copy_only=False)).astype(np.float32)
-        truth = [exact_ids(q) for q in queries]
-        r = readers.open(vuri, refresh_interval_ms=None)
-        gap = r.snapshot.with_index_gap("vec_idx").num_live_sstables
-        print(f"\nindex lagging by {gap} compacted SSTables ({unindexed:,} unindexed base rows), nprobes 20, overfetch 4:")
-        results["index_gap"] = {"gap_sstables": gap, "unindexed_rows": unindexed}
-        default = reader_module.GAP_PLAN_MIN_ROWS_PER_SSTABLE
-        for name, threshold in (("gap SSTables' indexes", 0), ("exact scan of unindexed base", 10**12), ("automatic choice", default)):
-            reader_module.GAP_PLAN_MIN_ROWS_PER_SSTABLE = threshold
-            lat, recall = [], []
-            for q, want in zip(queries, truth):
-                t0 = time.perf_counter()
-                got = r.search(q, k=10, nprobes=20, columns=["id"])
-                lat.append(time.perf_counter() - t0)
-                recall.append(len(set(got.column("id").to_pylist()) & want) / 10)
-            label = f"{name} ({r.last_vector_plan})" if threshold == default else name
-            print(f"  {label:44} p50 {pct(lat, 50) * 1000:6.1f} ms  p99 {pct(lat, 99) * 1000:6.1f} ms  recall@10 {np.mean(recall):.3f}")
-            results["index_gap"][name] = {"p50_ms": pct(lat, 50) * 1000, "p99_ms": pct(lat, 99) * 1000, "recall_at_10": float(np.mean(recall))}
-        reader_module.GAP_PLAN_MIN_ROWS_PER_SSTABLE = default
+        results["vector"] = vector_search(work, args.vector_rows, args.queries)
     report(results, args.json)
 
 

@@ -607,7 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--shard-by", default="unsharded", metavar="SPEC", help="sharding spec, e.g. 'bucket(id,4)', 'identity(region)', 'unsharded' (default)")
     s.add_argument("--max-memtable-rows", type=int, default=WriterConfig.max_memtable_rows, help="rows per MemTable before it is flushed to an SSTable")
     s.add_argument("--wal-flush-interval-ms", type=int, default=WriterConfig.max_wal_flush_interval_ms, help="WAL flush tick; a durable write waits for it")
-    s.add_argument("--vector-column", help="build and maintain an IVF_PQ index on this column")
+    s.add_argument("--vector-column", help="build and maintain a vector index (IVF_HNSW_SQ) on this column")
     s.add_argument("--fts-column", help="build and maintain a full-text index on this column")
     _durability_flag(s, WriterConfig.durability, "the table's default durability of acknowledged writes")
     s.set_defaults(func=cmd_init)

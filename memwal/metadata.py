@@ -191,7 +191,7 @@ class IndexConfig:
 
     #: BTREE on the primary key (single-column keys): point lookups on compacted data.
     primary_key_btree: bool = True
-    #: Column for an IVF_PQ vector index, built once the base table has enough rows.
+    #: Column for a vector index (IVF_HNSW_SQ, memwal.indexes), built once the base table has enough rows.
     vector_column: str | None = None
     vector_metric: str = "l2"
     #: Column for an inverted (full-text) index.

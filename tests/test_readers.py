@@ -221,11 +221,9 @@ def test_vector_search_with_ivf_pq_equals_brute_force(table_uri):
     t.close()
 
 
-@pytest.mark.parametrize("rows_per_sstable", [0, 10**9], ids=["gap-sstables", "flat-unindexed"])
-def test_vector_search_while_the_index_lags_behind_compaction(table_uri, monkeypatch, rows_per_sstable):
-    import memwal.readers.reader as reader_module
-
-    monkeypatch.setattr(reader_module, "GAP_PLAN_MIN_ROWS_PER_SSTABLE", rows_per_sstable)
+def test_vector_search_while_the_index_lags_behind_compaction(table_uri):
+    """Rows compacted since the index last caught up are in base fragments it does not cover:
+    Lance searches those exactly, beside the index."""
     rng = np.random.default_rng(3)
 
     def rows(ids):
@@ -248,12 +246,11 @@ def test_vector_search_while_the_index_lags_behind_compaction(table_uri, monkeyp
         if g < 3:
             Compactor(t.state).run_once()
     r = readers.open(table_uri)
-    assert r.snapshot.with_index_gap("vec_idx").num_live_sstables > r.snapshot.num_live_sstables
+    assert lance.dataset(table_uri).stats.index_stats("vec_idx")["num_unindexed_rows"] > 0
     for q in rng.integers(0, 16, (5, 4)).astype(np.float32):
         found = r.search(q, k=8, nprobes=4)
         assert [round(d, 4) for d in found.column("_distance").to_pylist()] == [round(d, 4) for d in brute_knn(model, q, 8)]
         assert all(row["vec"] == model[row["id"]]["vec"] for row in found.to_pylist())
-    assert r.last_vector_plan == ("index gap SSTables" if rows_per_sstable == 0 else "flat unindexed")
     t.close()
 
 

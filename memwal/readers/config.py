@@ -17,9 +17,26 @@ class ReadConfig:
     scan_batch_rows: int = 65_536
     #: SSTables a scan reads ahead of the one it yields, on threads.
     scan_sstables_ahead: int = 4
+    #: Vector search: IVF partitions of the base index probed per query. memwal builds
+    #: IVF_HNSW_SQ with one partition per 250,000 rows (memwal.indexes), so up to 5M rows
+    #: every partition is probed; recall then is the graphs' (0.998 on 384-d MiniLM text
+    #: embeddings with the refine factor below, docs/bench-log/reads.md).
+    vector_nprobes: int = 20
+    #: Vector search: the base index's candidates re-ranked with exact distances, per result
+    #: (Lance's refine factor): 4 took recall@10 from 0.95 to 0.998 for ~1-2 ms.
+    vector_refine_factor: int = 4
+    #: Vector search: base candidates fetched per result, so that dropping those an SSTable or
+    #: the WAL tail supersedes leaves ``k`` (fetched again, four times as many, if not).
+    vector_overfetch: float = 2.0
+    #: Vector search: SSTables of at most this many rows are scored exactly, from vectors the
+    #: reader keeps per snapshot; larger ones are searched through their own index (Lance
+    #: builds one per flushed MemTable once the base has a vector index).
+    vector_exact_sstable_rows: int = 100_000
 
     def __post_init__(self) -> None:
-        for name in ("scan_batch_rows", "scan_sstables_ahead"):
+        if not self.vector_overfetch >= 1.0:
+            raise InvalidArgumentError(f"vector_overfetch must be at least 1, got {self.vector_overfetch!r}")
+        for name in ("scan_batch_rows", "scan_sstables_ahead", "vector_nprobes", "vector_refine_factor"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InvalidArgumentError(f"{name} must be a positive integer, got {v!r}")

@@ -24,14 +24,14 @@ import pyarrow.compute as pc
 
 from memwal.readers import sstables
 from memwal.readers.merge import int_key as merge_int_key
-from memwal.readers.stream import Level, MergedScan, take
+from memwal.readers.stream import Level, MergedScan, ShadowKeys, take
 from memwal.readers.config import ReadConfig
 from memwal.readers.keys import keys_predicate, keys_table, quote_ident, sql_literal, typed_key
 from memwal.readers.points import BaseLookup, base_point_read, first_row, point_lookup
 from memwal.readers.pruning import Pruning, prune
 from memwal.readers import text, timetravel
 from memwal.readers.sql import filter_rows
-from memwal.readers.vectors import as_matrix, distances, vector_columns
+from memwal.readers.vectors import as_matrix, distances, top_k, vector_columns
 from memwal import paths
 from memwal.errors import InvalidArgumentError, MemwalError, UnknownColumnError
 from memwal.lsm import without_keys
@@ -102,8 +102,8 @@ class Reader:
         self.sstables = sstables.SSTableCache(cache_bytes, state.storage_options)
         #: the base table's full-text corpus statistics (BM25), per base version
         self.text_stats = text.BaseTextStats()
-        #: which plan the last vector search used (for explain and the benchmark)
-        self.last_vector_plan = ""
+        #: per snapshot and vector column: what a vector search takes from the SSTables
+        self._deltas: dict[tuple, DeltaVectors] = {}
         self._valid_filters: set[str] = set()
         #: the last point lookup's base predicate, replayed on each new base version by the
         #: background refresh so the first lookup on it finds its index pages loaded
@@ -501,23 +501,31 @@ class Reader:
         *,
         column: str | None = None,
         where: str | None = None,
-        nprobes: int = 20,
+        nprobes: int | None = None,
         columns: Sequence[str] | None = None,
         metric: str | None = None,
-        overfetch: float = 4.0,
+        overfetch: float | None = None,
+        refine_factor: int | None = None,
     ) -> pa.Table:
         """The ``k`` live rows nearest to ``vector``, with their ``_distance`` (nearest first).
 
-        ``overfetch`` candidates per result are re-ranked with exact distances (recall
-        against latency, see docs/bench-log/reads.md, "Reads").
-
-        Only the newest version of a row can appear. With an IVF index on the base table,
-        Lance's LSM vector planner searches every level (distances re-ranked exactly);
-        without one the search is exact over the live rows. Strong readers also search the
-        unflushed WAL tail.
+        Only the newest version of a row can appear. The base table is searched by Lance
+        through its vector index (``nprobes``, ``refine_factor``: ``ReadConfig``'s by default;
+        exactly when it has none, and its unindexed fragments exactly either way), asking for
+        ``overfetch`` candidates per result so that those an SSTable or the WAL tail supersedes
+        can be dropped; the SSTables' newest live rows are scored exactly (large ones through
+        their own index), and so is a strong reader's WAL tail. ``where`` filters every level
+        before the nearest are chosen. docs/bench-log/reads.md has the measurements behind
+        the defaults.
         """
         if k <= 0:
             raise InvalidArgumentError(f"k must be positive, got {k}")
+        cfg = self.config
+        nprobes = cfg.vector_nprobes if nprobes is None else nprobes
+        refine = cfg.vector_refine_factor if refine_factor is None else refine_factor
+        overfetch = cfg.vector_overfetch if overfetch is None else overfetch
+        if overfetch < 1:
+            raise InvalidArgumentError(f"overfetch must be at least 1, got {overfetch}")
         col = self._vector_column(column)
         metric = metric or self.state.metadata.indexes.vector_metric
         dim = self.state.schema.field(col).type.list_size
@@ -525,65 +533,100 @@ class Reader:
         if query.shape[0] != dim:
             raise InvalidArgumentError(f"the query has {query.shape[0]} dimensions; {col!r} has {dim}")
         pk = list(self.state.primary_key)
-        out = list(columns) if columns else self.state.schema.names
-        wanted = list(dict.fromkeys([*pk, col, *out]))
+        out = list(self._output_schema(columns).names)
+        wanted = list(dict.fromkeys([*pk, *out]))
         p = self.pruning(where)
         snap, tail = self._view(sorted(p.shard_ids) if p.shard_ids is not None else None)
-        fetch = k + (tail.num_rows if tail is not None else 0)
-        index_name = vector_index_name(snap.dataset, col)
-        if index_name is not None:
-            # Lance's LSM planner searches only the part of the base its index covers. The
-            # rows compacted since the index last caught up are found either through the
-            # SSTables they came from (the spec's indexed read plan: their own indexes) or
-            # by an exact search of the unindexed base fragments, whichever costs less.
-            gap_snap = snap.with_index_gap(index_name)
-            gap = gap_snap.num_live_sstables - snap.num_live_sstables
-            unindexed = unindexed_fragments(snap.dataset, index_name)
-            unindexed_rows = sum(f.count_rows() for f in unindexed)
-            use_gap = gap > 0 and unindexed_rows > GAP_PLAN_MIN_ROWS_PER_SSTABLE * gap
-            plan_snap = gap_snap if use_gap else snap
-            self.last_vector_plan = "index gap SSTables" if use_gap else ("flat unindexed" if unindexed_rows else "indexed")
-            planner = lance.mem_wal.LsmVectorSearchPlanner(
-                plan_snap.dataset, plan_snap.lance_snapshots(), col, pk, distance_type=metric, filter=where
-            )
-            found = planner.plan_search(
-                pa.array(query), fetch, nprobes, wanted, refine_base_table=True, overfetch_factor=overfetch
-            ).to_table().select([*wanted, "_distance"])
-            extra = []
-            # Lance's planner also skips SSTables flushed from MemTables that predate the
-            # vector index (they have none): search their newest rows exactly. Small SSTables
-            # are scored exactly too: Lance indexes a flushed MemTable with IVF_HNSW_SQ, whose
-            # graph search can miss a small SSTable's nearest row (seen: the nearest of 77).
-            # Every column: ``where`` may name columns the result does not return.
-            exact_sst = _unindexed_sstable_rows(self.sstables, plan_snap, col, self.state.schema.names, pk)
-            if exact_sst is not None:
-                # These rows are their keys' newest: they replace whatever the index found for
-                # those keys, whether or not they match ``where``, and count if they match it.
-                found = without_keys(found, exact_sst, pk)
-                extra.append(filter_rows(exact_sst, where).select(wanted))
-            if unindexed_rows and not use_gap:
-                flat = snap.dataset.scanner(fragments=unindexed, columns=wanted, filter=where).to_table()
-                newer = self.sstables.delta(snap, None, self.state.schema.names, pk)
-                extra.append(without_keys(flat, newer, pk) if newer is not None else flat)
-            for rows in extra:
-                d = distances(as_matrix(rows.column(col), dim), query, metric)
-                rows = rows.select(wanted).append_column("_distance", pa.array(d, pa.float32()))
-                found = pa.concat_tables([found, rows.cast(found.schema)])
-        else:
-            # exact: every live row, the WAL tail's too
-            rows = pa.Table.from_batches(list(self._stream(snap, tail, wanted, where, None)), self._output_schema(wanted))
-            d = distances(as_matrix(rows.column(col), dim), query, metric)
-            order = np.argsort(d, kind="stable")[:k]
-            found = rows.take(pa.array(order, pa.int64())).append_column("_distance", pa.array(d[order], pa.float32()))
-            tail = None
+        delta = self._vector_delta(snap, col)
+        shadow = delta.keys
         if tail is not None:
-            newer = filter_rows(tail.filter(pc.invert(tail.column(TOMBSTONE))).drop_columns([TOMBSTONE]), where)
-            d = distances(as_matrix(newer.column(col), dim), query, metric)
-            newer = newer.select(wanted).append_column("_distance", pa.array(d, pa.float32()))
-            found = without_keys(found.select([*wanted, "_distance"]), tail, pk)
-            found = pa.concat_tables([found, newer.cast(found.schema)])
+            shadow = ShadowKeys(pk, self.state.schema)
+            shadow.merge(delta.keys)
+            shadow.add_rows(tail)
+        parts = [self._search_base(snap, col, query, k, wanted, where, metric, nprobes, refine, overfetch, shadow)]
+        rows, matrix = delta.rows, delta.matrix
+        if rows.num_rows:
+            mask = delta.where_mask(where)
+            if mask is not None:
+                rows, matrix = rows.filter(pa.array(mask)), matrix[mask]
+            if tail is not None:  # the WAL tail supersedes these keys
+                keep = tail_keys(tail, pk, self.state.schema).keep_mask(rows)
+                rows, matrix = rows.filter(pa.array(keep)), matrix[keep]
+            dist = delta.distances(query, metric) if rows is delta.rows else distances(matrix, query, metric)
+            parts.append(top_k(rows.select(wanted), dist, k))
+        for path, newer in delta.indexed:
+            found = self.sstables.dataset(path).to_table(
+                nearest={"column": col, "q": query, "k": max(k, int(k * overfetch)), "nprobes": nprobes, "refine_factor": refine, "metric": metric},
+                columns=[*wanted, TOMBSTONE, "_distance"], filter=where, prefilter=True)
+            for keys in newer:
+                found = found.filter(pa.array([keys.find(v) is None for v in _key_values(found, pk)], pa.bool_())) if found.num_rows else found
+            if tail is not None:
+                found = tail_keys(tail, pk, self.state.schema).drop(found)
+            parts.append(found.filter(pc.invert(found.column(TOMBSTONE))).select([*wanted, "_distance"]))
+        if tail is not None:
+            live = tail.filter(pc.invert(tail.column(TOMBSTONE))).drop_columns([TOMBSTONE])
+            newer = filter_rows(live, where)
+            parts.append(top_k(newer.select(wanted), distances(as_matrix(newer.column(col), dim), query, metric), k))
+        schema = parts[0].schema
+        found = pa.concat_tables([t.cast(schema) for t in parts])
         found = found.sort_by([("_distance", "ascending")]).slice(0, k)
         return found.select([*out, "_distance"])
+
+    def _search_base(
+        self, snap: Snapshot, col: str, query: np.ndarray, k: int, wanted: list[str], where: str | None, metric: str,
+        nprobes: int, refine: int, overfetch: float, shadow: ShadowKeys,
+    ) -> pa.Table:
+        """The base's ``k`` nearest live rows that no newer level supersedes: Lance's search
+        through the vector index (flat when there is none), ``overfetch`` candidates per
+        result, fetched again four times as many while superseded ones leave fewer than
+        ``k`` and the base has more."""
+        indexed = self._vector_delta(snap, col).base_indexed
+        fetch = max(k, int(np.ceil(k * overfetch)))
+        while True:
+            nearest: dict[str, Any] = {"column": col, "q": query, "k": fetch, "metric": metric}
+            if indexed:
+                nearest.update(nprobes=nprobes, refine_factor=refine)
+            else:
+                nearest["use_index"] = False
+            # A prefilter only with a filter: asked for without one it cost 2.4 ms of 8 here.
+            found = snap.dataset.to_table(nearest=nearest, columns=[*wanted, "_distance"], filter=where, prefilter=True if where else None)
+            kept = shadow.drop(found)
+            if kept.num_rows >= k or found.num_rows < fetch:
+                return kept
+            fetch *= 4
+
+    def _vector_delta(self, snap: Snapshot, col: str) -> "DeltaVectors":
+        """What a vector search of ``snap`` takes from its SSTables, built once per snapshot."""
+        key = (snap.base_version, col, tuple(snap.sstable_paths()))
+        cached = self._deltas.get(key)
+        if cached is not None:
+            return cached
+        pk = list(self.state.primary_key)
+        names = self.state.schema.names
+        every = ShadowKeys(pk, self.state.schema)
+        exact: list[pa.Table] = []
+        indexed: list[tuple[str, list[sstables.KeySet]]] = []
+        limit = self.config.vector_exact_sstable_rows
+        for shard in snap.shards:
+            newer = ShadowKeys(pk, self.state.schema)
+            newer_sets: list[sstables.KeySet] = []
+            sizes = {paths.sstable_path(snap.dataset.uri, shard.shard_id, t.path): t.physical_rows for t in shard.live_sstables}
+            for path, keys in self._newest_sstables(snap, shard.shard_id):
+                if sizes.get(path, 0) > limit and self.sstables.has_index(path, col, "VectorIndexDetails"):
+                    indexed.append((path, list(newer_sets)))
+                else:
+                    rows = newer.drop(self.sstables.rows(path))
+                    exact.append(rows.filter(pc.invert(rows.column(TOMBSTONE))).select(names))
+                newer.add_key_set(keys)
+                newer_sets.append(keys)
+                every.add_key_set(keys)
+        rows = pa.concat_tables(exact, promote_options="permissive").cast(self.state.schema) if exact else self.state.schema.empty_table()
+        dim = self.state.schema.field(col).type.list_size
+        delta = DeltaVectors(every, rows, as_matrix(rows.column(col), dim), indexed, vector_index_name(snap.dataset, col) is not None)
+        if len(self._deltas) >= 4:
+            self._deltas.clear()
+        self._deltas[key] = delta
+        return delta
 
     # -- full-text search -------------------------------------------------------------------------
 
@@ -610,56 +653,6 @@ class Reader:
         return text.search(self.state, self.sstables, self.text_stats, snap, tail, query, k, col, where, out)
 
 
-def _unindexed_sstable_rows(cache: sstables.SSTableCache, snap: Snapshot, column: str, columns: list[str], pk: list[str]) -> pa.Table | None:
-    """Live rows of SSTables without a vector index on ``column``, or with fewer than
-    ``EXACT_SSTABLE_MAX_ROWS`` rows, that no newer generation of their shard supersedes
-    (tombstones dropped); None if there are none."""
-    out = []
-    for shard in snap.shards:
-        ssts = shard.live_sstables
-        for i, sst in enumerate(ssts):
-            path = paths.sstable_path(snap.dataset.uri, shard.shard_id, sst.path)
-            small = 0 < sst.physical_rows < EXACT_SSTABLE_MAX_ROWS
-            if not small and cache.has_index(path, column, "VectorIndexDetails"):
-                continue
-            # A small SSTable's rows (whole: one cache entry whatever the columns asked) and
-            # every newer SSTable's keys come from the reader's cache (an SSTable never
-            # changes), with one anti-join against all newer keys: uncached, one read per pair,
-            # this cost a search with 12 small SSTables 22 ms (docs/bench-log/reads.md). A large one
-            # without an index is read uncached, so it cannot push the key sets out.
-            rows = cache.rows(path) if small else cache.read(path, columns=[*columns, TOMBSTONE])
-            rows = rows.filter(pc.invert(rows.column(TOMBSTONE))).select(columns)
-            newer = [cache.rows(paths.sstable_path(snap.dataset.uri, shard.shard_id, n.path), columns=pk).select(pk) for n in ssts[i + 1 :]]
-            if newer:
-                rows = without_keys(rows, pa.concat_tables(newer), pk)
-            out.append(rows)
-    if not out:
-        return None
-    return pa.concat_tables(out)
-
-
-#: SSTables with fewer rows than this are scored exactly in a vector search, beside what
-#: Lance's planner finds through their own (approximate, IVF_HNSW_SQ) index: it makes a small
-#: SSTable's recall 1, for ~0.4 ms per ~500-row SSTable (bench/read.py, docs/bench-log/reads.md).
-EXACT_SSTABLE_MAX_ROWS = 4096
-
-#: The indexed read plan reads the index gap's SSTables instead of scanning the unindexed
-#: base fragments when those hold more than this many rows per gap SSTable. Measured here
-#: (bench/read.py, docs/bench-log/reads.md): an exact scan costs ~0.3 us per 64-d row, probing a
-#: gap SSTable's index ~2 ms, break-even near 7,000 rows per SSTable.
-GAP_PLAN_MIN_ROWS_PER_SSTABLE = 10_000
-
-
-def unindexed_fragments(ds: lance.LanceDataset, index_name: str) -> list:
-    """The base fragments index ``index_name`` does not cover yet."""
-    covered: set[int] = set()
-    for d in ds.describe_indices():
-        if d.name == index_name:
-            for seg in d.segments:
-                covered.update(int(f) for f in seg.fragment_ids)
-    return [f for f in ds.get_fragments() if f.fragment_id not in covered]
-
-
 def vector_index_name(ds: lance.LanceDataset, column: str) -> str | None:
     """The name of the vector (IVF) index on ``column``, if the dataset has one."""
     field_id = ds.lance_schema.field(column).id()
@@ -667,6 +660,63 @@ def vector_index_name(ds: lance.LanceDataset, column: str) -> str | None:
         if field_id in d.fields and "VectorIndexDetails" in d.type_url:
             return d.name
     return None
+
+
+@dataclass
+class DeltaVectors:
+    """A snapshot's SSTables as a vector search sees them: every key they hold (which
+    supersede the base), the newest live rows of those scored exactly with their vectors as
+    one matrix, and the large indexed SSTables with the key sets of their shard's newer ones."""
+
+    keys: ShadowKeys
+    rows: pa.Table
+    matrix: np.ndarray
+    indexed: list[tuple[str, list[sstables.KeySet]]]
+    #: whether the snapshot's base has a vector index on the column
+    base_indexed: bool
+    _masks: dict[str, np.ndarray] | None = None
+    _norms: np.ndarray | None = None
+
+    def distances(self, query: np.ndarray, metric: str) -> np.ndarray:
+        """Exact distances of every row, as :func:`distances`; squared L2 as
+        ``|m|^2 - 2 m.q + |q|^2`` with the rows' norms kept: one matrix-vector product
+        instead of a copy of the matrix per query."""
+        if metric != "l2":
+            return distances(self.matrix, query, metric)
+        if self._norms is None:
+            self._norms = np.einsum("ij,ij->i", self.matrix, self.matrix)
+        q = query.astype(np.float32)
+        return np.maximum(self._norms - 2 * (self.matrix @ q) + float(q @ q), 0.0)
+
+    def where_mask(self, where: str | None) -> np.ndarray | None:
+        """Which exact rows match ``where`` (None: all), evaluated once per filter."""
+        if not where:
+            return None
+        if self._masks is None:
+            self._masks = {}
+        mask = self._masks.get(where)
+        if mask is None:
+            marked = self.rows.append_column("__memwal_row", pa.array(np.arange(self.rows.num_rows, dtype=np.int64)))
+            hit = filter_rows(marked, where).column("__memwal_row").to_numpy()
+            mask = np.zeros(self.rows.num_rows, dtype=bool)
+            mask[hit] = True
+            if len(self._masks) >= 16:
+                self._masks.clear()
+            self._masks[where] = mask
+        return mask
+
+
+def tail_keys(tail: pa.Table, primary_key: list[str], schema: pa.Schema) -> ShadowKeys:
+    """The WAL tail's keys, which supersede every other level."""
+    keys = ShadowKeys(primary_key, schema)
+    keys.add_rows(tail)
+    return keys
+
+
+def _key_values(rows: pa.Table, primary_key: list[str]) -> list[Any]:
+    """The keys of ``rows`` in :meth:`KeySet.find`'s form."""
+    cols = [rows.column(c).to_pylist() for c in primary_key]
+    return cols[0] if len(cols) == 1 else list(zip(*cols))
 
 
 class _KeysToFind:

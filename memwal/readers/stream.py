@@ -105,6 +105,31 @@ class ShadowKeys:
             hit |= run[i] == ids
         return hit
 
+    def merge(self, other: "ShadowKeys") -> None:
+        """Add every key ``other`` holds."""
+        for run in other._runs:
+            self._add_sorted(run)
+        self._tables.extend(other._tables)
+
+    def _key_table(self) -> pa.Table:
+        keys = pa.concat_tables(self._tables) if len(self._tables) > 1 else self._tables[0]
+        self._tables = [keys]
+        return keys
+
+    def keep_mask(self, rows: pa.Table) -> np.ndarray:
+        """True for the rows of ``rows`` whose key is not held here."""
+        if rows.num_rows == 0 or len(self) == 0:
+            return np.ones(rows.num_rows, dtype=bool)
+        ids = int_key(rows, self.primary_key) if self.ints else None
+        if ids is not None:
+            return ~self._hits(ids)
+        marked = rows.select(self.primary_key).append_column("__memwal_row", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+        keep = np.zeros(rows.num_rows, dtype=bool)
+        if self._runs:  # integer keys that int_key could not take (a null key): none held as tables
+            return ~keep
+        keep[without_keys(marked, self._key_table(), self.primary_key).column("__memwal_row").to_numpy()] = True
+        return keep
+
     def drop(self, rows: pa.Table) -> pa.Table:
         """``rows`` without those whose key is held here, order kept."""
         if rows.num_rows == 0 or len(self) == 0:
@@ -113,10 +138,9 @@ class ShadowKeys:
         if ids is not None:
             hit = self._hits(ids)
             return rows.filter(pa.array(~hit)) if hit.any() else rows
-        keys = pa.concat_tables(self._tables) if len(self._tables) > 1 else self._tables[0]
-        if len(self._tables) > 1:
-            self._tables = [keys]
-        return without_keys(rows, keys, self.primary_key)
+        if self.ints:
+            return rows  # a null key (memwal writes none) is no key held here
+        return without_keys(rows, self._key_table(), self.primary_key)
 
     def batch_filter(self) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
         """A function dropping the held keys from base batches, built once for the base: a

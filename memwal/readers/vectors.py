@@ -46,3 +46,13 @@ def vector_columns(schema: pa.Schema) -> list[str]:
         for f in schema
         if pa.types.is_fixed_size_list(f.type) and pa.types.is_floating(f.type.value_type)
     ]
+
+
+def top_k(rows: pa.Table, dist: np.ndarray, k: int) -> pa.Table:
+    """The ``k`` rows of ``rows`` nearest by ``dist`` (NaN last), nearest first, with ``_distance``."""
+    if rows.num_rows == 0:
+        return rows.append_column("_distance", pa.array([], pa.float32()))
+    d = np.where(np.isnan(dist), np.inf, dist)
+    order = np.argpartition(d, k - 1)[:k] if len(d) > k else np.arange(len(d))
+    order = order[np.argsort(d[order], kind="stable")]
+    return rows.take(pa.array(order, pa.int64())).append_column("_distance", pa.array(dist[order], pa.float32()))

@@ -1,0 +1,80 @@
+"""Vector search on real embeddings: recall at the reader's defaults, across base, SSTables
+and the WAL tail, on a sample of all-MiniLM-L6-v2 embeddings of real text
+(tests/data/minilm_sample.npz, made by bench/embeddings.py --sample; the benchmark holds the
+full measurement, docs/bench-log/reads.md)."""
+
+from __future__ import annotations
+
+import os
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from memwal import IndexConfig, Table, readers
+from memwal import indexes as indexes_module
+from memwal.indexes import IndexMaintainer, vector_index_params
+
+SAMPLE = os.path.join(os.path.dirname(__file__), "data", "minilm_sample.npz")
+DIM = 384
+SCHEMA = pa.schema([("id", pa.int64()), ("kind", pa.string()), ("vec", pa.list_(pa.float32(), DIM))])
+
+
+def _rows(ids: np.ndarray, vectors: np.ndarray, kind: str) -> pa.Table:
+    return pa.table({"id": pa.array(ids, pa.int64()), "kind": [kind] * len(ids),
+                     "vec": pa.FixedSizeListArray.from_arrays(pa.array(vectors.astype(np.float32).reshape(-1)), DIM)}, schema=SCHEMA)
+
+
+@pytest.fixture()
+def embedded(table_uri, monkeypatch, request):
+    """A table of the sample as a stream leaves it: 70% in the base (with the vector index
+    memwal builds, when ``request.param`` says so), 20% new rows, 5% updated (another text's
+    vector) and 2% deleted in SSTables, and 1% unflushed in the WAL tail."""
+    data = np.load(SAMPLE)
+    vectors, queries = data["rows"].astype(np.float32), data["queries"].astype(np.float32)
+    n = len(vectors) * 100 // 110  # the rest: updates' and the tail's vectors
+    nb, nnew, nupd, ndel = int(0.7 * n), int(0.2 * n), int(0.05 * n), int(0.02 * n)
+    if request.param:
+        # The sample is smaller than the size from which memwal indexes (bench/read.py measures that size).
+        monkeypatch.setattr(indexes_module, "MIN_ROWS_FOR_VECTOR_INDEX", 1_000)
+    rng = np.random.default_rng(11)
+    t = Table.create(table_uri, SCHEMA, ["id"], "bucket(id, 2)", initial_data=_rows(np.arange(nb), vectors[:nb], "base"),
+                     indexes=IndexConfig(vector_column="vec"))
+    created = IndexMaintainer(t.state).ensure_indexes()
+    assert bool(created) == request.param
+    for part in np.array_split(np.arange(nb, nb + nnew), 3):
+        t.write(_rows(part, vectors[part], "new"))
+        t.flush()
+    updated = rng.choice(nb, nupd, replace=False)
+    t.write(_rows(updated, vectors[n : n + nupd], "updated"))
+    t.delete({"id": rng.choice(np.setdiff1d(np.arange(nb), updated), ndel, replace=False).tolist()})
+    t.flush()
+    tail = np.arange(n + nupd, len(vectors))
+    t.write(_rows(10_000 + tail, vectors[tail], "tail"))  # unflushed: only a strong reader sees them
+    yield table_uri, queries
+    t.close()
+
+
+@pytest.mark.parametrize("embedded", [True, False], ids=["indexed", "exact"], indirect=True)
+def test_recall_at_10_on_real_embeddings_at_the_defaults(embedded):
+    uri, queries = embedded
+    r = readers.open(uri, consistency="strong")
+    assert r.snapshot.num_live_sstables > 0
+    live = r.scan(columns=["id", "vec"])
+    ids = live.column("id").to_numpy()
+    mat = live.column("vec").combine_chunks().flatten().to_numpy().reshape(-1, DIM)
+    recall, kinds = [], set()
+    for q in queries:
+        want = set(ids[np.argsort(((mat - q) ** 2).sum(1))[:10]].tolist())
+        found = r.search(q, k=10, columns=["id", "kind"])
+        assert found.column_names == ["id", "kind", "_distance"]
+        got = found.column("id").to_pylist()
+        assert len(got) == 10 == len(set(got))  # only live rows, each once
+        recall.append(len(set(got) & want) / 10)
+        kinds.update(found.column("kind").to_pylist())
+    assert np.mean(recall) >= 0.95
+    assert {"base", "new", "updated"} <= kinds  # the nearest come from every level
+    desc = lance.dataset(uri).describe_indices()
+    index_types = {d.index_type for d in desc if "Vector" in d.type_url}
+    assert index_types in (set(), {vector_index_params(10**6)["index_type"]})
