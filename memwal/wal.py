@@ -149,6 +149,8 @@ class WalTailReader:
         self.store = store
         self.primary_key = primary_key
         self._cache: ByteLRU[tuple[str, int], WalEntry] = ByteLRU(cache_bytes)
+        #: the last tail merged: (shard, entry positions and epochs) -> its newest rows per key
+        self._last_tail: tuple[tuple, pa.Table] | None = None
 
     def clear_cache(self) -> None:
         self._cache.clear()
@@ -208,8 +210,15 @@ class WalTailReader:
 
     def tail(self, manifest: ShardManifest) -> pa.Table | None:
         """The newest unflushed row of each key written to the shard (with ``_tombstone``), or None."""
-        tables = [e.rows for e in self.entries(manifest) if e.rows is not None and e.rows.num_rows]
-        if not tables:
+        entries = [e for e in self.entries(manifest) if e.rows is not None and e.rows.num_rows]
+        if not entries:
             return None
-        rows = pa.concat_tables(tables, promote_options="permissive")
-        return newest_per_key(rows, self.primary_key)
+        # The same entries give the same rows: a strong reader asking again (every read
+        # takes a fresh view) merges them once.
+        key = (manifest.shard_id, tuple(e.position for e in entries), tuple(e.writer_epoch for e in entries))
+        last = self._last_tail
+        if last is not None and last[0] == key:
+            return last[1]
+        rows = newest_per_key(pa.concat_tables([e.rows for e in entries], promote_options="permissive"), self.primary_key)
+        self._last_tail = (key, rows)
+        return rows

@@ -16,7 +16,9 @@ class ReadConfig:
     #: the largest SSTable (``max_memtable_rows``), what bounds a scan's memory.
     scan_batch_rows: int = 65_536
     #: SSTables a scan reads ahead of the one it yields, on threads.
-    scan_sstables_ahead: int = 4
+    scan_sstables_ahead: int = 8
+    #: Base batches a scan lets Lance decode while it still reads the SSTables (0: none).
+    scan_base_batches_ahead: int = 4
     #: Vector search: IVF partitions of the base index probed per query. memwal builds
     #: IVF_HNSW_SQ with one partition per 250,000 rows (memwal.indexes), so up to 5M rows
     #: every partition is probed; recall then is the graphs' (0.998 on 384-d MiniLM text
@@ -36,6 +38,8 @@ class ReadConfig:
     def __post_init__(self) -> None:
         if not self.vector_overfetch >= 1.0:
             raise InvalidArgumentError(f"vector_overfetch must be at least 1, got {self.vector_overfetch!r}")
+        if isinstance(self.scan_base_batches_ahead, bool) or not isinstance(self.scan_base_batches_ahead, int) or self.scan_base_batches_ahead < 0:
+            raise InvalidArgumentError(f"scan_base_batches_ahead must be a non-negative integer, got {self.scan_base_batches_ahead!r}")
         for name in ("scan_batch_rows", "scan_sstables_ahead", "vector_nprobes", "vector_refine_factor"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:

@@ -421,7 +421,8 @@ class Reader:
 
         # A limited scan reads one SSTable at a time: it usually ends inside the newest.
         ahead = self.config.scan_sstables_ahead if limit is None else 1
-        merged = MergedScan(shards, base, tail, wanted, pk, self.state.schema, where, batch_rows, ahead)
+        base_ahead = self.config.scan_base_batches_ahead if limit is None else 0
+        merged = MergedScan(shards, base, tail, wanted, pk, self.state.schema, where, batch_rows, ahead, base_ahead)
         return take(iter(merged), limit)
 
     def _scan_batches(self, columns: Sequence[str] | None, where: str | None, limit: int | None) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
@@ -539,29 +540,28 @@ class Reader:
         snap, tail = self._view(sorted(p.shard_ids) if p.shard_ids is not None else None)
         delta = self._vector_delta(snap, col)
         shadow = delta.keys
-        if tail is not None:
+        newest = tail_keys(tail, pk, self.state.schema) if tail is not None else None
+        if newest is not None:
             shadow = ShadowKeys(pk, self.state.schema)
             shadow.merge(delta.keys)
-            shadow.add_rows(tail)
+            shadow.merge(newest)
         parts = [self._search_base(snap, col, query, k, wanted, where, metric, nprobes, refine, overfetch, shadow)]
-        rows, matrix = delta.rows, delta.matrix
-        if rows.num_rows:
-            mask = delta.where_mask(where)
-            if mask is not None:
-                rows, matrix = rows.filter(pa.array(mask)), matrix[mask]
-            if tail is not None:  # the WAL tail supersedes these keys
-                keep = tail_keys(tail, pk, self.state.schema).keep_mask(rows)
-                rows, matrix = rows.filter(pa.array(keep)), matrix[keep]
-            dist = delta.distances(query, metric) if rows is delta.rows else distances(matrix, query, metric)
-            parts.append(top_k(rows.select(wanted), dist, k))
+        if delta.rows.num_rows:
+            keep = delta.where_mask(where)
+            if newest is not None:  # the WAL tail supersedes these keys
+                unshadowed = newest.keep_mask(delta.rows)
+                keep = unshadowed if keep is None else keep & unshadowed
+            dist = delta.distances(query, metric)  # all rows, then the kept ones: no copy of the matrix
+            rows = delta.rows if keep is None else delta.rows.filter(pa.array(keep))
+            parts.append(top_k(rows.select(wanted), dist if keep is None else dist[keep], k))
         for path, newer in delta.indexed:
             found = self.sstables.dataset(path).to_table(
                 nearest={"column": col, "q": query, "k": max(k, int(k * overfetch)), "nprobes": nprobes, "refine_factor": refine, "metric": metric},
                 columns=[*wanted, TOMBSTONE, "_distance"], filter=where, prefilter=True)
             for keys in newer:
                 found = found.filter(pa.array([keys.find(v) is None for v in _key_values(found, pk)], pa.bool_())) if found.num_rows else found
-            if tail is not None:
-                found = tail_keys(tail, pk, self.state.schema).drop(found)
+            if newest is not None:
+                found = newest.drop(found)
             parts.append(found.filter(pc.invert(found.column(TOMBSTONE))).select([*wanted, "_distance"]))
         if tail is not None:
             live = tail.filter(pc.invert(tail.column(TOMBSTONE))).drop_columns([TOMBSTONE])

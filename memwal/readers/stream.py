@@ -22,6 +22,8 @@ tombstones, in another order (tests/test_lsm.py checks it against that model).
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -193,6 +195,7 @@ class MergedScan:
         where: str | None,
         batch_rows: int,
         sstables_ahead: int,
+        base_ahead: int = 0,
     ) -> None:
         self.shards = shards
         self.base = base
@@ -203,6 +206,7 @@ class MergedScan:
         self.where = where
         self.batch_rows = batch_rows
         self.sstables_ahead = sstables_ahead
+        self.base_ahead = base_ahead
         self.out_schema = pa.schema([schema.field(c) for c in self.columns])
 
     def _batches(self, rows: pa.Table) -> Iterator[pa.RecordBatch]:
@@ -217,6 +221,10 @@ class MergedScan:
         if self.tail is not None:
             every.add_rows(self.tail)
         order = [(s, level) for s, levels in enumerate(self.shards) for level in levels]
+        # Lance decodes the base on its own threads while the SSTables are read and merged
+        # here: up to ``base_ahead`` batches wait in a queue (none for a limited scan, which
+        # usually ends before the base).
+        base_batches = _Prefetch(self.base, self.base_ahead) if self.base_ahead and order else _Lazy(self.base)
         ahead_n = max(1, self.sstables_ahead)
         pool = ThreadPoolExecutor(min(ahead_n, len(order))) if order else None
         try:
@@ -243,19 +251,85 @@ class MergedScan:
                 newer.add_key_set(keys)
                 every.add_key_set(keys)
                 yield from self._batches(rows)
+        except BaseException:
+            base_batches.close()
+            raise
         finally:
             if pool is not None:
                 # A scan stopped early (a limit, a closed stream) does not wait for the reads
                 # ahead: those not started are dropped, those running end on their own.
                 pool.shutdown(wait=False, cancel_futures=True)
         drop = every.batch_filter()
-        for batch in self.base():
+        for batch in base_batches:
             kept = drop(batch)
             if kept.num_rows:
                 yield kept.select(self.columns) if kept.schema.names != self.columns else kept
         if self.tail is not None:
             live = self.tail.filter(pc.invert(self.tail.column(TOMBSTONE)))
             yield from self._batches(filter_rows(live.drop_columns([TOMBSTONE]), self.where))
+
+
+class _Lazy:
+    """The base's batches, its scan started when first iterated."""
+
+    def __init__(self, start: Callable[[], pa.RecordBatchReader]) -> None:
+        self._start = start
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        return iter(self._start())
+
+    def close(self) -> None:
+        pass
+
+
+class _Prefetch:
+    """The base's batches, read on a thread into a queue of at most ``ahead`` from now on.
+
+    Closing it (the scan stopped) makes the thread stop at its next batch."""
+
+    _END = object()
+
+    def __init__(self, start: Callable[[], pa.RecordBatchReader], ahead: int) -> None:
+        self._queue: queue.Queue = queue.Queue(maxsize=ahead)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(start,), name="memwal-scan-base", daemon=True)
+        self._thread.start()
+
+    def _run(self, start: Callable[[], pa.RecordBatchReader]) -> None:
+        try:
+            for batch in start():
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(batch, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set():
+                    return
+            item: object = self._END
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
+            item = e
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        try:
+            while True:
+                item = self._queue.get()
+                if item is self._END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._stop.set()
 
 
 def take(batches: Iterator[pa.RecordBatch], limit: int | None) -> Iterator[pa.RecordBatch]:
