@@ -16,7 +16,7 @@ class ReadConfig:
     #: the largest SSTable (``max_memtable_rows``), what bounds a scan's memory.
     scan_batch_rows: int = 65_536
     #: SSTables a scan reads ahead of the one it yields, on threads.
-    scan_sstables_ahead: int = 8
+    scan_sstables_ahead: int = 4
     #: Base batches a scan lets Lance decode while it still reads the SSTables (0: none).
     scan_base_batches_ahead: int = 4
     #: Vector search: IVF partitions of the base index probed per query. memwal builds
