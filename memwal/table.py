@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from memwal import paths
 from memwal.errors import InvalidArgumentError, PrimaryKeyError, ShardingSpecError, TableExistsError
+from memwal.failpoints import failpoint
 from memwal.indexes import FTS_PARAMS, fts_index_name
 from memwal.io import FileIO, file_io_for
 from memwal.manifest import ManifestStore, ShardManifest
@@ -309,6 +310,7 @@ class Table:
             need = folded.needs_stored
             stored = self._stored_rows(batch.shard_id, folded.rows.filter(pa.array(need))) if need.any() else None
             _, ups = resolve(folded, stored, self.primary_key)
+            failpoint("write.decided.table")  # race tests: decided, not written
             self.writers.write(RoutedBatch(batch.shard_id, batch.values, ups))
 
         self._each(routed, apply)
