@@ -9,24 +9,20 @@
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import lance
-import numpy as np
 import pyarrow as pa
 
 from memwal import paths
 from memwal.errors import InvalidArgumentError, PrimaryKeyError, ShardingSpecError, TableExistsError
-from memwal.failpoints import failpoint
 from memwal.indexes import FTS_PARAMS, fts_index_name
 from memwal.io import FileIO, file_io_for
 from memwal.manifest import ManifestStore, ShardManifest
 from memwal.metadata import CONFIG_KEY, Bounds, IndexConfig, TableMetadata, WriterConfig
-from memwal.partial import PRESENT, check_keys_present, check_merge, fold, presence_of_columns, presence_of_dicts, presence_type, resolve
+from memwal.partial import PRESENT, check_keys_present, check_merge, presence_of_columns, presence_of_dicts, presence_type
 from memwal.routing import RoutedBatch, check_shard, route
 from memwal.schema import as_table, conform, key_schema, with_primary_key
 from memwal.sharding import ShardingSpec, ShardResolver, ShardValues, lance_init_kwargs, parse_sharding_spec
@@ -34,6 +30,7 @@ from memwal.snapshot import Snapshot
 from memwal.state import TableState, resolve_storage, table_exists
 from memwal.storage import StorageConfig
 from memwal.status import TableStatus, table_status
+from memwal.writepath import ShardRecords, TableWriter, WriteMode
 from memwal.writer import ShardWriterPool
 
 if TYPE_CHECKING:
@@ -55,7 +52,7 @@ class WriteResult:
 
 class Table:
     """A memwal table: the user facade over a :class:`~memwal.state.TableState` (what the
-    table is) and a :class:`~memwal.writer.ShardWriterPool` (this process's writers).
+    table is) and a :class:`~memwal.writepath.TableWriter` (this process's write path).
 
     Create with :meth:`create`, open with :meth:`open`. Writes are routed to shards and go
     through Lance's ShardWriters; one writer per shard is kept open until :meth:`flush` or
@@ -65,10 +62,17 @@ class Table:
 
     def __init__(self, state: TableState) -> None:
         self.state = state
-        self.writers = ShardWriterPool(state)
-        self._executor: ThreadPoolExecutor | None = None
-        self._partial_readers: dict[str, "Reader"] = {}
-        self._readers_guard = threading.Lock()
+        #: This process's write path into the table (its shard writers included).
+        self.writer = TableWriter(state)
+
+    @property
+    def writers(self) -> ShardWriterPool:
+        """This table handle's shard writers (one per shard written, kept open)."""
+        return self.writer.writers
+
+    @writers.setter
+    def writers(self, pool: ShardWriterPool) -> None:
+        self.writer = TableWriter(self.state, pool)
 
     # -- what the table is (from its state) ---------------------------------------------------
 
@@ -219,12 +223,7 @@ class Table:
 
     def close(self) -> None:
         """Flush every open writer (MemTables -> SSTables) and release them."""
-        try:
-            self.writers.close()
-        finally:
-            if self._executor is not None:
-                self._executor.shutdown()
-                self._executor = None
+        self.writer.close()
 
     # -- shards -------------------------------------------------------------------------------
 
@@ -245,17 +244,6 @@ class Table:
         return self.state.shard_values(manifest)
 
     # -- writes -------------------------------------------------------------------------------
-
-    def _each(self, batches: list[RoutedBatch], op: Callable[[RoutedBatch], None]) -> None:
-        # Each durable put waits for its shard's WAL flush tick; running shards in parallel
-        # overlaps those waits (Lance releases the GIL while it waits).
-        if len(batches) == 1:
-            op(batches[0])
-            return
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="memwal-write")
-        for f in [self._executor.submit(op, b) for b in batches]:
-            f.result()
 
     def _route(self, data: Any, deletes: bool) -> tuple[pa.Table, list[RoutedBatch]]:
         """Conform ``data`` (rows, or keys to delete) and route it: every error a write can
@@ -284,18 +272,18 @@ class Table:
         row changes only the columns it carries (a column missing from an Arrow table, or a
         key missing from a dict, keeps its stored value; an explicit null sets null), rows of
         one key fold in order, and a key not stored yet is inserted with the absent columns
-        null; see :mod:`memwal.partial`.
+        null; see :mod:`memwal.partial`. Either way through the write path
+        (:mod:`memwal.writepath`), shards in parallel.
         """
         if check_merge(merge) == "partial":
             return self._write_partial(data)
         t, batches = self._route(data, deletes=False)
-        self._each(batches, self.writers.write)
+        self.writer.write([ShardRecords(b.shard_id, b.values, b.rows) for b in batches], label="table")
         return WriteResult(t.num_rows, len(batches))
 
     def _write_partial(self, data: Any) -> WriteResult:
-        """Route rows with their presence, then per shard: fold, read the stored rows the fold
-        needs (strongly: this pool owns the shard's writer, every earlier write is in its WAL),
-        merge and put full rows."""
+        """Route rows with their presence; the write path folds them per shard and merges them
+        over the stored rows, as the shard's owner."""
         if not self.metadata.writer.durable_write:
             raise InvalidArgumentError(
                 "partial updates read the stored row from the WAL, which a table with durable_write=False "
@@ -303,17 +291,8 @@ class Table:
             )
         t, present = self._partial_input(data)
         routed = route(t.append_column(PRESENT, present), self.spec.shard_value_arrays(t), self.resolver)
-
-        def apply(batch: RoutedBatch) -> None:
-            rows = batch.rows.drop_columns([PRESENT])
-            folded = fold(rows, batch.rows.column(PRESENT), np.zeros(rows.num_rows, bool), self.primary_key)
-            need = folded.needs_stored
-            stored = self._stored_rows(batch.shard_id, folded.rows.filter(pa.array(need))) if need.any() else None
-            _, ups = resolve(folded, stored, self.primary_key)
-            failpoint("write.decided.table")  # race tests: decided, not written
-            self.writers.write(RoutedBatch(batch.shard_id, batch.values, ups))
-
-        self._each(routed, apply)
+        records = [ShardRecords(b.shard_id, b.values, b.rows.drop_columns([PRESENT]), present=b.rows.column(PRESENT)) for b in routed]
+        self.writer.write(records, WriteMode(merge="partial"), label="table")
         return WriteResult(t.num_rows, len(routed))
 
     def _partial_input(self, data: Any) -> tuple[pa.Table, pa.StructArray]:
@@ -329,31 +308,20 @@ class Table:
             raise InvalidArgumentError(f"a partial write must carry the primary key; the rows lack column(s) {missing}")
         return conform(t, self.write_schema), presence_of_columns(t.num_rows, ptype, t.schema.names)
 
-    def _stored_rows(self, shard_id: str, keys: pa.Table) -> pa.Table:
-        """The live rows of ``keys`` (all in ``shard_id``), strongly consistent."""
-        from memwal.readers.reader import Reader
-
-        with self._readers_guard:
-            # One reader per shard: its caches are not shared between the threads writing shards.
-            reader = self._partial_readers.get(shard_id)
-            if reader is None:
-                reader = self._partial_readers[shard_id] = Reader(self.state, consistency="strong")
-        return reader.rows_of_keys(keys, shard_id)
-
     def delete(self, keys: Any) -> WriteResult:
         """Delete rows by primary key. ``keys`` holds the key columns (others are ignored)."""
         t, batches = self._route(keys, deletes=True)
-        self._each(batches, self.writers.write)
+        self.writer.write([ShardRecords.all_deletes(b.shard_id, b.values, b.rows) for b in batches], label="table")
         return WriteResult(t.num_rows, len(batches))
 
     def write_shard(self, shard_id: str, values: ShardValues, rows: pa.Table, *, deletes: bool = False) -> None:
         """Write rows a caller routed to one shard itself; refuses rows of another shard
-        (:class:`~memwal.errors.ShardRoutingError`). memwal's own routing is trusted and
-        goes to :meth:`ShardWriterPool.write` directly."""
+        (:class:`~memwal.errors.ShardRoutingError`)."""
         schema = key_schema(self.write_schema, self.primary_key) if deletes else self.write_schema
         rows = conform(rows, schema)
         check_shard(rows, self.spec.shard_value_arrays(rows), self.resolver, shard_id)
-        self.writers.write(RoutedBatch(shard_id, values, rows, deletes))
+        records = ShardRecords.all_deletes(shard_id, values, rows) if deletes else ShardRecords(shard_id, values, rows)
+        self.writer.write_shard(records, label="table")
 
     def flush(self) -> None:
         """Flush every open writer's MemTable to an SSTable, so every reader sees the data."""

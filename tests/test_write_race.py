@@ -11,6 +11,11 @@ stops at the failpoint ``write.decided.table``, after it has decided what to wri
 it writes; writer B (a ``Table`` in another process, which has no failpoint armed) then writes
 the same key to completion; then A goes on. Whatever A and B did, the table must end as if
 they had run one after the other, B first: B's write was acknowledged before A's.
+
+Before the write path's one protocol (memwal.writepath), ``Table``'s partial write read the
+stored row before it claimed the shard and wrote its decision through a new claim when
+fenced: this test failed on it at once (B inserts ``name='a'``; A's partial ``{balance: None}``,
+decided from "not stored", wrote ``name=None``).
 """
 
 from __future__ import annotations
@@ -120,9 +125,6 @@ class WriterB:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="Table's partial write reads the stored row before it claims the shard and writes its "
-                   "decision through a new claim when fenced: B's update is lost (e.g. B inserts name='a', A's partial "
-                   "{balance: None} decided from 'not stored' writes name=None)")
 def test_a_partial_write_racing_another_writer_loses_no_update(tmp_path, monkeypatch):
     uri = str(tmp_path / "t")
     Table.create(uri, SCHEMA, list(KEY), "bucket(id, 2)").close()
