@@ -15,7 +15,7 @@ import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
 import lance
 import lance.mem_wal
@@ -36,6 +36,7 @@ from memwal.lsm import without_keys
 from memwal.schema import TOMBSTONE
 from memwal.snapshot import Snapshot
 from memwal.state import TableState
+from memwal.storage import StorageConfig
 from memwal.wal import WalTailReader
 
 Consistency = Literal["eventual", "strong"]
@@ -210,15 +211,16 @@ class Reader:
     # -- point lookups -------------------------------------------------------------------------
 
     def _lookup(self, key: dict[str, Any], columns: Sequence[str] | None, pinned: Snapshot | None = None) -> pa.Table:
+        schema = self._output_schema(columns)
         shard_id = self.state.shard_of_key(key)
         snap, tail = (pinned.restrict([shard_id]), None) if pinned is not None else self._view([shard_id])
         if tail is not None:
             hit = tail.filter(_key_mask(tail, key))
             if hit.num_rows:  # the unflushed WAL holds the newest version of this key
                 if hit.column(TOMBSTONE)[0].as_py():
-                    return self._output_schema(columns).empty_table()
-                return hit.select(self._output_schema(columns).names)
-        out = self._output_schema(columns).names
+                    return schema.empty_table()
+                return hit.select(schema.names)
+        out = schema.names
         pk = list(self.state.primary_key)
         predicate = " AND ".join(f"{quote_ident(c)} = {sql_literal(key[c])}" for c in pk)
         state = snap.shard(shard_id)
@@ -228,7 +230,7 @@ class Reader:
             tombstone = self.sstables.keys(path, pk).tombstone(wanted)
             if tombstone is not None:
                 if tombstone:  # the newest version is a delete
-                    return self._output_schema(columns).empty_table()
+                    return schema.empty_table()
                 return self.sstables.read(path, columns=out, filter=predicate)
         # No SSTable holds the key: the base table's row (via its primary-key index), if any.
         self._warm_predicate = predicate
@@ -645,6 +647,7 @@ def open(  # noqa: A001 - mirrors lance.dataset / builtin open naming users expe
     refresh_interval_ms: int | None = 1000,
     version: int | None = None,
     refresh_in_background: bool = False,
+    storage_options: "Mapping[str, str] | StorageConfig | None" = None,
 ) -> Reader:
     """Open a reader on the memwal table at ``uri``.
 
@@ -656,7 +659,8 @@ def open(  # noqa: A001 - mirrors lance.dataset / builtin open naming users expe
     lookups do not wait for a refresh (unless the thread falls five intervals behind): for a
     process that serves reads (close it with
     :meth:`Reader.close` or a ``with`` block). ``version`` reads the base table as of that
-    version (time travel).
+    version (time travel). ``storage_options``: as :meth:`memwal.Table.open` takes them (Lance's
+    key names, over the ``AWS_*``/``GOOGLE_*``/``AZURE_*`` environment variables).
     """
-    return Reader(TableState.load(uri), consistency=consistency, refresh_interval_ms=refresh_interval_ms, version=version,
-                  refresh_in_background=refresh_in_background)
+    return Reader(TableState.load(uri, storage_options), consistency=consistency, refresh_interval_ms=refresh_interval_ms,
+                  version=version, refresh_in_background=refresh_in_background)
