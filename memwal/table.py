@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import lance
+import numpy as np
 import pyarrow as pa
 
 from memwal import paths
@@ -22,8 +23,8 @@ from memwal.indexes import FTS_PARAMS, fts_index_name
 from memwal.io import FileIO, file_io_for
 from memwal.manifest import ManifestStore, ShardManifest
 from memwal.metadata import CONFIG_KEY, Bounds, IndexConfig, TableMetadata, WriterConfig
-from memwal.partial import PRESENT, check_keys_present, check_merge, presence_of_columns, presence_of_dicts, presence_type
-from memwal.routing import RoutedBatch, check_shard, route
+from memwal.partial import check_keys_present, check_merge, presence_of_columns, presence_of_dicts, presence_type
+from memwal.routing import check_shard
 from memwal.schema import as_table, conform, key_schema, with_primary_key
 from memwal.sharding import ShardingSpec, ShardResolver, ShardValues, lance_init_kwargs, parse_sharding_spec
 from memwal.snapshot import Snapshot
@@ -245,16 +246,16 @@ class Table:
 
     # -- writes -------------------------------------------------------------------------------
 
-    def _route(self, data: Any, deletes: bool) -> tuple[pa.Table, list[RoutedBatch]]:
+    def _route(self, data: Any, deletes: bool) -> tuple[pa.Table, list[ShardRecords]]:
         """Conform ``data`` (rows, or keys to delete) and route it: every error a write can
         raise for its input (schema, null keys, sharding transforms) is raised here."""
         if deletes:
             t = as_table(data)
             t = t.select([c for c in t.schema.names if c in self.primary_key])
             t = conform(t, key_schema(self.write_schema, self.primary_key), what="keys to delete")
-        else:
-            t = conform(as_table(data, self.schema), self.write_schema)
-        return t, route(t, self.spec.shard_value_arrays(t), self.resolver, deletes=deletes)
+            return t, self.writer.route(t, deletes=np.ones(t.num_rows, bool))
+        t = conform(as_table(data, self.schema), self.write_schema)
+        return t, self.writer.route(t)
 
     def validate(self, data: Any, *, deletes: bool = False, merge: str = "full") -> int:
         """Raise what :meth:`write` (or :meth:`delete`) would raise for ``data``, writing
@@ -277,9 +278,9 @@ class Table:
         """
         if check_merge(merge) == "partial":
             return self._write_partial(data)
-        t, batches = self._route(data, deletes=False)
-        self.writer.write([ShardRecords(b.shard_id, b.values, b.rows) for b in batches], label="table")
-        return WriteResult(t.num_rows, len(batches))
+        t, records = self._route(data, deletes=False)
+        self.writer.write(records, label="table")
+        return WriteResult(t.num_rows, len(records))
 
     def _write_partial(self, data: Any) -> WriteResult:
         """Route rows with their presence; the write path folds them per shard and merges them
@@ -290,10 +291,9 @@ class Table:
                 "may not have written yet; use merge='full' or a durable table"
             )
         t, present = self._partial_input(data)
-        routed = route(t.append_column(PRESENT, present), self.spec.shard_value_arrays(t), self.resolver)
-        records = [ShardRecords(b.shard_id, b.values, b.rows.drop_columns([PRESENT]), present=b.rows.column(PRESENT)) for b in routed]
+        records = self.writer.route(t, present=present)
         self.writer.write(records, WriteMode(merge="partial"), label="table")
-        return WriteResult(t.num_rows, len(routed))
+        return WriteResult(t.num_rows, len(records))
 
     def _partial_input(self, data: Any) -> tuple[pa.Table, pa.StructArray]:
         """Rows of a partial write conformed to the write schema (absent cells null) and their
@@ -310,9 +310,9 @@ class Table:
 
     def delete(self, keys: Any) -> WriteResult:
         """Delete rows by primary key. ``keys`` holds the key columns (others are ignored)."""
-        t, batches = self._route(keys, deletes=True)
-        self.writer.write([ShardRecords.all_deletes(b.shard_id, b.values, b.rows) for b in batches], label="table")
-        return WriteResult(t.num_rows, len(batches))
+        t, records = self._route(keys, deletes=True)
+        self.writer.write(records, label="table")
+        return WriteResult(t.num_rows, len(records))
 
     def write_shard(self, shard_id: str, values: ShardValues, rows: pa.Table, *, deletes: bool = False) -> None:
         """Write rows a caller routed to one shard itself; refuses rows of another shard

@@ -3,8 +3,9 @@
 Every writer of a memwal table goes through here: ``Table.write``/``delete`` (one Python
 process), the Spark sink's write task (in the Python worker, or in the executor's writer
 process) and any later writer (a Spark data source's write task). Callers adapt their input
-to :class:`ShardRecords` (routing rows to shards is theirs: ``memwal.routing``); what the
-records mean and how they reach the shard's writer is decided here, once:
+to :class:`ShardRecords`, one shard's records of a batch: routed where they write
+(:meth:`TableWriter.route`: ``Table``, a data source's task) or upstream (the sink's prepare
+stage); what the records mean and how they reach the shard's writer is decided here, once:
 
 1. **Order within a batch**: by the sequence field when there is one (Paimon's
    ``sequence.field``), ties by arrival order (Kafka partition and offset; row order for a
@@ -58,7 +59,7 @@ from memwal.errors import FencedError, InvalidArgumentError, SchemaMismatchError
 from memwal.failpoints import failpoint
 from memwal.lsm import newest_per_key
 from memwal.partial import PRESENT, check_merge, fold, resolve
-from memwal.routing import RoutedBatch
+from memwal.routing import RoutedBatch, route
 from memwal.schema import key_schema
 from memwal.sharding import ShardValues
 from memwal.state import TableState
@@ -239,6 +240,35 @@ class TableWriter:
         self._shards: dict[str, _Shard] = {}
         self._guard = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
+
+    def route(
+        self,
+        rows: pa.Table,
+        *,
+        deletes: np.ndarray | None = None,
+        order: np.ndarray | None = None,
+        present: pa.StructArray | pa.ChunkedArray | None = None,
+    ) -> list[ShardRecords]:
+        """``rows`` (conformed to the write schema; the key columns are enough for deletes
+        only) split by shard, each row with its delete flag, arrival order and presence: the
+        records :meth:`write` takes. For callers that route in the process that writes (``Table``,
+        a data source's write task); the Spark sink routes in its prepare stage instead."""
+        extra = {name: col for name, col in ((_DELETE, deletes), (_ORDER, order), (PRESENT, present)) if col is not None}
+        data = rows
+        for name, col in extra.items():
+            data = data.append_column(name, col if isinstance(col, (pa.Array, pa.ChunkedArray)) else pa.array(col))
+        out = []
+        for b in route(data, self.state.spec.shard_value_arrays(rows), self.state.resolver):
+            part = b.rows.drop_columns(list(extra)) if extra else b.rows
+            out.append(ShardRecords(
+                b.shard_id,
+                b.values,
+                part,
+                deletes=np.asarray(b.rows.column(_DELETE).to_numpy(zero_copy_only=False), bool) if deletes is not None else None,
+                order=b.rows.column(_ORDER).to_numpy() if order is not None else None,
+                present=b.rows.column(PRESENT) if present is not None else None,
+            ))
+        return out
 
     def _shard(self, shard_id: str) -> _Shard:
         with self._guard:
