@@ -18,7 +18,9 @@ b. the naive sink: one Lance ``merge_insert`` of the same micro-batch into a pla
 c. one compaction (``Compactor.run_once``) of the SSTables of the first memwal run, then the
    base index catch-up maintenance does before GC can collect them;
 d. a GC pass with the default config (nothing is old enough yet: what every maintenance cycle
-   pays), then a collecting one (grace periods 0: drains and deletes what compaction made redundant);
+   pays), then a collecting one (grace periods 0: drains and deletes what compaction made redundant),
+   then the removal of old base versions (``memwal.basefiles``, their owner since issue 34; GC
+   did it before);
 e. an idle maintenance cycle (``Maintenance.run_cycle`` with the default config when nothing is
    pending: no SSTable to fold, nothing to collect) on a ``--idle-shards``-shard table, after
    cycles that folded its SSTables and caught its indexes up. What a service pays every
@@ -53,6 +55,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import SCHEMA, base_rows, batch_rows, git_rev, machine, report, today  # noqa: E402
 
 from memwal import Table  # noqa: E402
+from memwal.basefiles import BaseFiles  # noqa: E402
 from memwal.compactor import Compactor  # noqa: E402
 from memwal.gc import GarbageCollector, GcConfig  # noqa: E402
 from memwal.indexes import IndexMaintainer  # noqa: E402
@@ -481,6 +484,9 @@ def main() -> None:
             "bytes_reclaimed": gc.bytes_reclaimed,
             **c.scaled(1),
         }
+        base_files = BaseFiles(state, state.metadata.bounds, reader_grace_seconds=0, version_retention_seconds=0)
+        c, removed, secs = measure(s3, base_files.remove_versions)
+        maint["base versions"] = {"seconds": secs, "versions_removed": removed.versions_removed, "bytes_removed": removed.bytes_removed, **c.scaled(1)}
         results["maintenance"] = maint
 
         memwal_rows = Table.open(s3.uri(f"memwal-{flush_every[0]}"), storage_options=opts).reader("eventual").scan()
@@ -507,11 +513,12 @@ def main() -> None:
           f"{g['bytes_reclaimed'] / 1e6:.1f} MB")
 
     # Per day at a sustained rate of one micro-batch per second (10k rows/s with 10k-row
-    # micro-batches), with one maintenance cycle (compaction, index catch-up, collecting GC)
-    # per --batches micro-batches.
+    # micro-batches), with one maintenance cycle (compaction, index catch-up, collecting GC,
+    # old base versions) per --batches micro-batches.
     per_day: dict[str, dict] = {}
-    cycle = sum(maint[k]["dollars"] for k in ("compaction", "index catch-up", "GC pass, collecting"))
-    cycle_requests = sum(maint[k]["total"] for k in ("compaction", "index catch-up", "GC pass, collecting"))
+    steps = ("compaction", "index catch-up", "GC pass, collecting", "base versions")
+    cycle = sum(maint[k]["dollars"] for k in steps)
+    cycle_requests = sum(maint[k]["total"] for k in steps)
     for name, r in runs.items():
         d = {"requests": r["total"] * SECONDS_PER_DAY, "dollars": r["dollars"] * SECONDS_PER_DAY}
         if name.startswith("memwal"):
