@@ -6,7 +6,7 @@ stage: JSON values -> the table's write schema, validation, routing). This times
 alone, in one process, against the code of a baseline git revision (``--baseline``, loaded
 from git into modules of their own), and prints new/old ratios:
 
-(a) **read**: the source's message -> Arrow conversion (``_read_range``'s loop over consumed
+(a) **read**: the source's message -> Arrow conversion (``read_range``'s loop over consumed
     messages and the batches it yields) on ``confluent_kafka.Message`` objects carrying the
     catch-up's records (no broker); with ``--broker``, also the whole read from a real Apache
     Kafka 0.9 broker (one partition, librdkafka's fetches included);
@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 import types
+from typing import Any
 
 from memwal.runtime import configure_process  # noqa: E402
 
@@ -94,6 +95,15 @@ class FakeConsumer:
         pass
 
 
+def source_parts(src: types.ModuleType) -> tuple[Any, Any, types.ModuleType]:
+    """(settings class, read function, the module holding the consumer pool) of a version of
+    the Kafka source: one module before issue 34, a package since (``read_range`` in its
+    ``records`` module)."""
+    if hasattr(src, "read_range"):
+        return src.Settings, src.read_range, src.records
+    return src._Settings, src._read_range, src
+
+
 def read_all(src: types.ModuleType, msgs: list) -> list[pa.RecordBatch]:
     consumer = FakeConsumer(msgs)
 
@@ -104,13 +114,14 @@ def read_all(src: types.ModuleType, msgs: list) -> list[pa.RecordBatch]:
         def give_back(self, conf, c, errors):
             pass
 
-    src._POOL = Pool()
-    s = src._Settings({"kafka.bootstrap.servers": "unused:9092", "subscribe": "backlog"})
-    return list(src._read_range(s, "backlog", 0, 0, len(msgs)))
+    settings, read_range, pool_module = source_parts(src)
+    pool_module._POOL = Pool()
+    s = settings({"kafka.bootstrap.servers": "unused:9092", "subscribe": "backlog"})
+    return list(read_range(s, "backlog", 0, 0, len(msgs)))
 
 
 def broker_reads(args, msgs: list, old_source: types.ModuleType) -> tuple[float, float]:
-    """(old, new) seconds to read ``msgs`` back through ``_read_range`` from a real Apache
+    """(old, new) seconds to read ``msgs`` back through the source's read function from a real Apache
     Kafka 4 broker (tests/brokers.py), best of ``--rounds``, alternating old and new: the
     source's whole read phase (librdkafka's fetches and messages included) on one partition."""
     sys.path.insert(0, os.path.join(ROOT, "tests"))
@@ -123,10 +134,11 @@ def broker_reads(args, msgs: list, old_source: types.ModuleType) -> tuple[float,
         best = {}
         for _ in range(args.rounds):
             for name, src in (("old", old_source), ("new", new_source)):
-                src._POOL = None
-                s = src._Settings(opts)
+                settings, read_range, pool_module = source_parts(src)
+                pool_module._POOL = None
+                s = settings(opts)
                 t0 = time.perf_counter()
-                n = sum(b.num_rows for b in src._read_range(s, "backlog", 0, 0, len(msgs)))
+                n = sum(b.num_rows for b in read_range(s, "backlog", 0, 0, len(msgs)))
                 best[name] = min(best.get(name, float("inf")), time.perf_counter() - t0)
                 assert n == len(msgs)
     return best["old"], best["new"]

@@ -18,9 +18,16 @@ b. the naive sink: one Lance ``merge_insert`` of the same micro-batch into a pla
 c. one compaction (``Compactor.run_once``) of the SSTables of the first memwal run, then the
    base index catch-up maintenance does before GC can collect them;
 d. a GC pass with the default config (nothing is old enough yet: what every maintenance cycle
-   pays), then a collecting one (grace periods 0: drains and deletes what compaction made redundant).
+   pays), then a collecting one (grace periods 0: drains and deletes what compaction made redundant),
+   then the removal of old base versions (``memwal.basefiles``, their owner since issue 34; GC
+   did it before);
+e. an idle maintenance cycle (``Maintenance.run_cycle`` with the default config when nothing is
+   pending: no SSTable to fold, nothing to collect) on a ``--idle-shards``-shard table, after
+   cycles that folded its SSTables and caught its indexes up. What a service pays every
+   ``interval_seconds`` (5 s) while the table is quiet; it should grow with the shards, not
+   with the table's history.
 
-Run: ``python bench/objectstore.py`` (a few minutes).
+Run: ``python bench/objectstore.py`` (a few minutes); ``--idle-cycle-only`` runs phase e alone.
 """
 
 from __future__ import annotations
@@ -50,9 +57,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import SCHEMA, base_rows, batch_rows, git_rev, machine, report, today  # noqa: E402
 
 from memwal import Table  # noqa: E402
+from memwal.basefiles import BaseFiles  # noqa: E402
 from memwal.compactor import Compactor  # noqa: E402
 from memwal.gc import GarbageCollector, GcConfig  # noqa: E402
 from memwal.indexes import IndexMaintainer  # noqa: E402
+from memwal.maintenance import Maintenance  # noqa: E402
 from memwal.state import TableState  # noqa: E402
 
 #: The request classes S3 prices; every request falls in exactly one.
@@ -351,6 +360,31 @@ def same_rows(memwal: pa.Table, naive: pa.Table) -> bool:
     return bool(pc.all(pc.equal(va, vb)).as_py())
 
 
+def idle_cycles(s3: MotoS3, base: pa.Table, batches: list[pa.Table], shards: int, cycles: int = 3) -> dict[str, Any]:
+    """Requests of ``cycles`` idle maintenance cycles of a ``shards``-shard table: its base and
+    micro-batches written and flushed, then cycles run until one folds nothing (folds, index
+    catch-up), then the cycles counted. Each counted cycle must find nothing to do."""
+    opts = s3.storage_options()
+    uri = s3.uri(f"idle-{shards}")
+    with Table.create(uri, SCHEMA, ["id"], f"bucket(id, {shards})", initial_data=base, storage_options=opts) as t:
+        for batch in batches:
+            t.write(batch)
+        t.flush()
+    m = Maintenance(TableState.load(uri, opts))
+    for _ in range(5):  # settle: fold what is pending, create and catch up the indexes
+        r = m.run_cycle()
+        if not (r.compaction_commits or r.indexes_caught_up or r.indexes_created or r.base_fragments_compacted):
+            break
+    counted = []
+    for _ in range(cycles):
+        c, r, secs = measure(s3, lambda: m.run_cycle(fold_now=False))
+        assert not (r.compaction_commits or r.indexes_caught_up or r.indexes_created or r.sstables_removed or r.base_fragments_compacted), r
+        counted.append((c, secs))
+    per = total([c for c, _ in counted]).scaled(1 / cycles)
+    return {"shards": shards, "cycles": cycles, "seconds": sum(s for _, s in counted) / cycles,
+            "per_cycle_totals": [c.total for c, _ in counted], **per}
+
+
 # -- output ---------------------------------------------------------------------------------------
 
 
@@ -377,6 +411,8 @@ def main() -> None:
     p.add_argument("--batch-rows", type=int, default=10_000)
     p.add_argument("--shard-by", default="bucket(id, 4)")
     p.add_argument("--flush-every", default="1,2,8", help="comma-separated N: one memwal run per N (flush every N micro-batches)")
+    p.add_argument("--idle-shards", default="4", help="comma-separated shard counts: one idle-cycle table per count (phase e)")
+    p.add_argument("--idle-cycle-only", action="store_true", help="run phase e (idle maintenance cycles) alone")
     p.add_argument("--json", help="write the results here too")
     args = p.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request log lines
@@ -394,6 +430,17 @@ def main() -> None:
         batches = micro_batches(args.batches, args.batch_rows, args.base_rows)
         created, _, _ = measure(s3, lambda: lance.write_dataset(base, s3.uri("naive"), storage_options=opts))
         results["setup"] = {"naive_create": created.scaled(1)}
+        idle = {}
+        for n in (int(x) for x in args.idle_shards.split(",")):
+            idle[f"idle cycle, {n} shards"] = idle_cycles(s3, base, batches[:2], n)
+        results["idle_maintenance_cycle"] = idle
+        print_table("requests of one idle maintenance cycle (mean of 3)", list(idle.items()))
+        for name, r in idle.items():
+            print(f"  {name}: per cycle {r['per_cycle_totals']}, {r['seconds']:.2f}s; by operation: "
+                  + ", ".join(f"{k} {v:g}" for k, v in r["operations"].items()))
+        if args.idle_cycle_only:
+            report(results, args.json)
+            return
         for n in flush_every:
             created, _, _ = measure(
                 s3, lambda n=n: Table.create(s3.uri(f"memwal-{n}"), SCHEMA, ["id"], args.shard_by, initial_data=base, storage_options=opts).close()
@@ -439,6 +486,9 @@ def main() -> None:
             "bytes_reclaimed": gc.bytes_reclaimed,
             **c.scaled(1),
         }
+        base_files = BaseFiles(state, state.metadata.bounds, reader_grace_seconds=0, version_retention_seconds=0)
+        c, removed, secs = measure(s3, base_files.remove_versions)
+        maint["base versions"] = {"seconds": secs, "versions_removed": removed.versions_removed, "bytes_removed": removed.bytes_removed, **c.scaled(1)}
         results["maintenance"] = maint
 
         memwal_rows = Table.open(s3.uri(f"memwal-{flush_every[0]}"), storage_options=opts).reader("eventual").scan()
@@ -465,11 +515,12 @@ def main() -> None:
           f"{g['bytes_reclaimed'] / 1e6:.1f} MB")
 
     # Per day at a sustained rate of one micro-batch per second (10k rows/s with 10k-row
-    # micro-batches), with one maintenance cycle (compaction, index catch-up, collecting GC)
-    # per --batches micro-batches.
+    # micro-batches), with one maintenance cycle (compaction, index catch-up, collecting GC,
+    # old base versions) per --batches micro-batches.
     per_day: dict[str, dict] = {}
-    cycle = sum(maint[k]["dollars"] for k in ("compaction", "index catch-up", "GC pass, collecting"))
-    cycle_requests = sum(maint[k]["total"] for k in ("compaction", "index catch-up", "GC pass, collecting"))
+    steps = ("compaction", "index catch-up", "GC pass, collecting", "base versions")
+    cycle = sum(maint[k]["dollars"] for k in steps)
+    cycle_requests = sum(maint[k]["total"] for k in steps)
     for name, r in runs.items():
         d = {"requests": r["total"] * SECONDS_PER_DAY, "dollars": r["dollars"] * SECONDS_PER_DAY}
         if name.startswith("memwal"):

@@ -1,4 +1,5 @@
-"""Enforcing a table's :class:`~memwal.metadata.Bounds` from the maintenance service.
+"""A table's :class:`~memwal.metadata.Bounds`: measuring the base against them, the fragment
+size, and the compaction order and fold schedule of the maintenance service.
 
 What grows while a table streams, and what keeps each bounded:
 
@@ -11,10 +12,11 @@ What grows while a table streams, and what keeps each bounded:
   the bound holds at any size;
 * retained base versions: removed beyond ``max_base_versions``, never one younger than the
   reader grace (a reader's snapshot may still use it);
-* disk: measured at most every ``disk_check_seconds``; above ``max_disk_ratio`` times the
-  live base data, base versions are removed down to the reader grace.
+* disk: above ``max_disk_ratio`` times the live base data, base versions are removed down to
+  the reader grace.
 
-Every measurement is a :class:`BaseFootprint`, which ``memwal status`` shows too.
+Acting on the base's files and versions is :mod:`memwal.basefiles`' (the one owner of that
+policy); every measurement is a :class:`BaseFootprint`, which ``memwal status`` shows too.
 
 How often maintenance folds SSTables into the base is a :class:`FoldSchedule`: it waits while
 the pending rows are a small share of the base, within its own bounds on SSTables per shard
@@ -23,11 +25,8 @@ and on how long an SSTable waits.
 
 from __future__ import annotations
 
-import logging
-import time
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any, Callable, Collection, Mapping, Sequence
+from typing import Mapping
 
 import lance
 
@@ -36,9 +35,6 @@ from memwal.errors import InvalidArgumentError
 from memwal.manifest import MEM_WAL_INDEX_NAME
 from memwal.metadata import Bounds
 from memwal.state import TableState
-
-log = logging.getLogger(__name__)
-
 
 def fragment_target(live_rows: int, target_rows_per_fragment: int, max_full_fragments: int) -> int:
     """The rows a base fragment is compacted up to, for a base of ``live_rows``:
@@ -62,50 +58,6 @@ def fragment_target(live_rows: int, target_rows_per_fragment: int, max_full_frag
     return target
 
 
-def compact_files_within(
-    ds: lance.LanceDataset,
-    *,
-    target_rows_per_fragment: int,
-    materialize_deletions_threshold: float,
-    max_source_rows: int,
-    take: Callable[[Sequence[Any]], bool] | None = None,
-) -> tuple[int, int]:
-    """Lance's compaction of a dataset's small and deletion-heavy fragments, rewriting at most
-    ``max_source_rows`` rows; returns (fragments removed, fragments added).
-
-    Lance's own ``max_source_rows`` stops planning at the first group of fragments that does
-    not fit in what is left of the budget: one large group early in fragment order (old
-    fragments whose deleted rows crossed the threshold, say) then blocks every group after it,
-    cycle after cycle (docs/bench-log/soak.md: twelve cycles in a row compacted nothing while the
-    base's small fragments piled up to its bound). Here every group is planned and the groups
-    that fit are taken in fragment order, skipping those that do not; when none fits, the
-    smallest runs alone, so that a cycle always makes progress.
-
-    With ``take``, only the groups it accepts (called with each group's fragment metadata)
-    are considered: a compaction for one reason (too many full fragments, a deletion-heavy
-    fragment) then leaves the small fragments to their own rule, which waits until there are
-    many.
-    """
-    from lance.optimize import Compaction
-
-    plan = Compaction.plan(ds, {"target_rows_per_fragment": target_rows_per_fragment,
-                                "materialize_deletions_threshold": materialize_deletions_threshold})
-    tasks = [t for t in plan.tasks if take is None or take(t.fragments)]
-    sizes = [sum(f.num_rows for f in t.fragments) for t in tasks]  # live rows, as Lance counts them
-    if not sizes:
-        return 0, 0
-    chosen, budget = [], max_source_rows
-    for task, rows in zip(tasks, sizes):
-        if rows <= budget:
-            chosen.append(task)
-            budget -= rows
-    if not chosen:
-        chosen = [tasks[sizes.index(min(sizes))]]
-    results = [task.execute(ds) for task in chosen]
-    Compaction.commit(ds, results)
-    return sum(r.metrics.fragments_removed for r in results), sum(r.metrics.fragments_added for r in results)
-
-
 @dataclass(frozen=True)
 class BaseFootprint:
     """The base table's size as the bounds count it."""
@@ -122,22 +74,27 @@ class BaseFootprint:
     disk_bytes: int | None = None
 
 
-def measure_base(state: TableState, ds: lance.LanceDataset | None = None, *, disk: bool = False) -> BaseFootprint:
-    """The base table's footprint: one manifest stat and one listing of its versions (and,
-    with ``disk``, one walk of the whole table)."""
+def manifest_bytes(state: TableState, version: int) -> int:
+    """The size of base version ``version``'s manifest file (0 if it is gone): one stat."""
+    for path in (paths.base_manifest_path(state.uri, version), paths.base_manifest_path_v1(state.uri, version)):
+        try:
+            return state.io.stat(path)[0]
+        except FileNotFoundError:
+            continue
+    return 0
+
+
+def measure_base(state: TableState, ds: lance.LanceDataset | None = None, *, disk: bool = False, manifest: int | None = None) -> BaseFootprint:
+    """The base table's footprint: one manifest stat (none when ``manifest``, its size, is
+    given: a version's manifest never changes) and one listing of its versions (and, with
+    ``disk``, one walk of the whole table)."""
     ds = ds or state.dataset()
     frags = ds.get_fragments()
     live = sum(f.file_size_bytes or 0 for frag in frags for f in frag.metadata.files)
     # An index is part of the live table (a BTREE on an int64 key is ~40% of its data files);
     # its superseded segments are not, and are what the disk bound should see as excess.
     live += sum(d.total_size_bytes or 0 for d in ds.describe_indices() if d.name != MEM_WAL_INDEX_NAME)
-    manifest = 0
-    for path in (paths.base_manifest_path(state.uri, ds.version), paths.base_manifest_path_v1(state.uri, ds.version)):
-        try:
-            manifest = state.io.stat(path)[0]
-            break
-        except FileNotFoundError:
-            continue
+    manifest = manifest_bytes(state, ds.version) if manifest is None else manifest
     versions_dir = paths.join(state.uri, paths.BASE_VERSIONS_DIR)
     versions = sum(1 for name in state.io.list_dir(versions_dir) if name.endswith(".manifest"))
     return BaseFootprint(
@@ -209,132 +166,3 @@ def compaction_order(backlogs: Mapping[str, int], bounds: Bounds) -> list[str]:
     """Shards in the order compaction should take them: those over ``max_sstables`` first,
     each group by backlog, largest first (a stalled shard is the one writers wait on)."""
     return sorted(backlogs, key=lambda s: (backlogs[s] <= bounds.max_sstables, -backlogs[s], s))
-
-
-@dataclass(frozen=True)
-class BoundsReport:
-    """What one enforcement did, and the footprint it left."""
-
-    footprint: BaseFootprint
-    fragments_compacted: int = 0
-    versions_removed: int = 0
-    bytes_removed: int = 0
-    #: names of the bounds still exceeded afterwards ("base_fragments", "manifest_bytes",
-    #: "base_versions", "disk")
-    exceeded: tuple[str, ...] = ()
-
-
-class BoundsEnforcer:
-    """Keeps one table's base within its bounds; maintenance runs :meth:`enforce` every cycle."""
-
-    def __init__(
-        self,
-        state: TableState,
-        bounds: Bounds,
-        *,
-        reader_grace_seconds: float,
-        target_rows_per_fragment: int = 1_048_576,
-        max_full_fragments: int = 16,
-        max_deleted_fraction: float = 0.3,
-        max_rows_rewritten: int = 2_000_000,
-        disk_check_seconds: float = 60.0,
-        before_compaction: Callable[[list[int]], object] | None = None,
-    ) -> None:
-        self.state = state
-        self.bounds = bounds
-        self.reader_grace_seconds = reader_grace_seconds
-        self.target_rows_per_fragment = target_rows_per_fragment
-        #: at most half the fragment bound, so that merging full fragments alone can bring the
-        #: base under it; the small fragments' rule is maintenance's, and when full and small
-        #: fragments together pass the bound, :meth:`enforce` compacts both
-        self.max_full_fragments = max(1, min(max_full_fragments, bounds.max_base_fragments // 2))
-        fragment_target(0, target_rows_per_fragment, self.max_full_fragments)  # a bad config fails here, not every cycle
-        self.max_deleted_fraction = max_deleted_fraction
-        self.max_rows_rewritten = max_rows_rewritten
-        self.disk_check_seconds = disk_check_seconds
-        self._disk_checked = float("-inf")
-        #: Called with the ids of the fragments a compaction may merge, first: Lance merges only
-        #: fragments the same index segments cover (memwal.indexes joins them).
-        self.before_compaction = before_compaction
-
-    def fragment_target(self, frags: Sequence[Any]) -> int:
-        """The rows the base fragments ``frags`` (their metadata) are compacted up to
-        (:func:`fragment_target`), counting physical rows, as Lance's planner counts a fragment
-        against the target: a fragment at the target whose deleted rows bring it under is full."""
-        return fragment_target(sum(f.physical_rows for f in frags), self.target_rows_per_fragment, self.max_full_fragments)
-
-    def compact(
-        self,
-        frags: Sequence[Any] | None = None,
-        *,
-        join: Collection[int] | None = None,
-        take: Callable[[Sequence[Any]], bool] | None = None,
-    ) -> tuple[int, int]:
-        """One base-file compaction within the row budget, into fragments of the table's
-        current :meth:`fragment_target`; returns (fragments removed, fragments added).
-
-        ``frags``: the base's fragment metadata, if the caller has listed it. ``join``: the
-        fragments whose index segments are joined first (default: all under the target).
-        ``take``: which of Lance's groups to run (:func:`compact_files_within`).
-        """
-        ds = self.state.dataset()
-        frags = [f.metadata for f in ds.get_fragments()] if frags is None else frags
-        target = self.fragment_target(frags)
-        ids = [f.id for f in frags if f.physical_rows < target] if join is None else list(join)
-        if self.before_compaction is not None and ids:
-            self.before_compaction(ids)
-            ds = self.state.dataset()
-        return compact_files_within(
-            ds,
-            target_rows_per_fragment=target,
-            materialize_deletions_threshold=self.max_deleted_fraction,
-            max_source_rows=self.max_rows_rewritten,
-            take=take,
-        )
-
-    def _over(self, f: BaseFootprint) -> list[str]:
-        b = self.bounds
-        over = []
-        if f.fragments > b.max_base_fragments:
-            over.append("base_fragments")
-        if f.manifest_bytes > b.max_manifest_bytes:
-            over.append("manifest_bytes")
-        if f.versions > b.max_base_versions + 1:  # the bound counts versions kept beyond the newest
-            over.append("base_versions")
-        if f.disk_bytes is not None and b.max_disk_ratio is not None and f.disk_bytes > b.max_disk_ratio * max(f.live_bytes, 1):
-            over.append("disk")
-        return over
-
-    def _remove_versions(self, retain: int) -> tuple[int, int]:
-        """Remove base versions but the newest ``retain`` and those younger than the reader grace."""
-        stats = self.state.dataset().cleanup_old_versions(
-            older_than=timedelta(seconds=self.reader_grace_seconds),
-            retain_versions=retain,
-            error_if_tagged_old_versions=False,
-        )
-        return stats.old_versions, stats.bytes_removed
-
-    def enforce(self) -> BoundsReport:
-        """Measure the base, act on each bound it exceeds, and report what is still exceeded."""
-        now = time.monotonic()
-        check_disk = self.bounds.max_disk_ratio is not None and now - self._disk_checked >= self.disk_check_seconds
-        if check_disk:
-            self._disk_checked = now
-        f = measure_base(self.state, disk=check_disk)
-        over = self._over(f)
-        compacted = removed = freed = 0
-        if "base_fragments" in over or "manifest_bytes" in over:
-            # Within the row budget: a base far over its bound gets there over a few cycles
-            # (reported as still over meanwhile) rather than in one rewrite of the table.
-            compacted, added = self.compact()
-            log.info("base over its bounds (%s): compaction removed %d fragments, added %d",
-                     ", ".join(over), compacted, added)
-        if "disk" in over:
-            removed, freed = self._remove_versions(1)
-        elif "base_versions" in over:
-            removed, freed = self._remove_versions(self.bounds.max_base_versions + 1)
-        if removed:
-            log.info("removed %d base versions (%d bytes) to keep within the bounds", removed, freed)
-        if compacted or removed:
-            f = measure_base(self.state, disk=check_disk)
-        return BoundsReport(f, compacted, removed, freed, tuple(self._over(f)))

@@ -180,16 +180,24 @@ class Compactor:
     def _marker(self, shard_id: str, generation: int) -> list[lance.mem_wal.CompactedSsTable]:
         return [lance.mem_wal.CompactedSsTable(shard_id, generation)]
 
-    def plan(self, shard_id: str, upto: int | None = None) -> "CompactionPlan | None":
+    def plan(
+        self,
+        shard_id: str,
+        upto: int | None = None,
+        pending: tuple[int, list[SsTable]] | None = None,
+        dataset: lance.LanceDataset | None = None,
+    ) -> "CompactionPlan | None":
         """Read the next run of generations of ``shard_id`` (none above ``upto``, if given) and
         what it changes; None if none.
+
+        ``pending``: the shard's (compacted generation, uncompacted SSTables) if the caller
+        has them (:meth:`pending`); else they are read, from ``dataset`` if given.
 
         The run grows past its first generation only while the newest row of every key in
         it stays live: such a run commits in one atomic pass. A generation whose keys end
         in tombstones is compacted on its own, in two passes.
         """
-        ds = self.state.dataset()
-        compacted, todo = self.pending(shard_id, ds)
+        compacted, todo = pending if pending is not None else self.pending(shard_id, dataset)
         if upto is not None:
             todo = [s for s in todo if s.generation <= upto]
         candidates = self._run(compacted, todo)
@@ -361,6 +369,7 @@ class Compactor:
         shard_ids: Sequence[str],
         on_damage: Callable[[str, Exception], None] | None = None,
         upto: Mapping[str, int] | None = None,
+        pending: Mapping[str, tuple[int, list[SsTable]]] | None = None,
     ) -> list[CompactionResult]:
         """Compact every pending generation of these shards, in rounds: each round plans the
         next run of each shard (until the runs hold ``max_rows_per_commit`` rows, so memory
@@ -370,20 +379,29 @@ class Compactor:
 
         With ``upto`` (shard id -> generation) no generation above a shard's bound is
         compacted: a fold takes what was pending when it was decided, not what writers flush
-        while it commits (one more commit, which costs what the base's span costs)."""
+        while it commits (one more commit, which costs what the base's span costs).
+
+        ``pending`` (shard id -> :meth:`pending`): what the caller found pending, used for
+        each shard's first plan instead of reading it again; later rounds read it, once per
+        round for all shards (a round commits nothing until every shard is planned)."""
         results: list[CompactionResult] = []
+        first = dict(pending or {})
         pending = list(shard_ids)
         lost_in_a_row = 0
         while pending:
             plans: list[CompactionPlan] = []
             rows = 0
             later: list[str] = []  # past this round's row budget: planned next round, first
+            ds: lance.LanceDataset | None = None
             for i, shard_id in enumerate(pending):
                 if rows >= self.max_rows_per_commit:
                     later = pending[i:]
                     break
                 try:
-                    plan = self.plan(shard_id, upto.get(shard_id) if upto is not None else None)
+                    known = first.pop(shard_id, None)
+                    if known is None and ds is None:
+                        ds = self.state.dataset()
+                    plan = self.plan(shard_id, upto.get(shard_id) if upto is not None else None, known, ds)
                 except ConcurrencyError:
                     raise
                 except DAMAGE_ERRORS as e:

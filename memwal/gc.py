@@ -16,12 +16,23 @@ Per shard, GC removes
    ``manifest_retention_seconds``;
 4. **orphan** ``*_gen_*`` directories listed in no manifest: from failed flush attempts,
    or left by a GC that crashed between draining a manifest and deleting;
-5. **base table versions** older than ``base_version_retention_seconds`` (Lance's
-   ``cleanup_old_versions``), which is what frees the files compaction rewrote.
+Base table versions (what frees the files compaction rewrote) are not GC's: their one
+owner is :mod:`memwal.basefiles`.
 
 Time travel reads a retained base version with the SSTables the shards' manifests listed
 at its time (``memwal.readers.timetravel``): what GC keeps for it is bounded by the base
 version and manifest retentions, whichever ends first.
+
+**What an idle pass reads.** A maintenance cycle hands GC the base it left and the shard
+manifests it read at its start (:meth:`GarbageCollector.run_once`), so GC resolves no
+manifest of its own: a drain starts from the cycle's manifest and, if a writer committed
+since, its put-if-absent of the next version fails and it reloads. The timestamps of base
+versions (for the reader grace) are remembered, as they never change. A shard's directory is
+listed for orphans only when its manifest changed since the last sweep (or half the orphan
+grace ago), and its manifest versions and WAL only when something can have become
+collectable: its manifest changed, more of it is compacted, or the time comes when the
+oldest kept version, or the next fence sentinel, ages out. So a pass over a quiet table reads
+almost nothing per shard.
 
 How GC drains ``sstables`` from a shard manifest, which no Lance API edits: it commits
 the next manifest version (put-if-not-exists) with the collected SSTables left out and the
@@ -79,9 +90,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
 
 import lance
 import pyarrow as pa
@@ -112,7 +122,8 @@ class GcConfig:
     drain_interval_seconds: float = 60.0
     #: ... unless this many of its SSTables can go already.
     min_sstables_to_drain: int = 64
-    #: Base table versions younger than this stay (time travel); never less than the reader grace.
+    #: Base table versions younger than this stay (time travel); never less than the reader
+    #: grace. Read by memwal.basefiles, the one owner of base versions, like the next one.
     base_version_retention_seconds: float = 3600.0
     #: Time travel across the LSM (``readers.open(uri, as_of=...)``): compacted SSTables stay
     #: until they were compacted this long ago, so the state of any moment since is readable
@@ -121,6 +132,9 @@ class GcConfig:
     #: gone cannot be read, so its SSTables need not stay either. The disk cost is this long a
     #: stretch of the table's writes, kept as SSTables after compaction.
     time_travel_seconds: float = 3600.0
+    #: Old base versions are looked for at most this often (a cleanup reads every retained
+    #: base manifest), and never less often than the retention.
+    base_version_cleanup_interval_seconds: float = 60.0
     #: WAL entries (fence sentinels included) are collected at or below the flushed position of
     #: the newest shard manifest at least this old. Must exceed the writers' ``max_idle_seconds``
     #: (``ShardWriterPool``, 120 s) plus the longest a WAL append may stall; see the module doc.
@@ -178,11 +192,21 @@ class GarbageCollector:
         self.state = state
         self.config = config or GcConfig()
         self.bytes_reclaimed = 0
-        self.base_bytes_reclaimed = 0
         self._last_drain: dict[str, float] = {}  # shard id -> monotonic time of its last drain
         self._wal_meta: dict[tuple[str, int], _WalMeta] = {}  # (shard, position) -> its metadata
         #: shard id -> (collectable position, listed generations) when its WAL was last collected
         self._wal_collected: dict[str, tuple[int, int, int, frozenset[int]]] = {}
+        #: base version -> its commit time (seconds since the epoch)
+        self._committed_at: dict[int, float] = {}
+        #: the last safe base version found, checked to exist then
+        self._verified: int | None = None
+        #: the base at the last safe version, and the MemWAL index of that version
+        self._safe_base: tuple[int, lance.LanceDataset] | None = None
+        #: shard id -> (manifest version, monotonic time) of its last orphan sweep
+        self._swept: dict[str, tuple[int, float]] = {}
+        #: shard id -> (manifest version, generations collectable, time.time() when something
+        #: else may become collectable) of its last listing of manifest versions and WAL
+        self._listed: dict[str, tuple[int, int, float]] = {}
 
     @property
     def sstable_retention_seconds(self) -> float:
@@ -192,7 +216,7 @@ class GarbageCollector:
         travel = min(c.time_travel_seconds, c.base_version_retention_seconds, c.manifest_retention_seconds)
         return max(c.reader_grace_seconds, travel)
 
-    def safe_base_version(self, older_than: float | None = None) -> int | None:
+    def safe_base_version(self, ds: lance.LanceDataset | None = None, older_than: float | None = None) -> int | None:
         """The newest base version committed at least ``older_than`` seconds ago
         (``reader_grace_seconds`` by default), if any.
 
@@ -203,51 +227,78 @@ class GarbageCollector:
         time checked, so a clock that steps back can only make it an older one (GC then
         collects less, never more). Versions already cleaned up count as old: cleanup removes
         the oldest ones.
+
+        Commit times never change, so they are remembered: a pass over a base that did not
+        move reads nothing. A version remembered but cleaned up since would still look like
+        one; so an answer that differs from the last one is checked to exist, and if it does
+        not, the bisection runs again from what is on disk.
         """
-        cutoff = time.time() - (self.config.reader_grace_seconds if older_than is None else older_than)
-        ds = self.state.dataset()
+        ds = ds or self.state.dataset()
+        age = self.config.reader_grace_seconds if older_than is None else older_than
+        version = self._bisect(ds, age)
+        if version is not None and version != self._verified:
+            if self._commit_time(ds, version, remembered=False) is None:  # cleaned up meanwhile
+                self._committed_at.clear()
+                version = self._bisect(ds, age)
+            self._verified = version
+        return version
 
-        def committed_at(version: int) -> float | None:
-            try:
-                ts = ds.checkout_version(version).get_version()["timestamp"]
-            except OSError as e:
-                if is_not_found(e):
-                    return None
-                raise
-            return ts.timestamp() if hasattr(ts, "timestamp") else float(ts)
+    def _commit_time(self, ds: lance.LanceDataset, version: int, remembered: bool = True) -> float | None:
+        """When ``version`` was committed (seconds since the epoch); None if it is not on disk."""
+        if remembered and version in self._committed_at:
+            return self._committed_at[version]
+        try:
+            ts = ds.checkout_version(version).get_version()["timestamp"]
+        except OSError as e:
+            if is_not_found(e):
+                return None  # not remembered: a version being committed is not found yet either
+            raise
+        if len(self._committed_at) >= 100_000:  # a day of one commit a second: start over
+            self._committed_at.clear()
+        t = self._committed_at[version] = ts.timestamp() if hasattr(ts, "timestamp") else float(ts)
+        return t
 
+    def _bisect(self, ds: lance.LanceDataset, older_than: float) -> int | None:
+        cutoff = time.time() - older_than
         lo, hi = 1, ds.version + 1  # versions below lo are old or gone, from hi on young
         while lo < hi:
             mid = (lo + hi) // 2
-            ts = committed_at(mid)
+            ts = self._commit_time(ds, mid)
             if ts is None or ts <= cutoff:
                 lo = mid + 1
             else:
                 hi = mid
         if lo == 1:
             return None
-        ts = committed_at(lo - 1)
+        ts = self._commit_time(ds, lo - 1)
         return lo - 1 if ts is not None and ts <= cutoff else None
 
     def run_once(
         self,
         shard_ids: Iterable[str] | None = None,
         on_shard_error: Callable[[str, Exception], None] | None = None,
+        *,
+        base: lance.LanceDataset | None = None,
+        manifests: Mapping[str, ShardManifest] | None = None,
     ) -> list[ShardGcResult]:
-        """Collect every shard (or those given), then old base table versions.
+        """Collect every shard (or those given).
 
         With ``on_shard_error``, a shard that fails (a damaged manifest, say) is handed to it
-        and the other shards are still collected; without, the error propagates.
+        and the other shards are still collected; without, the error propagates. ``base``: the
+        latest base (a maintenance cycle's, as it left it); ``manifests``: shard manifests to
+        start from (a cycle's, read at its start; a stale one only costs a reload).
         """
-        version = self.safe_base_version(self.sstable_retention_seconds)
-        base = self.state.dataset(version) if version is not None else None
+        latest = base or self.state.dataset()
+        version = self.safe_base_version(latest, self.sstable_retention_seconds)
+        safe = self._safe_dataset(version) if version is not None else None
         index = self.state.manifests.mem_wal_index(version) if version is not None else None
-        indexes = base_indexes(self.state.dataset())
+        indexes = base_indexes(latest)
         holds = view_holds(self.state.io, self.state.uri)  # read after the index: holds only move up
         results = []
         for shard_id in self.state.manifests.list_shards() if shard_ids is None else shard_ids:
             try:
-                r = self.collect_shard(shard_id, held_through(holds, shard_id, _collectable_through(base, index, indexes, shard_id)))
+                through = held_through(holds, shard_id, _collectable_through(safe, index, indexes, shard_id))
+                r = self.collect_shard(shard_id, through, manifests.get(shard_id) if manifests is not None else None)
             except (MemwalError, OSError, ValueError) as e:
                 if on_shard_error is None or isinstance(e, ConcurrencyError):
                     raise
@@ -255,33 +306,39 @@ class GarbageCollector:
                 continue
             if r.sstables_removed or r.wal_entries_removed or r.manifests_removed or r.orphans_removed:
                 results.append(r)
-        self.base_bytes_reclaimed = self._clean_base()
-        self.bytes_reclaimed += self.base_bytes_reclaimed
         return results
 
-    def _clean_base(self) -> int:
-        """Remove base table versions (and the files only they use) past the retention window."""
-        keep = max(self.config.base_version_retention_seconds, self.config.reader_grace_seconds)
-        stats = self.state.dataset().cleanup_old_versions(older_than=timedelta(seconds=keep))
-        if stats.old_versions:
-            log.info("removed %d old base versions (%d bytes)", stats.old_versions, stats.bytes_removed)
-        return stats.bytes_removed
+    def _safe_dataset(self, version: int) -> lance.LanceDataset:
+        """The base at ``version`` (opened once per version: it is read for its fragments only)."""
+        if self._safe_base is None or self._safe_base[0] != version:
+            self._safe_base = (version, self.state.dataset(version))
+        return self._safe_base[1]
 
     # -- one shard -------------------------------------------------------------------------------
 
-    def collect_shard(self, shard_id: str, through: int) -> ShardGcResult:
-        """Collect one shard: SSTables up to generation ``through``, their WAL, old manifests, orphans."""
+    def collect_shard(self, shard_id: str, through: int, manifest: ShardManifest | None = None) -> ShardGcResult:
+        """Collect one shard: SSTables up to generation ``through``, their WAL, old manifests,
+        orphans. ``manifest``: the shard's manifest to start from (the latest is read if None)."""
         r = ShardGcResult(shard_id)
-        manifest = self._drain(shard_id, through, r)
+        manifest = self._drain(shard_id, through, r, manifest)
         if manifest is None:
             return r
-        # Drained SSTables are now listed nowhere: the orphan sweep removes their directories.
-        self._sweep_orphans(manifest, r)
-        # Before old manifests go: the newest one old enough bounds which sentinels may go.
-        # One listing of the shard's manifest versions serves both (thousands of names an hour).
-        versions = self.state.manifests.retained_versions(shard_id)
-        self._remove_wal(manifest, through, r, versions)
-        self._remove_old_manifests(manifest, r, versions)
+        now = time.monotonic()
+        swept = self._swept.get(shard_id)
+        if swept is None or swept[0] != manifest.version or now - swept[1] >= self.config.orphan_grace_seconds / 2:
+            # Drained SSTables are now listed nowhere: the orphan sweep removes their directories.
+            # An orphan appears with a manifest change (a drain, a flush that superseded a failed
+            # one), or is of the current generation and waits out the orphan grace anyway.
+            self._sweep_orphans(manifest, r)
+            self._swept[shard_id] = (manifest.version, now)
+        listed = self._listed.get(shard_id)
+        if listed is None or listed[:2] != (manifest.version, through) or time.time() >= listed[2]:
+            # Before old manifests go: the newest one old enough bounds which sentinels may go.
+            # One listing of the shard's manifest versions serves both (thousands of names an hour).
+            versions = self.state.manifests.retained_versions(shard_id)
+            next_wal = self._remove_wal(manifest, through, r, versions)
+            next_manifest = self._remove_old_manifests(manifest, r, versions)
+            self._listed[shard_id] = (manifest.version, through, min(next_wal, next_manifest))
         self.bytes_reclaimed += r.bytes_reclaimed
         if r.sstables_removed or r.orphans_removed or r.wal_entries_removed:
             log.info(
@@ -291,12 +348,14 @@ class GarbageCollector:
             )
         return r
 
-    def _drain(self, shard_id: str, through: int, r: ShardGcResult) -> ShardManifest | None:
+    def _drain(self, shard_id: str, through: int, r: ShardGcResult, manifest: ShardManifest | None = None) -> ShardManifest | None:
         """Commit a manifest without SSTables <= ``through`` (claiming the epoch); returns the
-        latest manifest afterwards (the drained one, or the unchanged latest)."""
+        latest manifest afterwards (the drained one, or the unchanged latest). Starts from
+        ``manifest`` when given: if it is not the latest, the commit of its next version fails
+        (put-if-absent) and the latest is read."""
         store = self.state.manifests
         for _ in range(100):
-            m = store.read_shard(shard_id)
+            m, manifest = (manifest, None) if manifest is not None else (store.read_shard(shard_id), None)
             if m is None:
                 return None
             drop = [s for s in m.sstables if s.generation <= through]
@@ -352,9 +411,15 @@ class GarbageCollector:
         Whatever version the bisection settles on had its own time checked, so a clock that
         steps back can only make it an older version, which collects less, never more.
         """
+        return self._wal_through(shard_id, versions)[0]
+
+    def _wal_through(self, shard_id: str, versions: list[int] | None = None) -> tuple[int, float]:
+        """:meth:`wal_collectable_through`, and when (``time.time()``) it may next move: when
+        the oldest version that is not old enough yet becomes so (never, if none)."""
         io, store = self.state.io, self.state.manifests
         versions = store.retained_versions(shard_id) if versions is None else versions
         cutoff = time.time() - self.config.wal_retention_seconds
+        young_at = float("inf")  # the time of versions[hi], once probed
         lo, hi = 0, len(versions)  # versions[:lo] are old enough, versions[hi:] are not
         while lo < hi:
             mid = (lo + hi) // 2
@@ -365,24 +430,26 @@ class GarbageCollector:
             if mtime <= cutoff:
                 lo = mid + 1
             else:
-                hi = mid
+                hi, young_at = mid, mtime
+        next_at = young_at + self.config.wal_retention_seconds
         if lo == 0:
-            return 0
+            return 0, next_at
         m = store.read_shard(shard_id, versions[lo - 1])
-        return m.replay_after_wal_entry_position if m is not None else 0
+        return (m.replay_after_wal_entry_position if m is not None else 0), next_at
 
-    def _remove_wal(self, manifest: ShardManifest, generations_through: int, r: ShardGcResult, versions: list[int]) -> None:
+    def _remove_wal(self, manifest: ShardManifest, generations_through: int, r: ShardGcResult, versions: list[int]) -> float:
         """Remove the shard's WAL entries that nothing reads and no stale writer can collide with
         (see the module docstring): at or below the flushed position, data entries of
         generations up to ``generations_through`` no longer listed in ``manifest``, and fence
-        sentinels at or below :meth:`wal_collectable_through`."""
+        sentinels at or below :meth:`wal_collectable_through`. Returns when (``time.time()``)
+        more sentinels may become collectable with the manifest unchanged."""
         io, uri, shard_id = self.state.io, self.state.uri, manifest.shard_id
-        through = self.wal_collectable_through(shard_id, versions)
+        through, next_at = self._wal_through(shard_id, versions)
         flushed = manifest.replay_after_wal_entry_position
         listed = frozenset(s.generation for s in manifest.sstables)
         state = (through, flushed, generations_through, listed)
         if flushed == 0 or self._wal_collected.get(shard_id) == state:
-            return  # nothing new can be collectable: spare the listing and the reads
+            return next_at  # nothing new can be collectable: spare the listing and the reads
         wal = paths.wal_dir(uri, shard_id)
         for info in io.list_prefix(wal):
             try:
@@ -409,11 +476,13 @@ class GarbageCollector:
             r.wal_entries_removed += 1
             r.bytes_reclaimed += info.size
         self._wal_collected[shard_id] = state
+        return next_at
 
-    def _remove_old_manifests(self, manifest: ShardManifest, r: ShardGcResult, versions: list[int]) -> None:
+    def _remove_old_manifests(self, manifest: ShardManifest, r: ShardGcResult, versions: list[int]) -> float:
         """Remove versions older than both the newest ``manifest_versions_kept`` and
         ``manifest_retention_seconds``, oldest first, stopping at the first one too young: the
-        versions after it are younger still (see :meth:`wal_collectable_through`)."""
+        versions after it are younger still (see :meth:`wal_collectable_through`). Returns when
+        (``time.time()``) that one becomes old enough (never, if it stopped at the kept ones)."""
         io = self.state.io
         keep_from = max(1, manifest.version - self.config.manifest_versions_kept + 1)
         cutoff = time.time() - self.config.manifest_retention_seconds
@@ -426,8 +495,9 @@ class GarbageCollector:
             except FileNotFoundError:
                 continue
             if mtime > cutoff:
-                break
+                return mtime + self.config.manifest_retention_seconds
             io.remove(path)
             r.manifests_removed += 1
             r.bytes_reclaimed += size
+        return float("inf")
 

@@ -192,10 +192,11 @@ class IndexMaintainer:
         self.policy = policy or SegmentPolicy()
         self.seconds = 0.0
 
-    def ensure_indexes(self) -> list[str]:
-        """Create configured indexes that do not exist yet; returns the names created."""
+    def ensure_indexes(self, ds: lance.LanceDataset | None = None) -> list[str]:
+        """Create configured indexes that do not exist yet; returns the names created.
+        ``ds``: the latest base, if the caller has it open."""
         cfg = self.state.metadata.indexes
-        ds = self.state.dataset()
+        ds = ds or self.state.dataset()
         have = set(base_indexes(ds))
         created = []
         pk = self.state.primary_key
@@ -216,9 +217,10 @@ class IndexMaintainer:
             log.info("created base index %s on %s", name, self.state.uri)
         return created
 
-    def catch_up(self) -> bool:
-        """Bring every base index up to the compacted data; True if anything was done."""
-        ds = self.state.dataset()
+    def catch_up(self, ds: lance.LanceDataset | None = None) -> bool:
+        """Bring every base index up to the compacted data; True if anything was done.
+        ``ds``: the latest base, if the caller has it open."""
+        ds = ds or self.state.dataset()
         lag = index_lag(ds, self.state.manifests.mem_wal_index(ds.version))
         if not any(lg.total for lg in lag) and not _has_unindexed_rows(ds):
             return False

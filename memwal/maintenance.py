@@ -22,17 +22,21 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
+
+import lance
 
 from memwal import paths
-from memwal.bounds import BoundsEnforcer, FoldSchedule, compaction_order
-from memwal.compactor import DAMAGE_ERRORS, CompactionResult, Compactor
-from memwal.errors import ConcurrencyError, TableDamagedError, WalGapError
+from memwal.basefiles import BaseFiles
+from memwal.bounds import FoldSchedule, compaction_order
+from memwal.compactor import CompactionResult, Compactor
+from memwal.errors import TableDamagedError, WalGapError
 from memwal.gc import GarbageCollector, GcConfig
 from memwal.indexes import IndexMaintainer, index_lag, index_segments
 from memwal.lance_errors import lance_message
 from memwal.metadata import Bounds
 from memwal.metrics import CycleReport, MaintenanceMetrics, MaintenanceTotals, ShardDamage
+from memwal.snapshot import ShardState, Snapshot
 from memwal.state import TableState
 from memwal.views import View, ViewBusyError, list_views
 from memwal.writer import ShardWriterPool
@@ -71,7 +75,7 @@ class MaintenanceConfig:
     #: one cycle, over ``max_rows_rewritten_per_cycle`` once the target has doubled, so such a
     #: cycle's cost grows with the table; they come about once per new full fragment. With
     #: ``max_small_fragments`` on top, the base stays under the table's default
-    #: ``max_base_fragments`` where fragments can merge; the bound enforcer covers the rest.
+    #: ``max_base_fragments`` where fragments can merge; the fragment bound covers the rest.
     target_rows_per_fragment: int = 1_048_576
     max_full_fragments: int = 16
     #: ... and so are fragments once this share of their rows is deleted (the old versions of
@@ -116,15 +120,21 @@ class Maintenance:
         self.bounds = self.config.bounds or self.state.metadata.bounds
         #: the config's schedule, its SSTable cap held to the table's (waiting never slows a writer)
         self.fold = replace(self.config.fold, at_sstables=min(self.config.fold.at_sstables, self.bounds.max_sstables))
-        self.enforcer = BoundsEnforcer(
+        gc_config = self.config.gc_config
+        #: the one owner of the base's files and versions
+        self.base_files = BaseFiles(
             self.state,
             self.bounds,
-            reader_grace_seconds=self.config.gc_config.reader_grace_seconds,
+            reader_grace_seconds=gc_config.reader_grace_seconds,
+            version_retention_seconds=gc_config.base_version_retention_seconds,
+            version_cleanup_interval_seconds=gc_config.base_version_cleanup_interval_seconds,
+            small_fragment_rows=self.config.small_fragment_rows,
+            max_small_fragments=self.config.max_small_fragments,
             target_rows_per_fragment=self.config.target_rows_per_fragment,
             max_full_fragments=self.config.max_full_fragments,
             max_deleted_fraction=self.config.max_deleted_fraction,
             max_rows_rewritten=self.config.max_rows_rewritten_per_cycle,
-            before_compaction=self._join_index_segments if self.config.indexes else None,
+            indexes=self.indexes if self.config.indexes else None,
         )
         self.totals = MaintenanceTotals()
         #: The report of the last cycle that ran to its end (damaged shards skipped), if any.
@@ -137,11 +147,16 @@ class Maintenance:
 
     def run_cycle(self, *, fold_now: bool = True) -> CycleReport:
         """One pass: flush stranded writes, compact every shard, create/catch up indexes,
-        collect garbage.
+        collect garbage, keep the base within its bounds.
 
         With ``fold_now`` every pending SSTable is compacted (one cycle run by hand); without
         it, only when the config's :class:`~memwal.bounds.FoldSchedule` says so (the service's
         loop), and the report's ``fold_reason`` says why.
+
+        The cycle reads the table once, at its start (:meth:`_view`: the base, and every
+        shard's latest manifest), and hands that down: what is pending is computed once, and a
+        cycle with nothing to do costs a few object requests per shard (docs/benchmarks.md,
+        "Object-store requests"). The base is opened again only after a stage committed to it.
 
         Damaged shards are skipped and reported (see the module docstring); after the cycle's
         report is published (and kept in :attr:`last_report`), the first one's
@@ -150,7 +165,6 @@ class Maintenance:
         started_at = time.time()
         t0 = time.perf_counter()
         self.last_report = None
-        self.state.manifests.clear_cache()
         done: dict[str, Any] = {}  # CycleReport fields, in the order the cycle learns them
         damage: dict[str, tuple[ShardDamage, TableDamagedError]] = {}  # shard id -> first damage found
 
@@ -162,21 +176,27 @@ class Maintenance:
 
             return record
 
-        def healthy(shard_ids: list[str]) -> list[str]:
+        def healthy(view: Snapshot) -> list[ShardState]:
             """Shards no stage has found damaged, but for a WAL gap (which stops only the flush)."""
-            return [s for s in shard_ids if s not in damage or isinstance(damage[s][1], WalGapError)]
+            return [s for s in view.shards if s.shard_id not in damage or isinstance(damage[s.shard_id][1], WalGapError)]
 
-        if self.config.flush_stranded_after_seconds is not None:
+        flushing = self.config.flush_stranded_after_seconds is not None
+        # A shard whose manifest cannot be read is found here, by the first stage that needs it.
+        view = self._view(damaged("flush" if flushing else "compaction"))
+        if flushing:
             # A live writer that is merely idle keeps its shard (its lease says so): fencing it
             # would only make it reopen, and fight this service over the shard.
             flushed = self.writers.flush_stranded(
-                self.config.flush_stranded_after_seconds, skip_live_writers=True, on_damage=damaged("flush")
+                self.config.flush_stranded_after_seconds, skip_live_writers=True, on_damage=damaged("flush"),
+                manifests={s.shard_id: s.manifest for s in view.shards},
             )
             done["stranded_shards_flushed"] = len(flushed)
-        shards = self.state.manifests.list_shards()
+            if flushed:
+                view = self._view(damaged("flush"), view, flushed)
+        ds = view.dataset
         if self.config.compact:
             results, done["fold_reason"], done["fold_deferred_rows"] = self._compact_by_backlog(
-                healthy(shards), damaged("compaction"), fold_now
+                Snapshot(ds, view.index, tuple(healthy(view))), damaged("compaction"), fold_now
             )
             rows = sum(r.rows_upserted + r.keys_deleted for r in results)
             busy = sum(r.seconds for r in results)
@@ -186,34 +206,50 @@ class Maintenance:
                 rows_compacted=rows,
                 rows_per_second=rows / busy if busy else 0.0,
             )
-        if self.config.compact:  # also when nothing was folded: a doubling takes several cycles
-            done["base_fragments_compacted"] = self._compact_base_files()
+            if results:
+                ds = self.state.dataset()
+            # also when nothing was folded: a doubling of the fragment target takes several cycles
+            done["base_fragments_compacted"] = self.base_files.compact(ds)
+            if done["base_fragments_compacted"]:
+                ds = self.state.dataset()
         if self.config.indexes:
             # After the base-file compaction: Lance's compact_files commit drops the recorded
             # index catch-up, and GC waits for it; a catch-up then records it again.
-            done["indexes_created"] = tuple(self.indexes.ensure_indexes())
-            done["indexes_caught_up"] = self.indexes.catch_up()
+            done["indexes_created"] = tuple(self.indexes.ensure_indexes(ds))
+            if done["indexes_created"]:
+                ds = self.state.dataset()
+            done["indexes_caught_up"] = self.indexes.catch_up(ds)
+            if done["indexes_caught_up"]:
+                ds = self.state.dataset()
         if self.config.gc:
-            collected = self.gc.run_once(healthy(shards), on_shard_error=damaged("gc"))
+            collected = self.gc.run_once(
+                [s.shard_id for s in healthy(view)], on_shard_error=damaged("gc"), base=ds,
+                manifests={s.shard_id: s.manifest for s in view.shards},
+            )
             done.update(
                 sstables_removed=sum(len(r.sstables_removed) for r in collected),
                 wal_entries_removed=sum(r.wal_entries_removed for r in collected),
-                bytes_reclaimed=sum(r.bytes_reclaimed for r in collected) + self.gc.base_bytes_reclaimed,
+                bytes_reclaimed=sum(r.bytes_reclaimed for r in collected),
             )
         if self.config.enforce_bounds:
-            done.update(self._enforce_bounds(done))
+            done.update(self._enforce_bounds(done, ds))
         report = CycleReport(started_at=started_at, **done)
         if self.config.views and (report.compaction_commits or report.base_fragments_compacted):
             # A base-file compaction changes no row but moves the base version: refreshed, a
             # view records the version it reflects (its freshness), and an aggregate view's next
             # refresh reads old values from this version rather than one GC may remove meanwhile.
             report = replace(report, views_refreshed=self._refresh_views())
-        snap = self.state.snapshot(shard_ids=healthy(shards))
+        # What the cycle leaves pending: the manifests it read, above what the base now holds
+        # (SSTables flushed since are the next cycle's).
+        index = self.state.manifests.mem_wal_index(ds.version)
         report = replace(
             report,
-            pending_sstables={s.shard_id: len(s.live_sstables) for s in snap.shards},
-            index_lag={lg.index: lg.total for lg in index_lag(snap.dataset, snap.index)},
-            index_segments=index_segments(snap.dataset),
+            pending_sstables={
+                s.shard_id: sum(1 for t in s.manifest.sstables if t.generation > (index.compacted_generation(s.shard_id) if index else 0))
+                for s in healthy(view)
+            },
+            index_lag={lg.index: lg.total for lg in index_lag(ds, index)},
+            index_segments=index_segments(ds),
             damaged_shards=tuple(d for d, _ in damage.values()),
             seconds=time.perf_counter() - t0,
         )
@@ -231,6 +267,30 @@ class Maintenance:
         if damage:
             raise next(iter(damage.values()))[1]
         return report
+
+    def _view(
+        self, on_damage: Callable[[str, Exception], None], previous: Snapshot | None = None, reread: list[str] | None = None
+    ) -> Snapshot:
+        """The table as this cycle sees it: the latest base, its MemWAL index and every shard's
+        latest manifest, read once; a shard whose manifest cannot be read goes to ``on_damage``.
+        With ``previous``, only the ``reread`` shards are read again (the rest kept)."""
+        store = self.state.manifests
+        if previous is not None:
+            ds, index, ids = previous.dataset, previous.index, reread or []
+            kept = {s.shard_id: s for s in previous.shards if s.shard_id not in set(ids)}
+        else:
+            ds = self.state.dataset()
+            index, ids, kept = store.mem_wal_index(ds.version), store.list_shards(), {}
+        for shard_id in ids:
+            try:
+                m = store.read_shard(shard_id)
+            except TableDamagedError as e:  # an undecodable manifest (an I/O error fails the cycle)
+                on_damage(shard_id, e)
+                continue
+            if m is not None:
+                kept[shard_id] = ShardState(m, index.compacted_generation(shard_id) if index is not None else 0)
+        order = {sid: i for i, sid in enumerate(ids if previous is None else [s.shard_id for s in previous.shards])}
+        return Snapshot(ds, index, tuple(sorted(kept.values(), key=lambda s: order.get(s.shard_id, len(order)))))
 
     def _diagnose(self, shard_id: str, e: Exception) -> TableDamagedError:
         """The damaged file behind a foreign error on ``shard_id``: the first uncompacted SSTable
@@ -252,53 +312,50 @@ class Maintenance:
         return TableDamagedError(f"shard {shard_id}: maintenance failed ({reason})")
 
     def _compact_by_backlog(
-        self, shard_ids: list[str], on_damage: Callable[[str, Exception], None], fold_now: bool
+        self, view: Snapshot, on_damage: Callable[[str, Exception], None], fold_now: bool
     ) -> tuple[list[CompactionResult], str | None, int]:
-        """Compact every shard, those furthest over the SSTable bound first: they are the
-        ones whose writers are slowed or stalled (memwal.bounds.compaction_order), if a fold is
-        due (or ``fold_now``). A shard whose files cannot be read goes to ``on_damage`` and the
-        others are still compacted. Returns the results, why the fold ran (None: it did not) and
-        the pending rows it left waiting (0 unless the schedule waited)."""
+        """Compact every shard of ``view`` (the cycle's, its damaged shards left out), those
+        furthest over the SSTable bound first: they are the ones whose writers are slowed or
+        stalled (memwal.bounds.compaction_order), if a fold is due (or ``fold_now``). What is
+        pending is the view's: computed once, and handed to the compactor. A shard whose files
+        cannot be read goes to ``on_damage`` and the others are still compacted. Returns the
+        results, why the fold ran (None: it did not) and the pending rows it left waiting (0
+        unless the schedule waited)."""
         backlog: dict[str, int] = {}
         newest: dict[str, int] = {}  # the fold takes these generations, not what is flushed meanwhile
+        pending: dict[str, tuple[int, list]] = {}
         rows = 0
         now = time.monotonic()
         pending_since: dict[tuple[str, int], float] = {}
-        ds = self.state.dataset()
-        for shard_id in shard_ids:
-            try:
-                todo = self.compactor.pending(shard_id, ds)[1]
-            except ConcurrencyError:
-                raise
-            except DAMAGE_ERRORS as e:
-                on_damage(shard_id, e)
-                continue
-            backlog[shard_id] = len(todo)
+        for shard in view.shards:
+            todo = list(shard.live_sstables)
+            pending[shard.shard_id] = (shard.compacted_generation, todo)
+            backlog[shard.shard_id] = len(todo)
             if todo:
-                newest[shard_id] = todo[-1].generation
+                newest[shard.shard_id] = todo[-1].generation
             rows += sum(s.physical_rows for s in todo)
             for s in todo:
-                key = (shard_id, s.generation)
+                key = (shard.shard_id, s.generation)
                 pending_since[key] = self._pending_since.get(key, now)
         self._pending_since = pending_since  # forgets what was compacted meanwhile
         oldest = now - min(pending_since.values(), default=now)
-        base_rows = ds.count_rows() if rows and self.fold.fraction > 0 else 0  # only a share needs it
+        base_rows = view.dataset.count_rows() if rows and self.fold.fraction > 0 else 0  # only a share needs it
         reason = self.fold.due(rows, base_rows, max(backlog.values(), default=0), oldest)
         if fold_now and reason is None and newest:
             reason = "run by hand"
         if reason is None:
             return [], None, rows
         shards = [s for s in compaction_order(backlog, self.bounds) if s in newest]
-        return self.compactor.compact_shards(shards, on_damage, upto=newest), reason, 0
+        return self.compactor.compact_shards(shards, on_damage, upto=newest, pending={s: pending[s] for s in shards}), reason, 0
 
-    def _enforce_bounds(self, done: dict[str, Any]) -> dict[str, Any]:
-        """Keep the base within its bounds; the CycleReport fields of what that did and left."""
-        r = self.enforcer.enforce()
+    def _enforce_bounds(self, done: dict[str, Any], ds: lance.LanceDataset) -> dict[str, Any]:
+        """Remove the base versions the policy says go, and measure the base against its bounds;
+        the CycleReport fields of what that did and left."""
+        r = self.base_files.remove_versions(ds)
         f = r.footprint
         if r.exceeded:
             log.warning("table %s is over its bounds after maintenance: %s", self.state.uri, ", ".join(r.exceeded))
         return {
-            "base_fragments_compacted": done.get("base_fragments_compacted", 0) + r.fragments_compacted,
             "bytes_reclaimed": done.get("bytes_reclaimed", 0) + r.bytes_removed,
             "base_versions_removed": r.versions_removed,
             "base_fragments": f.fragments,
@@ -321,45 +378,6 @@ class Maintenance:
             except Exception:  # noqa: BLE001 - one broken view must not stop maintenance
                 log.exception("refreshing view %s failed", name)
         return done
-
-    def _join_index_segments(self, fragment_ids: list[int]) -> int:
-        return self.indexes.join_segments(fragment_ids, max_rows=self.config.max_rows_rewritten_per_cycle)
-
-    def _compact_base_files(self) -> int:
-        """Merge the small base fragments that each compaction commit adds, once there are many;
-        rewrite fragments whose deleted rows (the old versions of updated keys) pile up; and
-        merge neighbouring full fragments under the fragment target once there are more than
-        ``max_full_fragments`` (after the table outgrew its target)."""
-        ds = self.state.dataset()
-        frags = [f.metadata for f in ds.get_fragments()]
-        small_rows = self.config.small_fragment_rows
-        small = [f for f in frags if f.num_rows < small_rows]
-        deleted = [f for f in frags if f.num_deletions > self.config.max_deleted_fraction * f.physical_rows]
-        target = self.enforcer.fragment_target(frags)
-        many_small = len(small) >= self.config.max_small_fragments
-        under = [f.id for f in frags if f.num_rows >= small_rows and f.physical_rows < target]  # full, mergeable
-        too_many_full = len(under) > 1 and len(frags) - len(small) > self.enforcer.max_full_fragments
-        if not (many_small or deleted or too_many_full):
-            return 0
-        # Lance merges only fragments the same index segments cover: join theirs first.
-        joining = [f.id for f in small] if many_small else []
-        if too_many_full:
-            joining += under
-        deleted_ids = {f.id for f in deleted}
-
-        def wanted(group: Sequence[Any]) -> bool:
-            """The Lance groups this compaction is for. Without many small fragments, a group
-            holding only small ones (the tail fragment and the newest folds) waits: otherwise a
-            pending deletion-heavy fragment, or a pair of full ones in two index segments too
-            large to join, would make every cycle rewrite that tail."""
-            if many_small or any(f.id in deleted_ids for f in group):
-                return True
-            return too_many_full and sum(f.num_rows >= small_rows for f in group) >= 2
-
-        removed, added = self.enforcer.compact(frags, join=joining, take=wanted)
-        if removed:
-            log.info("compacted base files: %d fragments removed, %d added", removed, added)
-        return removed
 
     def _publish(self, report: CycleReport) -> None:
         metrics = MaintenanceMetrics(last_cycle=report, totals=self.totals, updated_at=time.time())

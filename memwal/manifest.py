@@ -4,7 +4,9 @@ Lance 14.0.2 has no Python API to list shards or to read compaction progress, so
 reads the files itself:
 
 * a shard's latest manifest is found as Lance does it: read ``version_hint.json``, then
-  probe forward version by version until one is missing (HEAD requests, no listing);
+  probe forward version by version until one is missing (HEAD requests, no listing); a store
+  that has found a shard's latest version before starts from it instead of the hint (two
+  HEADs when nothing changed: it still exists, the next one does not);
 * ``compacted_sstables`` and ``index_catchup`` live in the base table manifest's index
   section, in the ``__lance_mem_wal`` index's details, which ``mem_wal_index_details()``
   does not return.
@@ -209,11 +211,14 @@ class ManifestStore:
         #: Shards already seen with a manifest: GC keeps a shard's newest manifest, so one need
         #: not be checked again (a shard read back without one is skipped by every caller).
         self._known_shards: set[str] = set()
+        #: shard id -> the latest manifest version found last time: where the next probe starts
+        self._latest: dict[str, int] = {}
 
     def clear_cache(self) -> None:
         self._shards.clear()
         self._indexes.clear()
         self._known_shards.clear()
+        self._latest.clear()
 
     # -- shards ---------------------------------------------------------------------------
 
@@ -251,9 +256,16 @@ class ManifestStore:
 
     def latest_version(self, shard_id: str) -> int | None:
         """The shard's latest manifest version, or None if it has none."""
-        v = self._hint(shard_id)
         exists = lambda n: self.io.exists(paths.shard_manifest_path(self.table_uri, shard_id, n))  # noqa: E731
-        if not exists(v):
+        # Versions are written in order and the newest are never removed: the version found
+        # last time, if it still exists, is as good a start as the hint (and one GET less).
+        v = self._latest.get(shard_id)
+        if v is None or not exists(v):
+            v = self._hint(shard_id)
+            found = exists(v)
+        else:
+            found = True
+        if not found:
             # A hint may point past a version that GC removed, or be ahead of a crashed write;
             # fall back to scanning from the oldest retained version.
             names = self.io.list_dir(paths.shard_manifest_dir(self.table_uri, shard_id))
@@ -263,6 +275,7 @@ class ManifestStore:
             v = versions[-1]
         for _ in range(self.MAX_PROBE):
             if not exists(v + 1):
+                self._latest[shard_id] = v
                 return v
             v += 1
         raise ManifestError(f"shard {shard_id}: more than {self.MAX_PROBE} manifest versions past the hint")

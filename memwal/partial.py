@@ -26,12 +26,13 @@ engine does when it meets a retraction. So each key folds to one of:
 - otherwise: merged over the stored row (:func:`resolve`); a key that is not stored
   yet is inserted with its absent columns null.
 
-**Why read-modify-write is safe.** The caller reads the stored row of a key from the one
-writer that owns the key's shard (the Python writer pool, or the Spark task that alone
-writes the shard in a micro-batch), after every earlier write of the shard is durable in
-its WAL; a strong read (base + SSTables + the WAL tail) therefore sees the newest row.
-A replayed batch folds to the same result and setting the same columns twice changes
-nothing, so a replay after a crash is idempotent as full upserts are.
+**Why read-modify-write is safe.** The write path (:mod:`memwal.writepath`) reads the
+stored row of a key after its writer claimed the key's shard, once every earlier write of the
+shard is durable in its WAL; a strong read (base + SSTables + the WAL tail) therefore sees the
+newest row, and a writer that claims the shard before the merged row is written fences this
+one, which then reads and merges again instead of writing what it decided. A replayed batch
+folds to the same result and setting the same columns twice changes nothing, so a replay
+after a crash is idempotent as full upserts are.
 """
 
 from __future__ import annotations

@@ -176,7 +176,7 @@ def view_hold(table: str, name: str) -> str:
 
 
 def deleted_sequences_table(table: str) -> str:
-    """Beside its table like the dead letters (memwal.streaming.deleted)."""
+    """Beside its table like the dead letters (memwal.deleted)."""
     return table.rstrip("/") + "_deleted_sequences"
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal.errors import SchemaMismatchError, ShardRoutingError
+from memwal.errors import ShardRoutingError
 from memwal.sharding import ShardResolver, ShardValues
 
 
@@ -76,33 +76,12 @@ def route(data: pa.Table, arrays: list[pa.Array], resolver: ShardResolver, *, de
     return routes
 
 
-def trusted_batch(
-    shard_id: str,
-    values: ShardValues,
-    rows: pa.Table,
-    row_shards: pa.Array | pa.ChunkedArray,
-    schema: pa.Schema,
-    *,
-    deletes: bool = False,
-) -> RoutedBatch:
-    """A :class:`RoutedBatch` of rows that were routed and conformed upstream (Spark's
-    prepare stage), after a cheap check rather than a re-route: ``row_shards`` (the shard id
-    routing gave each row) all equal ``shard_id``, and ``rows`` has ``schema``'s columns,
-    types and nullability. Shard values are not recomputed.
-
-    The rows are relabelled with ``schema`` itself (zero copy), so the writer gets the exact
-    field metadata (primary key) that Lance expects.
-    """
-    if len(row_shards) != rows.num_rows:
-        raise ShardRoutingError(f"{rows.num_rows} rows but {len(row_shards)} shard ids for shard {shard_id}")
-    if rows.num_rows and not pc.all(pc.equal(row_shards, pa.scalar(shard_id, pa.string())), skip_nulls=False).as_py():
+def check_row_shards(shard_id: str, row_shards: pa.Array | pa.ChunkedArray) -> None:
+    """Raise :class:`ShardRoutingError` unless every row's shard id (as routing upstream gave
+    it: Spark's prepare stage) is ``shard_id``: rows routed elsewhere must never reach this
+    shard's writer. The cheap check a trusted routing gets instead of a re-route."""
+    if len(row_shards) and not pc.all(pc.equal(row_shards, pa.scalar(shard_id, pa.string())), skip_nulls=False).as_py():
         raise ShardRoutingError(f"rows routed to another shard reached the writer of shard {shard_id}")
-    if not rows.schema.equals(schema):
-        raise SchemaMismatchError(
-            f"rows for shard {shard_id} have schema {rows.schema.to_string(show_schema_metadata=False)}, "
-            f"not the writers' {schema.to_string(show_schema_metadata=False)}"
-        )
-    return RoutedBatch(shard_id, values, pa.Table.from_arrays(rows.columns, schema=schema), deletes)
 
 
 def check_shard(data: pa.Table, arrays: list[pa.Array], resolver: ShardResolver, shard_id: str) -> None:

@@ -9,11 +9,9 @@
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import lance
 import numpy as np
@@ -25,14 +23,15 @@ from memwal.indexes import FTS_PARAMS, fts_index_name
 from memwal.io import FileIO, file_io_for
 from memwal.manifest import ManifestStore, ShardManifest
 from memwal.metadata import CONFIG_KEY, Bounds, IndexConfig, TableMetadata, WriterConfig
-from memwal.partial import PRESENT, check_keys_present, check_merge, fold, presence_of_columns, presence_of_dicts, presence_type, resolve
-from memwal.routing import RoutedBatch, check_shard, route
+from memwal.partial import check_keys_present, check_merge, presence_of_columns, presence_of_dicts, presence_type
+from memwal.routing import check_shard
 from memwal.schema import as_table, conform, key_schema, with_primary_key
 from memwal.sharding import ShardingSpec, ShardResolver, ShardValues, lance_init_kwargs, parse_sharding_spec
 from memwal.snapshot import Snapshot
 from memwal.state import TableState, resolve_storage, table_exists
 from memwal.storage import StorageConfig
 from memwal.status import TableStatus, table_status
+from memwal.writepath import ShardRecords, TableWriter, WriteMode
 from memwal.writer import ShardWriterPool
 
 if TYPE_CHECKING:
@@ -54,7 +53,7 @@ class WriteResult:
 
 class Table:
     """A memwal table: the user facade over a :class:`~memwal.state.TableState` (what the
-    table is) and a :class:`~memwal.writer.ShardWriterPool` (this process's writers).
+    table is) and a :class:`~memwal.writepath.TableWriter` (this process's write path).
 
     Create with :meth:`create`, open with :meth:`open`. Writes are routed to shards and go
     through Lance's ShardWriters; one writer per shard is kept open until :meth:`flush` or
@@ -64,10 +63,17 @@ class Table:
 
     def __init__(self, state: TableState) -> None:
         self.state = state
-        self.writers = ShardWriterPool(state)
-        self._executor: ThreadPoolExecutor | None = None
-        self._partial_readers: dict[str, "Reader"] = {}
-        self._readers_guard = threading.Lock()
+        #: This process's write path into the table (its shard writers included).
+        self.writer = TableWriter(state)
+
+    @property
+    def writers(self) -> ShardWriterPool:
+        """This table handle's shard writers (one per shard written, kept open)."""
+        return self.writer.writers
+
+    @writers.setter
+    def writers(self, pool: ShardWriterPool) -> None:
+        self.writer = TableWriter(self.state, pool)
 
     # -- what the table is (from its state) ---------------------------------------------------
 
@@ -218,12 +224,7 @@ class Table:
 
     def close(self) -> None:
         """Flush every open writer (MemTables -> SSTables) and release them."""
-        try:
-            self.writers.close()
-        finally:
-            if self._executor is not None:
-                self._executor.shutdown()
-                self._executor = None
+        self.writer.close()
 
     # -- shards -------------------------------------------------------------------------------
 
@@ -245,27 +246,16 @@ class Table:
 
     # -- writes -------------------------------------------------------------------------------
 
-    def _each(self, batches: list[RoutedBatch], op: Callable[[RoutedBatch], None]) -> None:
-        # Each durable put waits for its shard's WAL flush tick; running shards in parallel
-        # overlaps those waits (Lance releases the GIL while it waits).
-        if len(batches) == 1:
-            op(batches[0])
-            return
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="memwal-write")
-        for f in [self._executor.submit(op, b) for b in batches]:
-            f.result()
-
-    def _route(self, data: Any, deletes: bool) -> tuple[pa.Table, list[RoutedBatch]]:
+    def _route(self, data: Any, deletes: bool) -> tuple[pa.Table, list[ShardRecords]]:
         """Conform ``data`` (rows, or keys to delete) and route it: every error a write can
         raise for its input (schema, null keys, sharding transforms) is raised here."""
         if deletes:
             t = as_table(data)
             t = t.select([c for c in t.schema.names if c in self.primary_key])
             t = conform(t, key_schema(self.write_schema, self.primary_key), what="keys to delete")
-        else:
-            t = conform(as_table(data, self.schema), self.write_schema)
-        return t, route(t, self.spec.shard_value_arrays(t), self.resolver, deletes=deletes)
+            return t, self.writer.route(t, deletes=np.ones(t.num_rows, bool))
+        t = conform(as_table(data, self.schema), self.write_schema)
+        return t, self.writer.route(t)
 
     def validate(self, data: Any, *, deletes: bool = False, merge: str = "full") -> int:
         """Raise what :meth:`write` (or :meth:`delete`) would raise for ``data``, writing
@@ -283,36 +273,27 @@ class Table:
         row changes only the columns it carries (a column missing from an Arrow table, or a
         key missing from a dict, keeps its stored value; an explicit null sets null), rows of
         one key fold in order, and a key not stored yet is inserted with the absent columns
-        null; see :mod:`memwal.partial`.
+        null; see :mod:`memwal.partial`. Either way through the write path
+        (:mod:`memwal.writepath`), shards in parallel.
         """
         if check_merge(merge) == "partial":
             return self._write_partial(data)
-        t, batches = self._route(data, deletes=False)
-        self._each(batches, self.writers.write)
-        return WriteResult(t.num_rows, len(batches))
+        t, records = self._route(data, deletes=False)
+        self.writer.write(records, label="table")
+        return WriteResult(t.num_rows, len(records))
 
     def _write_partial(self, data: Any) -> WriteResult:
-        """Route rows with their presence, then per shard: fold, read the stored rows the fold
-        needs (strongly: this pool owns the shard's writer, every earlier write is in its WAL),
-        merge and put full rows."""
+        """Route rows with their presence; the write path folds them per shard and merges them
+        over the stored rows, as the shard's owner."""
         if not self.metadata.writer.durable_write:
             raise InvalidArgumentError(
                 "partial updates read the stored row from the WAL, which a table with durable_write=False "
                 "may not have written yet; use merge='full' or a durable table"
             )
         t, present = self._partial_input(data)
-        routed = route(t.append_column(PRESENT, present), self.spec.shard_value_arrays(t), self.resolver)
-
-        def apply(batch: RoutedBatch) -> None:
-            rows = batch.rows.drop_columns([PRESENT])
-            folded = fold(rows, batch.rows.column(PRESENT), np.zeros(rows.num_rows, bool), self.primary_key)
-            need = folded.needs_stored
-            stored = self._stored_rows(batch.shard_id, folded.rows.filter(pa.array(need))) if need.any() else None
-            _, ups = resolve(folded, stored, self.primary_key)
-            self.writers.write(RoutedBatch(batch.shard_id, batch.values, ups))
-
-        self._each(routed, apply)
-        return WriteResult(t.num_rows, len(routed))
+        records = self.writer.route(t, present=present)
+        self.writer.write(records, WriteMode(merge="partial"), label="table")
+        return WriteResult(t.num_rows, len(records))
 
     def _partial_input(self, data: Any) -> tuple[pa.Table, pa.StructArray]:
         """Rows of a partial write conformed to the write schema (absent cells null) and their
@@ -327,31 +308,20 @@ class Table:
             raise InvalidArgumentError(f"a partial write must carry the primary key; the rows lack column(s) {missing}")
         return conform(t, self.write_schema), presence_of_columns(t.num_rows, ptype, t.schema.names)
 
-    def _stored_rows(self, shard_id: str, keys: pa.Table) -> pa.Table:
-        """The live rows of ``keys`` (all in ``shard_id``), strongly consistent."""
-        from memwal.readers.reader import Reader
-
-        with self._readers_guard:
-            # One reader per shard: its caches are not shared between the threads writing shards.
-            reader = self._partial_readers.get(shard_id)
-            if reader is None:
-                reader = self._partial_readers[shard_id] = Reader(self.state, consistency="strong")
-        return reader.rows_of_keys(keys, shard_id)
-
     def delete(self, keys: Any) -> WriteResult:
         """Delete rows by primary key. ``keys`` holds the key columns (others are ignored)."""
-        t, batches = self._route(keys, deletes=True)
-        self._each(batches, self.writers.write)
-        return WriteResult(t.num_rows, len(batches))
+        t, records = self._route(keys, deletes=True)
+        self.writer.write(records, label="table")
+        return WriteResult(t.num_rows, len(records))
 
     def write_shard(self, shard_id: str, values: ShardValues, rows: pa.Table, *, deletes: bool = False) -> None:
         """Write rows a caller routed to one shard itself; refuses rows of another shard
-        (:class:`~memwal.errors.ShardRoutingError`). memwal's own routing is trusted and
-        goes to :meth:`ShardWriterPool.write` directly."""
+        (:class:`~memwal.errors.ShardRoutingError`)."""
         schema = key_schema(self.write_schema, self.primary_key) if deletes else self.write_schema
         rows = conform(rows, schema)
         check_shard(rows, self.spec.shard_value_arrays(rows), self.resolver, shard_id)
-        self.writers.write(RoutedBatch(shard_id, values, rows, deletes))
+        records = ShardRecords.all_deletes(shard_id, values, rows) if deletes else ShardRecords(shard_id, values, rows)
+        self.writer.write_shard(records, label="table")
 
     def flush(self) -> None:
         """Flush every open writer's MemTable to an SSTable, so every reader sees the data."""

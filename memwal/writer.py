@@ -53,7 +53,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 import lance
 import lance.mem_wal
@@ -550,6 +550,7 @@ class ShardWriterPool:
         *,
         skip_live_writers: bool = False,
         on_damage: Callable[[str, TableDamagedError], None] | None = None,
+        manifests: Mapping[str, ShardManifest] | None = None,
     ) -> list[str]:
         """Flush shards holding acknowledged but unflushed writes that no writer here owns,
         and whose newest such write is at least ``idle_seconds`` old; returns their ids.
@@ -570,17 +571,20 @@ class ShardWriterPool:
         gap): the other shards are flushed, then the first such :class:`WalGapError` is raised.
         A shard with another damaged file (its manifest, a WAL entry) is skipped the same way.
         With ``on_damage`` each damaged shard is handed to it instead, and nothing is raised.
+
+        ``manifests``: the shards to look at and their latest manifests, as the caller (a
+        maintenance cycle) read them; default: every shard, read now.
         """
         state = self.state
         tails = WalTailReader(state.uri, state.io, state.manifests, state.primary_key)
         now = time.time()
         flushed = []
         damaged: list[TableDamagedError] = []
-        for shard_id in state.manifests.list_shards():
+        for shard_id in state.manifests.list_shards() if manifests is None else list(manifests):
             if shard_id in self.open_shards:
                 continue
             try:
-                m = state.manifests.read_shard(shard_id)
+                m = state.manifests.read_shard(shard_id) if manifests is None else manifests[shard_id]
                 newest = tails.newest_entry_mtime(m) if m is not None else None
                 if newest is None or now - newest < idle_seconds:
                     continue

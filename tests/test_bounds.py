@@ -197,7 +197,7 @@ def test_the_fragment_bound_holds_as_the_table_outgrows_its_fragment_size(table_
         target_rows_per_fragment=5,
         small_fragment_rows=5,  # so no fragment here counts as small
     )
-    assert m.enforcer.max_full_fragments == 3  # half the bound, under the config's 16
+    assert m.base_files.max_full_fragments == 3  # half the bound, under the config's 16
     for round_ in range(6):
         _flushes(table, 4, start=20 * round_)
         for _ in range(10):  # cycles until nothing is left to merge
@@ -207,7 +207,7 @@ def test_the_fragment_bound_holds_as_the_table_outgrows_its_fragment_size(table_
         rows = [f.metadata.num_rows for f in table.state.dataset().get_fragments()]
         assert len(rows) <= 3, (round_, rows)  # max_full_fragments; none is small here
         assert report.base_fragments <= 6 and "base_fragments" not in report.bounds_exceeded, (round_, rows)
-    assert m.enforcer.fragment_target([f.metadata for f in table.state.dataset().get_fragments()]) > 5  # it did have to double
+    assert m.base_files.fragment_target([f.metadata for f in table.state.dataset().get_fragments()]) > 5  # it did have to double
     r = readers.open(table_uri)
     assert r.count() == 125
     assert r.get(0)["name"] == "f00" and r.get(119)["name"] == "f3119" and r.get(1004)["name"] is not None
@@ -322,7 +322,7 @@ def test_base_file_compaction_is_not_blocked_by_a_group_over_its_row_budget(tmp_
     import lance
     import pyarrow as pa
 
-    from memwal.bounds import compact_files_within
+    from memwal.basefiles import compact_files_within
 
     def rows(lo: int, n: int) -> pa.Table:
         return pa.table({"id": pa.array(range(lo, lo + n), pa.int64()), "v": [f"r{i}" for i in range(lo, lo + n)]})
@@ -353,7 +353,7 @@ def test_a_compaction_for_the_full_fragments_leaves_the_small_ones_to_their_rule
     import lance
     import pyarrow as pa
 
-    from memwal.bounds import compact_files_within
+    from memwal.basefiles import compact_files_within
 
     def rows(lo: int, n: int) -> pa.Table:
         return pa.table({"id": pa.array(range(lo, lo + n), pa.int64())})

@@ -525,7 +525,7 @@ def test_a_delete_keeps_its_sequence_for_the_next_writer(tmp_path):
     """--drop-stale across a delete: the delete's sequence is recorded beside the table, so a
     later writer of the shard (another worker, a restarted query: here the worker cache is
     cleared) still drops a change older than the delete, and takes a newer one."""
-    from memwal.streaming.deleted import deleted_sequences_uri, read_deletes
+    from memwal.deleted import deleted_sequences_uri, read_deletes
     from memwal.streaming.sink import Prepare, Write
     from memwal.streaming.worker import WORKER
 
@@ -560,7 +560,7 @@ def test_a_worker_whose_shard_another_worker_wrote_does_not_trust_what_it_rememb
     """Two worker processes (two worker caches) take turns writing one shard with --drop-stale:
     the first one's memory of a key is stale once the second wrote it, and the first one learns
     so before deciding (the shard's lease names the other), not at its next (fenced) write."""
-    from memwal.streaming import sink
+    from memwal.streaming import worker as worker_module
     from memwal.streaming.sink import Prepare, Write
     from memwal.streaming.worker import WorkerCache
 
@@ -571,7 +571,7 @@ def test_a_worker_whose_shard_another_worker_wrote_does_not_trust_what_it_rememb
     workers = [WorkerCache(), WorkerCache()]
 
     def run(worker: int, batch_id: int, rows: list[dict]) -> int:
-        monkeypatch.setattr(sink, "WORKER", workers[worker])
+        monkeypatch.setattr(worker_module, "WORKER", workers[worker])
         data = pa.Table.from_pylist(rows, schema=SCHEMA.append(pa.field("op", pa.string())))
         exchange = list(Prepare(uri, options)(iter(data.to_batches())))
         out = pa.Table.from_batches(list(Write(uri, options, batch_id, dead_letter_uri(uri))(iter(exchange)))).to_pylist()
@@ -598,6 +598,7 @@ def test_a_write_task_fenced_after_deciding_decides_again(tmp_path, monkeypatch)
     (the Debezium end-to-end test's rare failure: a deleted key's row back in the table).
     It decides again instead, and drops the update as older than the delete."""
     from memwal.streaming import sink
+    from memwal.streaming import worker as worker_module
     from memwal.streaming.sink import Prepare, Write
     from memwal.streaming.worker import WorkerCache
 
@@ -610,7 +611,7 @@ def test_a_write_task_fenced_after_deciding_decides_again(tmp_path, monkeypatch)
     stale: dict[int, int] = {}
 
     def run(worker: int, batch_id: int, rows: list[dict]) -> None:
-        monkeypatch.setattr(sink, "WORKER", workers[worker])  # read once, at the task's start
+        monkeypatch.setattr(worker_module, "WORKER", workers[worker])  # read once, at the task's start
         data = pa.Table.from_pylist(rows, schema=SCHEMA.append(pa.field("op", pa.string())))
         exchange = list(Prepare(uri, options)(iter(data.to_batches())))
         out = pa.Table.from_batches(list(Write(uri, options, batch_id, dead_letter_uri(uri))(iter(exchange)))).to_pylist()
@@ -618,10 +619,10 @@ def test_a_write_task_fenced_after_deciding_decides_again(tmp_path, monkeypatch)
 
     points = tmp_path / "failpoints"
     points.mkdir()
-    marker = points / "sink.decided.batch-1"
+    marker = points / "write.decided.batch-1"
     try:
         run(0, 0, [{"id": 1, "name": "snapshot", "pos": 10, "op": "upsert"}, {"id": 2, "name": "snapshot", "pos": 10, "op": "upsert"}])
-        monkeypatch.setenv("MEMWAL_FAILPOINTS", "sink.decided.batch-1=wait")
+        monkeypatch.setenv("MEMWAL_FAILPOINTS", "write.decided.batch-1=wait")
         monkeypatch.setenv("MEMWAL_FAILPOINT_DIR", str(points))
         zombie = threading.Thread(target=run, args=(0, 1, [{"id": 1, "name": "update", "pos": 15, "op": "upsert"}]))
         zombie.start()
@@ -650,7 +651,7 @@ def test_the_sink_creates_the_deleted_sequences_table_before_its_tasks_append(tm
     import lance
 
     from memwal.streaming import sink
-    from memwal.streaming.deleted import deleted_sequences_uri, read_deletes, record_deletes
+    from memwal.deleted import deleted_sequences_uri, read_deletes, record_deletes
 
     uri = str(tmp_path / "t")
     Table.create(uri, SCHEMA, ["id"], "bucket(id, 2)").close()

@@ -231,3 +231,22 @@ def test_maintain_lowers_its_own_cpu_priority_when_asked(tmp_path):
         service.terminate()
         service.wait(30)
     assert memwal("maintain", uri, "--once", "--nice", "20", check=False).returncode == 2
+
+
+def test_get_and_scan_read_without_a_table_handle(tmp_path, monkeypatch, capsys):
+    """Reading commands open a reader on the table's state: no ``Table``, which holds a writer
+    pool (and would flush it when closed)."""
+    from memwal import Table, cli
+
+    uri = str(tmp_path / "t")
+    with Table.create(uri, pa.schema([("id", pa.int64()), ("name", pa.string())]), ["id"], "bucket(id, 2)") as t:
+        t.write(pa.table({"id": pa.array([1, 2], pa.int64()), "name": ["ada", "bob"]}))
+
+    def no_table(self, state):
+        raise AssertionError("a reading command opened a Table")
+
+    monkeypatch.setattr(Table, "__init__", no_table)
+    assert cli.main(["get", uri, "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"id": 2, "name": "bob"}
+    assert cli.main(["scan", uri, "--json", "--where", "id = 1"]) == 0
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [{"id": 1, "name": "ada"}]

@@ -27,7 +27,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 from brokers import Broker, produce
 
 from memwal.streaming.kafka_source import (
-    KAFKA_SCHEMA, SHORT_NAME, KafkaInputPartition, KafkaStreamReader, _Settings, apportion,
+    KAFKA_SCHEMA, SHORT_NAME, KafkaInputPartition, KafkaStreamReader, Settings, apportion,
     group_ranges, register,
 )
 
@@ -252,7 +252,7 @@ def test_latest_start_offsets_stay_put_while_records_arrive(broker: Broker) -> N
     produced in between must not move the batch's start past the end it planned."""
     topic = new_topic(broker, 2)
     fill(broker, topic, {0: 2, 1: 2}, tag="old")
-    reader = KafkaStreamReader(_Settings({**spark_options(broker), "subscribe": topic, "startingOffsets": "latest"}))
+    reader = KafkaStreamReader(Settings({**spark_options(broker), "subscribe": topic, "startingOffsets": "latest"}))
     try:
         start = reader.initialOffset()
         new = fill(broker, topic, {0: 3, 1: 1}, tag="new")
@@ -344,7 +344,7 @@ def test_grouped_read_tasks_read_every_record_once(kafka_spark: Any, broker: Bro
     expected = fill(broker, topic, {0: 9, 1: 4, 2: 6})
     options = {**spark_options(broker), "subscribe": topic, "memwal.minRecordsPerReadTask": "8"}
     # 19 records, at least 8 per task: two tasks, the 9-record partition alone
-    planned = KafkaStreamReader(_Settings(options)).partitions(
+    planned = KafkaStreamReader(Settings(options)).partitions(
         {topic: {"0": 0, "1": 0, "2": 0}}, {topic: {"0": 9, "1": 4, "2": 6}})
     assert sorted(p.ranges for p in planned) == [[(topic, 0, 0, 9)], [(topic, 1, 0, 4), (topic, 2, 0, 6)]]
     batches = run_available_now(kafka_spark, broker, topic, tmp_path / "ck", startingOffsets="earliest",
@@ -363,7 +363,7 @@ def test_a_range_behind_more_log_than_the_receive_limit_reads(broker: Broker) ->
     produce(broker, topic, [(None, bytes(1000), 0)] * 4_000)
     options = {**spark_options(broker), "subscribe": topic, "kafkaConsumer.pollTimeoutMs": "30000",
                "kafka.receive.message.max.bytes": str(2 << 20), "kafka.fetch.max.bytes": str(1 << 20)}
-    reader = KafkaStreamReader(_Settings(options))
+    reader = KafkaStreamReader(Settings(options))
     read = lambda: sum(b.num_rows for b in reader.read(KafkaInputPartition(topic, 0, 0, 10)))  # noqa: E731
     assert read() == 10
 
@@ -388,30 +388,38 @@ def test_group_ranges_covers_every_range_once_and_balances(ranges: List[Tuple[st
 
 
 def test_the_source_imports_nothing_from_memwal() -> None:
-    """Its file alone, loaded in a fresh interpreter, imports no memwal module; nor does any
-    import statement in it (lazy ones included)."""
+    """Its package alone, copied elsewhere and loaded in a fresh interpreter, imports no other
+    memwal module; nor does any import statement in its files (lazy ones included) name one
+    (its own modules it imports relatively)."""
     import ast
+    import shutil
     import subprocess
+    import tempfile
 
     import memwal.streaming.kafka_source as ks
 
-    path = ks.__file__
+    package = Path(ks.__file__).parent
+    files = sorted(package.glob("*.py"))
+    assert len(files) >= 2
     imported = [
         name
-        for node in ast.walk(ast.parse(Path(path).read_text()))
+        for path in files
+        for node in ast.walk(ast.parse(path.read_text()))
         for name in ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
     ]
     assert not [n for n in imported if n == "memwal" or n.startswith("memwal.")]
-    code = (
-        "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('standalone_kafka_source', {path!r})\n"
-        "module = importlib.util.module_from_spec(spec)\n"
-        "spec.loader.exec_module(module)\n"
-        "print(sorted(n for n in sys.modules if n == 'memwal' or n.startswith('memwal.')))\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/", check=True)
+    with tempfile.TemporaryDirectory() as work:
+        shutil.copytree(package, Path(work) / "standalone_kafka_source", ignore=shutil.ignore_patterns("__pycache__"))
+        code = (
+            "import sys\n"
+            f"sys.path.insert(0, {work!r})\n"
+            "import standalone_kafka_source\n"
+            "assert standalone_kafka_source.KafkaDataSource.name() == 'memwal-kafka'\n"
+            "print(sorted(n for n in sys.modules if n == 'memwal' or n.startswith('memwal.')))\n"
+        )
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/", check=True)
     assert out.stdout.strip() == "[]"
 
 
@@ -452,7 +460,7 @@ def test_batch_mapper_is_loaded_from_its_factory_name() -> None:
 def test_batch_mapper_options_are_checked(options: Dict[str, str], error: str) -> None:
     base = {"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t"}
     with pytest.raises(ValueError, match=error):
-        _Settings({**base, **{k.lower(): v for k, v in options.items()}})
+        Settings({**base, **{k.lower(): v for k, v in options.items()}})
 
 
 def test_the_source_pickles_by_value_once_this_process_has_read() -> None:
@@ -463,7 +471,7 @@ def test_the_source_pickles_by_value_once_this_process_has_read() -> None:
 
     from memwal.streaming import kafka_source
 
-    pool = kafka_source._pool()
+    pool = kafka_source.records.pool()
     registered = kafka_source.__name__ in cloudpickle.list_registry_pickle_by_value()
     cloudpickle.register_pickle_by_value(kafka_source)
     try:
@@ -481,9 +489,9 @@ def test_fetches_do_not_wait_for_new_records_or_back_off_unless_the_user_says_so
     from memwal.streaming import kafka_source as src
 
     base = {"kafka.bootstrap.servers": "127.0.0.1:9", "subscribe": "t"}
-    for key, default in (("fetch.wait.max.ms", src._FETCH_WAIT_MS), ("fetch.queue.backoff.ms", src._FETCH_QUEUE_BACKOFF_MS)):
-        assert src._Settings(base).consumer_conf()[key] == default
-        assert src._Settings({**base, f"kafka.{key}": "250"}).consumer_conf()[key] == "250"
+    for key, default in (("fetch.wait.max.ms", src.options._FETCH_WAIT_MS), ("fetch.queue.backoff.ms", src.options._FETCH_QUEUE_BACKOFF_MS)):
+        assert src.Settings(base).consumer_conf()[key] == default
+        assert src.Settings({**base, f"kafka.{key}": "250"}).consumer_conf()[key] == "250"
     import confluent_kafka
 
-    confluent_kafka.Consumer(src._Settings(base).consumer_conf()).close()  # librdkafka knows both settings
+    confluent_kafka.Consumer(src.Settings(base).consumer_conf()).close()  # librdkafka knows both settings

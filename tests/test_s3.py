@@ -97,6 +97,9 @@ def test_explicit_storage_options_without_environment(s3_server, monkeypatch):
         t.write(rows([1, 2]))
     state = TableState.load(uri, opts)
     assert {r["id"] for r in readers.Reader(state).scan().to_pylist()} == {1, 2}
+    # readers.open takes the same options Table.open does (the environment has none here)
+    with readers.open(uri, storage_options=opts) as r:
+        assert r.get(2) is not None and r.count() == 2
 
 
 @pytest.mark.parametrize("configured_by", ["environment", "flags"])

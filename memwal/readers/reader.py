@@ -14,7 +14,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Literal, Sequence
+from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
 
 import lance
 import lance.mem_wal
@@ -39,6 +39,7 @@ from memwal.schema import TOMBSTONE
 from memwal.manifest import SsTable
 from memwal.snapshot import Snapshot
 from memwal.state import TableState
+from memwal.storage import StorageConfig
 from memwal.wal import WalTailReader
 
 Consistency = Literal["eventual", "strong"]
@@ -827,6 +828,7 @@ def open(  # noqa: A001 - mirrors lance.dataset / builtin open naming users expe
     refresh_in_background: bool = False,
     config: ReadConfig | None = None,
     as_of: timetravel.AsOf | None = None,
+    storage_options: "Mapping[str, str] | StorageConfig | None" = None,
 ) -> Reader:
     """Open a reader on the memwal table at ``uri``.
 
@@ -842,6 +844,8 @@ def open(  # noqa: A001 - mirrors lance.dataset / builtin open naming users expe
     (a ``datetime``, naive meaning UTC, or Unix seconds), while GC keeps that state
     (``GcConfig.time_travel_seconds``); :class:`~memwal.errors.StateNotRetainedError` names
     the oldest readable state otherwise. ``version`` is ``as_of``'s older name for a base version.
+    ``storage_options``: as :meth:`memwal.Table.open` takes them (Lance's key names, over the
+    ``AWS_*``/``GOOGLE_*``/``AZURE_*`` environment variables).
     """
-    return Reader(TableState.load(uri), consistency=consistency, refresh_interval_ms=refresh_interval_ms, version=version,
-                  refresh_in_background=refresh_in_background, config=config, as_of=as_of)
+    return Reader(TableState.load(uri, storage_options), consistency=consistency, refresh_interval_ms=refresh_interval_ms,
+                  version=version, refresh_in_background=refresh_in_background, config=config, as_of=as_of)

@@ -18,11 +18,9 @@ that is not an ISO instant) is not rounded or clipped: its row is reported with 
 naming the column and the semantic type, and becomes a dead letter. Decimals go into float
 columns (approximately) only when the table's column is a float: the table's type is the ask.
 
-**Vectorized.** Every conversion works on whole columns with numpy and Arrow compute:
-base64 and two's complement are decoded over the column's data buffer, ISO strings are split
-by one regular-expression kernel and assembled with integer arithmetic; Python runs per
-distinct schema, per distinct scale of a ``VariableScaleDecimal`` column, and per bad row
-(for its reason), never per good row.
+**Vectorized.** Every conversion works on whole columns (:mod:`memwal.streaming.literals`
+decodes Connect's literal encodings); Python runs per distinct schema, per distinct scale of
+a ``VariableScaleDecimal`` column, and per bad row (for its reason), never per good row.
 
 **Time zones.** Debezium's ``Timestamp``/``MicroTimestamp``/``NanoTimestamp`` (and Connect's
 ``Timestamp``) carry a ``TIMESTAMP WITHOUT TIME ZONE`` as the epoch value of its wall-clock
@@ -31,260 +29,84 @@ time zone holds the same epoch value (the wall-clock time taken as UTC). ``Zoned
 is an ISO string with an offset: it is converted to its UTC instant, which is what every
 Arrow timestamp column stores (a naive column then holds UTC wall-clock time).
 ``ZonedTime`` becomes its time of day in UTC.
+
+The schemas and names live in :mod:`memwal.streaming.connect_types` and the decoding of
+literals in :mod:`memwal.streaming.literals`; this module converts, and is where the rest of
+memwal takes all of it from (its ``__all__``).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Iterable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-# -- semantic names ----------------------------------------------------------------------------
+# Every name of the Connect types, as this module's (the rest of memwal takes them from here).
+from memwal.streaming.connect_types import (  # noqa: F401
+    AVRO_LOGICAL,
+    BITS,
+    CONNECT_DATE,
+    CONNECT_TIME,
+    CONNECT_TIMESTAMP,
+    ConnectSchema,
+    DATE,
+    DATES,
+    DECIMAL,
+    DURATIONS,
+    ENUM,
+    ENUM_SET,
+    INSTANTS,
+    ISO_DATE,
+    ISO_TIME,
+    ISO_TIMESTAMP,
+    JSON,
+    MICRO_DURATION,
+    MICRO_TIME,
+    MICRO_TIMESTAMP,
+    NANO_DURATION,
+    NANO_TIME,
+    NANO_TIMESTAMP,
+    PER_SECOND,
+    SECONDS_PER_DAY,
+    TEXTS,
+    TIME,
+    TIMES,
+    TIMESTAMP,
+    UUID,
+    VARIABLE_SCALE_DECIMAL,
+    XML,
+    ZONED_TIME,
+    ZONED_TIMESTAMP,
+    arrow_type,
+    parse_type,
+    semantic,
+)
+from memwal.streaming.literals import (
+    HEX_DIGITS,
+    ISO_DATE_RE,
+    ISO_INSTANT_RE,
+    ISO_TIME_RE,
+    UUID_RE,
+    abs_below,
+    base64_segments,
+    beyond,
+    days_from_civil,
+    decimal_array,
+    decimal_text,
+    decimal_type,
+    offset_seconds,
+    same_width,
+    segments_to_binary,
+    storage_type,
+    twos_complement_words,
+    words_of,
+)
 
-DECIMAL = "org.apache.kafka.connect.data.Decimal"
-CONNECT_DATE = "org.apache.kafka.connect.data.Date"
-CONNECT_TIME = "org.apache.kafka.connect.data.Time"
-CONNECT_TIMESTAMP = "org.apache.kafka.connect.data.Timestamp"
-VARIABLE_SCALE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
-DATE = "io.debezium.time.Date"
-TIME = "io.debezium.time.Time"
-MICRO_TIME = "io.debezium.time.MicroTime"
-NANO_TIME = "io.debezium.time.NanoTime"
-TIMESTAMP = "io.debezium.time.Timestamp"
-MICRO_TIMESTAMP = "io.debezium.time.MicroTimestamp"
-NANO_TIMESTAMP = "io.debezium.time.NanoTimestamp"
-ZONED_TIMESTAMP = "io.debezium.time.ZonedTimestamp"
-ZONED_TIME = "io.debezium.time.ZonedTime"
-ISO_DATE = "io.debezium.time.IsoDate"
-ISO_TIME = "io.debezium.time.IsoTime"
-ISO_TIMESTAMP = "io.debezium.time.IsoTimestamp"
-MICRO_DURATION = "io.debezium.time.MicroDuration"
-NANO_DURATION = "io.debezium.time.NanoDuration"
-UUID = "io.debezium.data.Uuid"
-JSON = "io.debezium.data.Json"
-ENUM = "io.debezium.data.Enum"
-ENUM_SET = "io.debezium.data.EnumSet"
-XML = "io.debezium.data.Xml"
-BITS = "io.debezium.data.Bits"
 
-#: Epoch instants: name -> unit of the int64 value.
-INSTANTS = {TIMESTAMP: "ms", MICRO_TIMESTAMP: "us", NANO_TIMESTAMP: "ns", CONNECT_TIMESTAMP: "ms"}
-#: Times of day (since midnight): name -> unit.
-TIMES = {TIME: "ms", MICRO_TIME: "us", NANO_TIME: "ns", CONNECT_TIME: "ms"}
-#: Days since the epoch.
-DATES = frozenset({DATE, CONNECT_DATE})
-#: Durations: name -> unit.
-DURATIONS = {MICRO_DURATION: "us", NANO_DURATION: "ns"}
-#: Text whose meaning needs no conversion (kept as strings, or in a JSON or dictionary column).
-TEXTS = frozenset({JSON, ENUM, ENUM_SET, XML, UUID})
-#: Avro logical types and the Connect or Debezium semantic type they carry the same values as.
-AVRO_LOGICAL = {
-    "date": CONNECT_DATE,
-    "time-millis": CONNECT_TIME,
-    "time-micros": MICRO_TIME,
-    "timestamp-millis": CONNECT_TIMESTAMP,
-    "timestamp-micros": MICRO_TIMESTAMP,
-    "timestamp-nanos": NANO_TIMESTAMP,
-    "local-timestamp-millis": TIMESTAMP,
-    "local-timestamp-micros": MICRO_TIMESTAMP,
-    "local-timestamp-nanos": NANO_TIMESTAMP,
-    "uuid": UUID,
-}
-
-_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
-_SECONDS_PER_DAY = 86_400
 _INT64_MAX = np.iinfo(np.int64).max
-
-
-@dataclass(frozen=True)
-class ConnectSchema:
-    """One field's Kafka Connect schema: the literal type, the semantic name and parameters,
-    and the schemas of its items (arrays, map values), keys (maps) or fields (structs)."""
-
-    type: str
-    name: str | None = None
-    parameters: tuple[tuple[str, str], ...] = ()
-    optional: bool = True
-    items: "ConnectSchema | None" = None
-    keys: "ConnectSchema | None" = None
-    fields: tuple[tuple[str, "ConnectSchema"], ...] = ()
-
-    def param(self, key: str) -> str | None:
-        return dict(self.parameters).get(key)
-
-    def field(self, name: str) -> "ConnectSchema | None":
-        return dict(self.fields).get(name)
-
-    def describe(self) -> str:
-        """The semantic type in words, for reasons: its name (with a decimal's scale), else the literal type."""
-        if self.name == DECIMAL:
-            return f"{DECIMAL}, scale {self.param('scale')}"
-        return self.name or self.type
-
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> "ConnectSchema":
-        """A schema as Kafka Connect's JSON converter writes it (``{"type": ..., "name": ...,
-        "parameters": {...}, "fields": [{..., "field": name}]}``)."""
-        if not isinstance(obj, Mapping) or not isinstance(obj.get("type"), str):
-            raise ValueError(f"not a Kafka Connect schema: {json.dumps(obj)[:200]}")
-        params = obj.get("parameters") or {}
-        return cls(
-            type=obj["type"],
-            name=obj.get("name") if isinstance(obj.get("name"), str) else None,
-            parameters=tuple((str(k), str(v)) for k, v in params.items()) if isinstance(params, Mapping) else (),
-            optional=bool(obj.get("optional", False)),
-            items=cls.from_json(obj["items"]) if isinstance(obj.get("items"), Mapping) else
-            (cls.from_json(obj["values"]) if isinstance(obj.get("values"), Mapping) else None),
-            keys=cls.from_json(obj["keys"]) if isinstance(obj.get("keys"), Mapping) else None,
-            fields=tuple((str(f["field"]), cls.from_json(f)) for f in obj.get("fields") or () if isinstance(f, Mapping) and "field" in f),
-        )
-
-    @classmethod
-    def from_avro(cls, schema: Any, named: dict[str, Any] | None = None, namespace: str | None = None) -> "ConnectSchema":
-        """A schema as Confluent's Avro converter writes it: Avro types with ``connect.name``,
-        ``connect.parameters`` and Avro logical types (``decimal``, ``date``, ``timestamp-micros``...);
-        a union of ``null`` and one type is that type, optional. ``named`` collects the named
-        types met so far (references to them are by name)."""
-        named = {} if named is None else named
-        if isinstance(schema, list):
-            rest = [s for s in schema if s != "null"]
-            inner = cls.from_avro(rest[0], named, namespace) if len(rest) == 1 else cls("union")
-            return _replace(inner, optional=True)
-        if isinstance(schema, str):
-            if schema in named or f"{namespace}.{schema}" in named:
-                return named.get(schema) or named[f"{namespace}.{schema}"]
-            return cls(_AVRO_PRIMITIVE.get(schema, schema), optional=False)
-        t = schema.get("type")
-        name = schema.get("connect.name")
-        params = dict(schema.get("connect.parameters") or {})
-        logical = schema.get("logicalType")
-        if logical == "decimal":
-            name = DECIMAL
-            params.setdefault("scale", str(schema.get("scale", 0)))
-            if "precision" in schema:
-                params.setdefault("connect.decimal.precision", str(schema["precision"]))
-        elif logical in AVRO_LOGICAL and name is None:
-            name = AVRO_LOGICAL[logical]
-        ns = schema.get("namespace", namespace)
-        full = None
-        if t in ("record", "enum", "fixed") and "name" in schema:
-            full = schema["name"] if "." in schema["name"] or not ns else f"{ns}.{schema['name']}"
-        if t == "record":
-            if name is None and full in (VARIABLE_SCALE_DECIMAL,):
-                name = full
-            fields = tuple((f["name"], cls.from_avro(f["type"], named, ns)) for f in schema.get("fields", []))
-            out = cls("struct", name, tuple(params.items()), False, fields=fields)
-        elif t == "array":
-            out = cls("array", name, tuple(params.items()), False, items=cls.from_avro(schema["items"], named, ns))
-        elif t == "map":
-            out = cls("map", name, tuple(params.items()), False, items=cls.from_avro(schema["values"], named, ns),
-                      keys=cls("string", optional=False))
-        elif t == "enum":
-            out = cls("string", name, tuple(params.items()), False)
-        elif t == "fixed":
-            out = cls("bytes", name, tuple(params.items()), False)
-        elif isinstance(t, (str, list, dict)) and t not in _AVRO_PRIMITIVE:
-            out = cls.from_avro(t, named, ns)  # {"type": "Name"} or {"type": {...}}: the inner type
-            out = _replace(out, name=name or out.name, parameters=tuple(params.items()) or out.parameters)
-        else:
-            literal = schema.get("connect.type") or _AVRO_PRIMITIVE[t]
-            out = cls(literal, name, tuple(params.items()), False)
-        if full is not None:
-            named[full] = out
-        return out
-
-
-_AVRO_PRIMITIVE = {"null": "null", "boolean": "boolean", "int": "int32", "long": "int64", "float": "float32",
-                   "double": "float64", "bytes": "bytes", "string": "string"}
-
-
-def _replace(s: ConnectSchema, **changes: Any) -> ConnectSchema:
-    return ConnectSchema(**{**s.__dict__, **changes})
-
-
-# -- the Arrow types -----------------------------------------------------------------------------
-
-
-def arrow_type(s: ConnectSchema) -> pa.DataType:
-    """The natural Arrow column type of a field (what ``memwal init --schema-from-debezium``
-    gives the table): decimals with their precision and scale, times and timestamps in their
-    unit (``ZonedTimestamp``: microseconds in UTC), texts as strings, bits and bytes as binary."""
-    name = s.name
-    if name == DECIMAL:
-        scale = int(s.param("scale") or 0)
-        precision = int(s.param("connect.decimal.precision") or 0) or 38
-        precision = max(precision, scale, 1)
-        return pa.decimal128(precision, scale) if precision <= 38 else pa.decimal256(precision, scale)
-    if name == VARIABLE_SCALE_DECIMAL:
-        # No fixed scale: the widest decimal, as many digits after the point as before.
-        return pa.decimal256(76, 38)
-    if name in INSTANTS:
-        return pa.timestamp(INSTANTS[name])
-    if name in (ZONED_TIMESTAMP,):
-        return pa.timestamp("us", "UTC")
-    if name == ISO_TIMESTAMP:
-        return pa.timestamp("us")
-    if name in TIMES:
-        unit = TIMES[name]
-        return pa.time32(unit) if unit in ("s", "ms") else pa.time64(unit)
-    if name in (ZONED_TIME, ISO_TIME):
-        return pa.time64("us")
-    if name in DATES or name == ISO_DATE:
-        return pa.date32()
-    if name in DURATIONS:
-        return pa.duration(DURATIONS[name])
-    if name in TEXTS:
-        return pa.string()
-    if name == BITS:
-        return pa.binary()
-    literal = {"int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(), "int64": pa.int64(), "float32": pa.float32(),
-               "float64": pa.float64(), "boolean": pa.bool_(), "string": pa.string(), "bytes": pa.binary()}
-    if s.type in literal:
-        return literal[s.type]
-    if s.type == "array" and s.items is not None:
-        return pa.list_(arrow_type(s.items))
-    if s.type == "map" and s.items is not None and s.keys is not None:
-        return pa.map_(arrow_type(s.keys), arrow_type(s.items))
-    if s.type == "struct":
-        return pa.struct([pa.field(n, arrow_type(f), nullable=f.optional) for n, f in s.fields])
-    raise ValueError(f"the Kafka Connect type {s.describe()} has no Arrow type")
-
-
-def semantic(s: ConnectSchema | None) -> bool:
-    """Whether a field's values need :func:`convert` (else the reader reads them as the column's type)."""
-    if s is None:
-        return False
-    if s.type == "array":
-        return semantic(s.items)
-    return s.type == "bytes" or s.name in _CONVERTED
-
-
-_CONVERTED = frozenset({DECIMAL, VARIABLE_SCALE_DECIMAL, *INSTANTS, *TIMES, *DATES, *DURATIONS, ZONED_TIMESTAMP,
-                        ZONED_TIME, ISO_DATE, ISO_TIME, ISO_TIMESTAMP, *TEXTS, BITS})
-
-
-def parse_type(s: ConnectSchema | None, target: pa.DataType, bytes_type: pa.DataType) -> pa.DataType:
-    """The Arrow type a reader reads a field's literal values as, before :func:`convert`:
-    ``target`` (the column's type, as Arrow's JSON reader can produce it) for fields without
-    a semantic type; ``bytes_type`` for bytes (``pa.string()`` for the JSON converter's
-    base64, ``pa.binary()`` for Avro)."""
-    if not semantic(s):
-        return target
-    assert s is not None
-    if s.type == "array":
-        inner = target.value_type if pa.types.is_list(target) or pa.types.is_large_list(target) or pa.types.is_fixed_size_list(target) else target
-        return pa.list_(parse_type(s.items, inner, bytes_type))
-    if s.name == VARIABLE_SCALE_DECIMAL:
-        return pa.struct([pa.field("scale", pa.int32()), pa.field("value", bytes_type)])
-    if s.type == "bytes":
-        return bytes_type
-    if s.type in ("int8", "int16", "int32", "int64"):
-        return pa.int64()
-    return pa.string()
 
 
 # -- conversion ------------------------------------------------------------------------------------
@@ -371,9 +193,9 @@ class _Conversion:
         an Arrow array, with the bad and null rows null."""
         mask = ~self.valid
         if isinstance(values, np.ndarray):
-            out = pa.array(values, type=arrow_type or _storage(self.target), mask=mask if mask.any() else None)
+            out = pa.array(values, type=arrow_type or storage_type(self.target), mask=mask if mask.any() else None)
             if out.type != self.target:
-                out = out.view(self.target) if _same_width(out.type, self.target) else out.cast(self.target)
+                out = out.view(self.target) if same_width(out.type, self.target) else out.cast(self.target)
             return Converted(out, self.errors)
         out = values
         if mask.any() and out.null_count < mask.sum():
@@ -408,31 +230,31 @@ class _Conversion:
         words = self.twos_complement(flat, starts, lengths, width)
         words[~self.valid] = 0
         if target_scale is None:  # a float or text column takes the value as it is
-            source = _decimal_array(words, scale, self.valid)
+            source = decimal_array(words, scale, self.valid)
             return self.done(source.cast(pa.float64()).cast(t) if pa.types.is_floating(t) else source.cast(pa.string()).cast(t))
         shift = target_scale - scale
         before_point = f"digit(s) before the point (the column is {t})"
         if shift >= 0:  # more fractional digits in the column: exact if the digits fit
-            big = ~_abs_below(words, 10 ** max(precision - shift, 0))
-            self.bad(big, (f"{_decimal_text(words[i], scale)} has more than {precision - target_scale} {before_point}"
+            big = ~abs_below(words, 10 ** max(precision - shift, 0))
+            self.bad(big, (f"{decimal_text(words[i], scale)} has more than {precision - target_scale} {before_point}"
                            for i in np.flatnonzero(big & self.valid)))
             words[~self.valid] = 0
-            source = _decimal_array(words, scale, self.valid)
-            scaled = source.cast(_decimal_type(width, target_scale), safe=True) if shift else source
+            source = decimal_array(words, scale, self.valid)
+            scaled = source.cast(decimal_type(width, target_scale), safe=True) if shift else source
         else:  # fewer: exact only if the digits dropped are zeros
-            source = _decimal_array(words, scale, self.valid)
-            scaled = source.cast(_decimal_type(width, target_scale), safe=False)
+            source = decimal_array(words, scale, self.valid)
+            scaled = source.cast(decimal_type(width, target_scale), safe=False)
             lost = ~np.asarray(pc.equal(scaled.cast(source.type, safe=False), source).fill_null(True), bool)
-            self.bad(lost, (f"{_decimal_text(words[i], scale)} has more than {target_scale} digit(s) after the point (the column is {t})"
+            self.bad(lost, (f"{decimal_text(words[i], scale)} has more than {target_scale} digit(s) after the point (the column is {t})"
                             for i in np.flatnonzero(lost & self.valid)))
-            big = ~_abs_below(_words_of(scaled, width), 10 ** precision)
-            self.bad(big, (f"{_decimal_text(words[i], scale)} has more than {precision - target_scale} {before_point}"
+            big = ~abs_below(words_of(scaled, width), 10 ** precision)
+            self.bad(big, (f"{decimal_text(words[i], scale)} has more than {precision - target_scale} {before_point}"
                            for i in np.flatnonzero(big & self.valid)))
-        out_words = _words_of(scaled, width)
+        out_words = words_of(scaled, width)
         out_words[~self.valid] = 0
         if pa.types.is_integer(t):
             return self.decimal_to_int(out_words)
-        result = _decimal_array(out_words, target_scale, self.valid, precision)
+        result = decimal_array(out_words, target_scale, self.valid, precision)
         return self.done(result if result.type == t else result.cast(t))
 
     def decimal_to_int(self, words: np.ndarray) -> Converted:
@@ -525,12 +347,12 @@ class _Conversion:
     def uuid_bytes(self) -> Converted:
         """A UUID's text as its 16 bytes (a binary, fixed-size binary or ``pa.uuid()`` column)."""
         text = self.arr.cast(pa.string())
-        ok = np.asarray(pc.match_substring_regex(text, _UUID_RE).fill_null(False), bool)
+        ok = np.asarray(pc.match_substring_regex(text, UUID_RE).fill_null(False), bool)
         self.bad(~ok, "not a UUID")
         hexes = pc.replace_substring(pc.if_else(pa.array(self.valid), text, "0" * 36), "-", "")
         start = int(np.frombuffer(hexes.buffers()[1], np.int32, 1, hexes.offset)[0]) if self.n else 0
         raw = np.frombuffer(hexes.buffers()[2], np.uint8, self.n * 32, start).reshape(self.n, 32) if self.n else np.zeros((0, 32), np.uint8)
-        nibbles = _HEX[raw]
+        nibbles = HEX_DIGITS[raw]
         data = (nibbles[:, 0::2] << 4 | nibbles[:, 1::2]).astype(np.uint8)
         mask = None if self.valid.all() else pa.py_buffer(np.packbits(self.valid, bitorder="little").tobytes())
         fixed = pa.Array.from_buffers(pa.binary(16), self.n, [mask, pa.py_buffer(data.tobytes())])
@@ -553,7 +375,7 @@ class _Conversion:
         not anchored (``duration``), into the target column."""
         t = self.target
         values = self.ints()
-        per_day = _PER_SECOND[unit] * _SECONDS_PER_DAY
+        per_day = PER_SECOND[unit] * SECONDS_PER_DAY
         if kind == "time" and not pa.types.is_integer(t):
             self.bad((values < 0) | (values >= per_day), "is not a time of day (from 00:00 up to 24:00)")
         if pa.types.is_integer(t):  # the number as it is (epoch numbers in integer columns)
@@ -567,25 +389,25 @@ class _Conversion:
             return self.days(values // per_day)
         if kind == "time" and pa.types.is_time(t):
             out = self.rescale(values, unit, t.unit)
-            return self.done(out.astype(np.int32) if pa.types.is_time32(t) else out, _storage(t))
+            return self.done(out.astype(np.int32) if pa.types.is_time32(t) else out, storage_type(t))
         if kind == "duration" and pa.types.is_duration(t):
             return self.done(self.rescale(values, unit, t.unit), pa.int64())
         if pa.types.is_string(t) or pa.types.is_large_string(t):
             natural = {"instant": pa.timestamp(unit), "duration": pa.duration(unit),
                        "time": pa.time32(unit) if unit in ("s", "ms") else pa.time64(unit)}[kind]
-            raw = pa.array(np.where(self.valid, values, 0), pa.int64()).cast(_storage(natural)).view(natural)
+            raw = pa.array(np.where(self.valid, values, 0), pa.int64()).cast(storage_type(natural)).view(natural)
             return self.done(raw.cast(pa.string()))
         return self.unsupported()
 
     def rescale(self, values: np.ndarray, unit: str, to: str) -> np.ndarray:
         """``values`` in ``unit`` as ``to``: exact (a finer part that does not divide is a bad row)
         and in range (a coarser value that overflows int64 in the finer unit is a bad row)."""
-        a, b = _PER_SECOND[unit], _PER_SECOND[to]
+        a, b = PER_SECOND[unit], PER_SECOND[to]
         if a == b:
             return values
         if b > a:
             factor = b // a
-            self.bad(_beyond(values, _INT64_MAX // factor), f"is out of the range of the column's unit ({to})")
+            self.bad(beyond(values, _INT64_MAX // factor), f"is out of the range of the column's unit ({to})")
             return np.where(self.valid, values, 0) * factor
         factor = a // b
         self.bad(values % factor != 0, f"has a part finer than the column's unit ({to})")
@@ -610,8 +432,8 @@ class _Conversion:
         return self.unsupported()
 
     def rescale_days(self, days: np.ndarray, unit: str) -> np.ndarray:
-        per_day = _PER_SECOND[unit] * _SECONDS_PER_DAY
-        self.bad(_beyond(days, _INT64_MAX // per_day), f"is out of the range of the column's unit ({unit})")
+        per_day = PER_SECOND[unit] * SECONDS_PER_DAY
+        self.bad(beyond(days, _INT64_MAX // per_day), f"is out of the range of the column's unit ({unit})")
         return np.where(self.valid, days, 0) * per_day
 
     def iso_parts(self, pattern: str) -> dict[str, np.ndarray | pa.Array]:
@@ -625,7 +447,7 @@ class _Conversion:
             if f.name == "f":
                 out[f.name] = np.asarray(pc.cast(pc.utf8_rpad(pc.if_else(pc.equal(col, ""), "0", col), 9, "0"), pa.int64()).fill_null(0), np.int64)
             elif f.name == "z":
-                out[f.name] = _offset_seconds(col)
+                out[f.name] = offset_seconds(col)
             else:
                 digits = pc.utf8_ltrim(pc.if_else(pc.equal(col, ""), "0", col), "+")  # Java writes years past 9999 as +10000
                 out[f.name] = np.asarray(pc.cast(digits, pa.int64()).fill_null(0), np.int64)
@@ -642,15 +464,15 @@ class _Conversion:
             return self.done(parsed.view(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False), pa.int64())
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             pass  # a value it cannot take: each row's reason from the parts
-        p = self.iso_parts(_ISO_INSTANT)
-        days, ok_date = _days_from_civil(p["y"], p["m"], p["d"])
+        p = self.iso_parts(ISO_INSTANT_RE)
+        days, ok_date = days_from_civil(p["y"], p["m"], p["d"])
         ok = ok_date & (p["H"] < 24) & (p["M"] < 60) & (p["S"] < 60)
         self.bad(~ok, "is not a valid date and time")
-        seconds = days * _SECONDS_PER_DAY + p["H"] * 3600 + p["M"] * 60 + p["S"] - p["z"]
+        seconds = days * SECONDS_PER_DAY + p["H"] * 3600 + p["M"] * 60 + p["S"] - p["z"]
         return self.done(self.from_seconds(seconds, p["f"], t.unit), pa.int64())
 
     def from_seconds(self, seconds: np.ndarray, nanos: np.ndarray, unit: str) -> np.ndarray:
-        per = _PER_SECOND[unit]
+        per = PER_SECOND[unit]
         step = 1_000_000_000 // per
         self.bad(nanos % step != 0, f"has a part finer than the column's unit ({unit})")
         sub = nanos // step  # 0 <= sub < per
@@ -667,18 +489,18 @@ class _Conversion:
             return self.text()
         if not pa.types.is_time(t):
             return self.unsupported()
-        p = self.iso_parts(_ISO_TIME)
+        p = self.iso_parts(ISO_TIME_RE)
         self.bad(~((p["H"] < 24) & (p["M"] < 60) & (p["S"] < 60)), "is not a valid time of day")
-        seconds = (p["H"] * 3600 + p["M"] * 60 + p["S"] - p["z"]) % _SECONDS_PER_DAY
+        seconds = (p["H"] * 3600 + p["M"] * 60 + p["S"] - p["z"]) % SECONDS_PER_DAY
         out = self.from_seconds(seconds, p["f"], t.unit)
-        return self.done(out.astype(np.int32) if pa.types.is_time32(t) else out, _storage(t))
+        return self.done(out.astype(np.int32) if pa.types.is_time32(t) else out, storage_type(t))
 
     def iso_date(self) -> Converted:
         t = self.target
         if pa.types.is_string(t) or pa.types.is_large_string(t):
             return self.text()
-        p = self.iso_parts(_ISO_DATE)
-        days, ok = _days_from_civil(p["y"], p["m"], p["d"])
+        p = self.iso_parts(ISO_DATE_RE)
+        days, ok = days_from_civil(p["y"], p["m"], p["d"])
         self.bad(~ok, "is not a valid date")
         return self.days(days)
 
@@ -702,204 +524,6 @@ class _Conversion:
         mask = pa.array(~self.valid)
         out = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), items.array, type=pa.list_(t.value_type), mask=mask)
         return Converted(out if out.type == t else out.cast(t), self.errors)
-
-
-# -- vectorized byte-level helpers ------------------------------------------------------------------
-
-_B64 = np.full(256, 255, np.uint8)
-for _i, _c in enumerate(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"):
-    _B64[_c] = _i
-_PAD = ord("=")
-_B64[_PAD] = 64
-_HEX = np.full(256, 0, np.uint8)
-for _i, _c in enumerate(b"0123456789abcdef"):
-    _HEX[_c] = _i
-for _i, _c in enumerate(b"ABCDEF"):
-    _HEX[_c] = 10 + _i
-_UUID_RE = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
-
-
-def base64_segments(arr: pa.Array, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Base64 text (standard alphabet, padded, as Java's encoder writes it) of each valid row,
-    decoded over the whole column at once: (decoded bytes, each row's start in them, its
-    length, rows that are not base64)."""
-    text = arr.cast(pa.string()) if not pa.types.is_string(arr.type) else arr
-    n = len(text)
-    lengths = np.asarray(pc.binary_length(text).fill_null(0), np.int64)
-    wrong = valid & (lengths % 4 != 0)
-    if wrong.any() or (~valid & (lengths > 0)).any():
-        # every row a whole number of 4-character groups from the data's start: the others empty
-        text = pc.if_else(pa.array(valid & ~wrong), text, pa.scalar("", pa.string()))
-        lengths = np.asarray(pc.binary_length(text).fill_null(0), np.int64)
-    offsets = np.frombuffer(text.buffers()[1], np.int32, n + 1, text.offset * 4).astype(np.int64)
-    data = text.buffers()[2]
-    raw = np.frombuffer(data, np.uint8)[offsets[0]:offsets[-1]] if data is not None else np.zeros(0, np.uint8)
-    starts = offsets[:-1] - offsets[0]
-    sextets = _B64[raw]
-    # characters outside the alphabet, and padding anywhere but a row's last two characters
-    odd = np.flatnonzero(sextets >= 64)
-    if len(odd):
-        row_of = np.searchsorted(starts, odd, side="right") - 1
-        at = odd - starts[row_of]
-        end = lengths[row_of]
-        pad = sextets[odd] == 64
-        ok = pad & ((at == end - 1) | ((at == end - 2) & (raw[np.minimum(odd + 1, len(raw) - 1)] == _PAD)))
-        wrong[row_of[~ok]] = True
-    pads = np.zeros(n, np.int64)
-    has = lengths > 0
-    last = starts[has] + lengths[has] - 1
-    pads[has] = (raw[last] == _PAD).astype(np.int64) + (raw[last - 1] == _PAD).astype(np.int64)
-    q = np.where(sextets >= 64, 0, sextets).astype(np.uint8).reshape(-1, 4)
-    out = np.empty((len(q), 3), np.uint8)
-    out[:, 0] = (q[:, 0] << 2) | (q[:, 1] >> 4)
-    out[:, 1] = ((q[:, 1] & 15) << 4) | (q[:, 2] >> 2)
-    out[:, 2] = ((q[:, 2] & 3) << 6) | q[:, 3]
-    return out.ravel(), starts // 4 * 3, lengths // 4 * 3 - pads, wrong
-
-
-def segments_to_binary(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray, valid: np.ndarray) -> pa.BinaryArray:
-    """Rows given as (start, length) in ``flat`` as one binary array (a gather of their bytes)."""
-    lengths = np.where(valid, lengths, 0)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    total = int(offsets[-1])
-    idx = np.repeat(starts - offsets[:-1], lengths) + np.arange(total)
-    data = flat[idx] if total else np.zeros(0, np.uint8)
-    mask = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little").tobytes())
-    return pa.BinaryArray.from_buffers(pa.binary(), len(lengths), [mask, pa.py_buffer(offsets.astype(np.int32).tobytes()),
-                                                                    pa.py_buffer(data.tobytes())])
-
-
-def twos_complement_words(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """Big-endian two's-complement integers of ``lengths`` bytes at ``starts`` in ``flat`` as
-    ``width``-byte little-endian integers (``width // 8`` uint64 words per row), sign-extended;
-    and the rows longer than ``width`` whose extra leading bytes are more than sign extension."""
-    n = len(starts)
-    out = np.zeros((n, width), np.uint8)
-    has = lengths > 0
-    negative = np.zeros(n, bool)
-    negative[has] = flat[starts[has]] >= 0x80
-    out[negative] = 0xFF
-    k = np.minimum(lengths, width)
-    rows = np.repeat(np.arange(n), k)
-    j = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
-    out[rows, j] = flat[np.repeat(starts + lengths - 1, k) - j]
-    too_long = np.zeros(n, bool)
-    long_rows = np.flatnonzero(lengths > width)
-    for i in long_rows:  # rare: Java's BigInteger writes the fewest bytes
-        extra = flat[starts[i]: starts[i] + lengths[i] - width]
-        sign = 0xFF if negative[i] else 0x00
-        top_ok = (flat[starts[i] + lengths[i] - width] >= 0x80) == bool(negative[i])
-        too_long[i] = not (np.all(extra == sign) and top_ok)
-    return out.view(np.uint64).reshape(n, width // 8).copy(), too_long
-
-
-def _negate(words: np.ndarray) -> np.ndarray:
-    """Two's complement negation of multiword little-endian integers."""
-    inv = ~words
-    out = inv.copy()
-    carry = np.ones(len(words), bool)
-    for w in range(words.shape[1]):
-        out[:, w] = inv[:, w] + carry.astype(np.uint64)
-        carry = carry & (out[:, w] == 0)
-    return out
-
-
-def _abs_below(words: np.ndarray, bound: int) -> np.ndarray:
-    """Per row, whether |value| < ``bound`` (multiword little-endian two's complement)."""
-    nwords = words.shape[1]
-    negative = (words[:, -1] >> np.uint64(63)).astype(bool)
-    mag = words.copy()
-    if negative.any():
-        mag[negative] = _negate(words[negative])
-    if bound >= 1 << (64 * nwords - 1):
-        return np.ones(len(words), bool)
-    limbs = [np.uint64((bound >> (64 * w)) & ((1 << 64) - 1)) for w in range(nwords)]
-    less = np.zeros(len(words), bool)
-    equal = np.ones(len(words), bool)
-    for w in reversed(range(nwords)):
-        less |= equal & (mag[:, w] < limbs[w])
-        equal &= mag[:, w] == limbs[w]
-    # -2**(64n-1) negates to itself: its magnitude reads negative; it is never below a smaller bound
-    return less & ~(negative & (mag[:, -1] >> np.uint64(63)).astype(bool))
-
-
-def _decimal_type(width: int, scale: int, precision: int | None = None) -> pa.DataType:
-    if width == 16:
-        return pa.decimal128(precision or 38, scale)
-    return pa.decimal256(precision or 76, scale)
-
-
-def _decimal_array(words: np.ndarray, scale: int, valid: np.ndarray, precision: int | None = None) -> pa.Array:
-    t = _decimal_type(words.shape[1] * 8, scale, precision)
-    mask = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little").tobytes())
-    return pa.Array.from_buffers(t, len(words), [mask, pa.py_buffer(np.ascontiguousarray(words).tobytes())])
-
-
-def _words_of(arr: pa.Array, width: int) -> np.ndarray:
-    data = arr.buffers()[1]
-    return np.frombuffer(data, np.uint64, len(arr) * width // 8, arr.offset * width).reshape(len(arr), width // 8).copy()
-
-
-def _decimal_text(words: np.ndarray, scale: int) -> str:
-    """One row's value as text, for a reason."""
-    v = int.from_bytes(np.ascontiguousarray(words).tobytes(), "little", signed=True)
-    sign, digits = ("-" if v < 0 else ""), str(abs(v))
-    if scale <= 0:
-        return sign + digits + "0" * -scale
-    digits = digits.rjust(scale + 1, "0")
-    return f"{sign}{digits[:-scale]}.{digits[-scale:]}"
-
-
-def _beyond(values: np.ndarray, limit: int) -> np.ndarray:
-    """|values| > limit, without numpy's overflow of abs(-2**63)."""
-    return (values > limit) | (values < -limit)
-
-
-def _storage(t: pa.DataType) -> pa.DataType:
-    if pa.types.is_timestamp(t) or pa.types.is_duration(t) or pa.types.is_date64(t) or pa.types.is_time64(t):
-        return pa.int64()
-    if pa.types.is_date32(t) or pa.types.is_time32(t):
-        return pa.int32()
-    return t
-
-
-def _same_width(a: pa.DataType, b: pa.DataType) -> bool:
-    return getattr(a, "bit_width", None) == getattr(b, "bit_width", None)
-
-
-_DATE = r"(?P<y>[+-]?\d{4,9})-(?P<m>\d{2})-(?P<d>\d{2})"
-_CLOCK = r"(?P<H>\d{2}):(?P<M>\d{2})(?::(?P<S>\d{2})(?:\.(?P<f>\d{1,9}))?)?"
-_ZONE = r"(?P<z>Z|[+-]\d{2}:\d{2}(?::\d{2})?)"
-_ISO_INSTANT = rf"^{_DATE}T{_CLOCK}{_ZONE}$"
-_ISO_TIME = rf"^{_CLOCK}{_ZONE}$"
-_ISO_DATE = rf"^{_DATE}(?P<z>Z|[+-]\d{{2}}:\d{{2}})?$"
-
-
-def _offset_seconds(zone: pa.Array) -> np.ndarray:
-    """``Z`` or ``±HH:MM[:SS]`` as seconds east of UTC (0 where empty or null)."""
-    z = pc.if_else(pc.or_(pc.equal(zone, "Z"), pc.equal(zone, "")), "+00:00:00", zone).fill_null("+00:00:00")
-    z = pc.if_else(pc.equal(pc.utf8_length(z), 6), pc.binary_join_element_wise(z, ":00", ""), z)
-    sign = np.where(np.asarray(pc.starts_with(z, "-"), bool), -1, 1)
-    hh = np.asarray(pc.cast(pc.utf8_slice_codeunits(z, 1, 3), pa.int64()), np.int64)
-    mm = np.asarray(pc.cast(pc.utf8_slice_codeunits(z, 4, 6), pa.int64()), np.int64)
-    ss = np.asarray(pc.cast(pc.utf8_slice_codeunits(z, 7, 9), pa.int64()), np.int64)
-    return sign * (hh * 3600 + mm * 60 + ss)
-
-
-def _days_from_civil(y: np.ndarray, m: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Days since 1970-01-01 of proleptic Gregorian dates (any year), and whether each date exists."""
-    leap = ((y % 4 == 0) & (y % 100 != 0)) | (y % 400 == 0)
-    month_days = np.array([31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], np.int64)
-    ok = (m >= 1) & (m <= 12)
-    mi = np.clip(m, 1, 12) - 1
-    ok &= (d >= 1) & (d <= month_days[mi] + ((mi == 1) & leap))
-    yy = y - (m <= 2)
-    era = np.floor_divide(yy, 400)
-    yoe = yy - era * 400
-    mp = (m + 9) % 12
-    doy = (153 * mp + 2) // 5 + d - 1
-    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
-    return era * 146097 + doe - 719468, ok
 
 
 __all__ = ["ConnectSchema", "Converted", "arrow_type", "convert", "parse_type", "semantic"]

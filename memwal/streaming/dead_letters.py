@@ -21,6 +21,7 @@ from memwal.jsonvalues import row_to_json
 from memwal.schema import with_primary_key
 from memwal.state import resolve_storage
 from memwal.storage import StorageConfig
+from memwal.streaming.exchange import ERROR, KEY, KPART, OFFSET, ORDER, RAW, TOPIC
 
 #: What the functions here take as storage: a resolved config, or Lance options resolved over the environment.
 Storage = StorageConfig | Mapping[str, str] | None
@@ -48,6 +49,32 @@ def record_json(row: dict[str, Any]) -> bytes:
     """A record that arrived as columns (not as Kafka bytes), as the dead letter's ``value``:
     the JSON a person can read back (:mod:`memwal.jsonvalues`)."""
     return row_to_json(row).encode()
+
+
+def dead_letter_rows(bad: pa.Table, batch_id: int, target_uri: str) -> pa.Table:
+    """The dead-letter rows (:data:`SCHEMA`, ``recorded_at`` null) of a micro-batch's bad
+    records as the prepare stage left them (:data:`~memwal.streaming.exchange.DEAD_SCHEMA`):
+    keyed by their Kafka coordinates, or by batch and row for other sources."""
+    n = bad.num_rows
+    ids = []
+    for topic, part, off, order in zip(
+        bad.column(TOPIC).to_pylist(), bad.column(KPART).to_pylist(), bad.column(OFFSET).to_pylist(), bad.column(ORDER).to_pylist()
+    ):
+        ids.append(f"{topic}/{part}/{off}" if topic is not None else f"batch-{batch_id}/row-{order}")
+    return pa.table(
+        {
+            "dlq_id": ids,
+            "error": bad.column(ERROR),
+            "topic": bad.column(TOPIC),
+            "partition": bad.column(KPART),
+            "offset": bad.column(OFFSET),
+            "key": bad.column(KEY),
+            "value": bad.column(RAW),
+            "batch_id": pa.array([batch_id] * n, pa.int64()),
+            "recorded_at": pa.nulls(n, pa.timestamp("us", tz="UTC")),
+            "target": pa.array([target_uri] * n, pa.string()),
+        }
+    ).cast(SCHEMA.remove_metadata())
 
 
 def dead_letter_uri(table_uri: str) -> str:

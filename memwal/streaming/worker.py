@@ -1,126 +1,62 @@
-"""What a Spark Python worker process keeps between tasks: per table, its state and writers.
+"""The executor side of a shard write: what a process writing shards keeps between tasks, and
+the one job it runs per shard.
 
 Spark reuses a Python worker process for many tasks and micro-batches. Opening a shard
 writer claims the shard and replays its WAL, and loading a table's state reads its
-metadata, so both are done once per worker and kept in a :class:`WorkerTable`, owned by
-the process's :class:`WorkerCache` (:data:`WORKER`), keyed by the table's URI and the
+metadata, so both are done once per process and kept in a :class:`WorkerTable` (the table's
+:class:`~memwal.writepath.TableWriter` and its flush times), owned by the process's
+:class:`WorkerCache` (:data:`WORKER`), keyed by the table's URI and the
 :class:`~memwal.storage.StorageConfig` the sink shipped with the task (an executor's own
-environment need not know the table's object store). Their lifetime is the worker's:
+environment need not know the table's object store). Their lifetime is the process's:
 :meth:`WorkerCache.clear` (tests, shutdown) flushes the writers and forgets the tables.
+
+A :class:`ShardJob` is one micro-batch's write of one shard, as the write task hands it to
+the process that writes: its own Python worker, or the executor's writer process
+(:mod:`memwal.streaming.writer_process`), which runs the same job against its own cache.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
 
+import numpy as np
 import pyarrow as pa
 
+from memwal.failpoints import failpoint
+from memwal.routing import check_row_shards
+from memwal.sharding import ShardValues
 from memwal.state import TableState
 from memwal.storage import StorageConfig
-from memwal.writer import ShardWriterPool
-
-
-@dataclass
-class StoredSequences:
-    """The stored sequence (``SinkOptions.sequence_field``) of keys of one shard, as far as
-    this worker knows: key tuple -> sequence of its newest version (a delete's too, as this
-    worker wrote it), None for a key with no live row in the table.
-
-    Invariant: an entry is the sequence of the key's newest stored version. It holds because
-    only this worker's writer writes the shard while the writer stays open (a writer that
-    another one claimed is fenced, and reopening it counts as an open), and every write of
-    the sink records what it wrote here. So the cache belongs to one writer generation (the
-    shard's open count, :attr:`opens`): when the writer was (re)opened, what happened in
-    between is unknown and the cache starts empty. Keys it does not know are read from the
-    table, this shard only, once.
-    """
-
-    #: Keep at most this many keys; beyond that the cache starts over (memory stays bounded).
-    MAX_KEYS = 1_000_000
-
-    opens: int = -1
-    known: dict[tuple[Any, ...], Any] = field(default_factory=dict)
-    reader: Any = None
-    #: Key tuple -> newest delete sequence of keys deleted in the shard (read once per writer
-    #: generation, then kept up to date by this worker; :mod:`memwal.streaming.deleted`).
-    deleted: dict[tuple[Any, ...], Any] | None = None
-
-    def restart(self, opens: int) -> None:
-        self.opens = opens
-        self.known.clear()
-        self.deleted = None
-        self.reader = None  # its snapshot may predate another writer's writes
-
-    def remember(self, keys: Sequence[tuple[Any, ...]], sequences: Sequence[Any]) -> None:
-        if len(self.known) + len(keys) > self.MAX_KEYS:
-            self.known.clear()
-        self.known.update(zip(keys, sequences))
+from memwal.streaming.exchange import DELETE, ORDER, SHARD, summary
+from memwal.streaming.options import SinkOptions
+from memwal.partial import PRESENT
+from memwal.writepath import ShardRecords, TableWriter
 
 
 @dataclass
 class WorkerTable:
-    """One table in one worker process: its state, its writer pool (one writer per shard the
-    worker writes), and per shard the time of its last flush and its :class:`StoredSequences`."""
+    """One table in one process: its write path (one writer per shard the process writes) and,
+    per shard, the time of its last flush."""
 
-    state: TableState
-    writers: ShardWriterPool
+    writer: TableWriter
     last_flush: dict[str, float] = field(default_factory=dict)
-    _sequences: dict[str, StoredSequences] = field(default_factory=dict, repr=False)
-    _guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def state(self) -> TableState:
+        return self.writer.state
 
     @classmethod
     def load(cls, uri: str, storage: StorageConfig) -> "WorkerTable":
-        state = TableState.load(uri, storage)
-        return cls(state, ShardWriterPool(state))
-
-    def sequences(self, shard_id: str, check_owner: bool = False) -> StoredSequences:
-        """The shard's stored sequences, started over if its writer was (re)opened since.
-
-        ``check_owner`` (before deciding from them): also start over if the shard's writer
-        lease names another pool. Another worker that wrote the shard since fenced this
-        worker's writer, but this worker finds out only at its next write, after the
-        decision: the lease, written by every claim, tells it before."""
-        with self._guard:
-            cache = self._sequences.setdefault(shard_id, StoredSequences())
-        opens = self.writers.shard_stats(shard_id).opens
-        if cache.opens != opens or (check_owner and not self._owns(shard_id)):
-            cache.restart(opens)
-        return cache
-
-    def _owns(self, shard_id: str) -> bool:
-        held = self.writers.lease(shard_id)
-        return held is not None and held.owner == self.writers.owner
-
-    def stored_sequences(self, shard_id: str, keys: pa.Table, sequence_field: str) -> pa.Table:
-        """Key columns and ``sequence_field`` of the live rows of ``keys`` in ``shard_id``
-        (strongly consistent: the shard's unflushed WAL included)."""
-        from memwal.readers import Reader
-        from memwal.readers.keys import keys_predicate
-
-        cache = self.sequences(shard_id)
-        if cache.reader is None:
-            # One reader per shard: its WAL-tail cache is per shard, and threads write shards.
-            cache.reader = Reader(self.state, consistency="strong")
-        pk = list(self.state.primary_key)
-        return cache.reader.scan(columns=pk + [sequence_field], where=keys_predicate(keys.select(pk)))
-
-    def stored_rows(self, shard_id: str, keys: pa.Table) -> pa.Table:
-        """The live rows of ``keys`` in ``shard_id`` (strongly consistent), for partial updates."""
-        from memwal.readers import Reader
-
-        cache = self.sequences(shard_id)
-        if cache.reader is None:
-            cache.reader = Reader(self.state, consistency="strong")
-        return cache.reader.rows_of_keys(keys, shard_id)
+        return cls(TableWriter(TableState.load(uri, storage)))
 
     def close(self) -> None:
-        self.writers.close()
+        self.writer.close()
 
 
 class WorkerCache:
-    """The worker process's tables by (URI, storage), loaded on first use.
+    """The process's tables by (URI, storage), loaded on first use.
 
     The storage is part of the key because it is how the files are reached: two sinks naming
     the same URI with different credentials or endpoints must not share a handle.
@@ -152,3 +88,62 @@ class WorkerCache:
 
 #: This process's cache.
 WORKER = WorkerCache()
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """One micro-batch's write of one shard, run where the shard's writer lives (pickled to
+    the executor's writer process, or run in the task's own worker).
+
+    Hands the shard's routed rows (:func:`~memwal.streaming.exchange.routed_schema`, trusted
+    after a cheap check) to the write path, then flushes the shard if its last flush is
+    ``flush_interval_seconds`` old, and answers with the shard's summary row.
+    """
+
+    uri: str
+    options: SinkOptions
+    batch_id: int
+    #: None: the process's own environment.
+    storage: StorageConfig | None = None
+
+    def run(self, shard_id: str, values: ShardValues, rows: pa.Table) -> pa.RecordBatch:
+        t0 = time.perf_counter()
+        worker = WORKER.table(self.uri, self.storage)
+        worker.writer.writers.durability = self.options.durability
+        state = worker.state
+        check_row_shards(shard_id, rows.column(SHARD))
+        present = rows.column(PRESENT) if PRESENT in rows.schema.names else None
+        records = ShardRecords(
+            shard_id,
+            values,
+            rows.select(state.write_schema.names),
+            deletes=np.asarray(rows.column(DELETE).to_numpy(zero_copy_only=False), bool),
+            order=rows.column(ORDER).to_numpy(),
+            present=present,
+        )
+        # Counted around the flush too: a writer fenced while it sat idle finds out when it flushes.
+        stats = worker.writer.writers.shard_stats(shard_id)
+        before = stats.snapshot()
+        result = worker.writer.write_shard(records, self.options.write_mode(), label=f"batch-{self.batch_id}")
+        failpoint(f"sink.wrote.batch-{self.batch_id}")  # crash tests: some shards written, not all
+        flushed = False
+        interval = self.options.flush_interval_seconds
+        if interval is not None:
+            now = time.monotonic()
+            last = worker.last_flush.setdefault(shard_id, now)
+            if now - last >= interval:
+                worker.writer.flush([shard_id])
+                worker.last_flush[shard_id] = time.monotonic()
+                flushed = True
+        return summary(
+            shard_id,
+            rows=result.records,
+            upserts=result.upserts,
+            deletes=result.deletes,
+            stale_dropped=result.stale_dropped,
+            fenced_retries=stats.fenced_retries - before["fenced_retries"],
+            writer_opens=stats.opens - before["opens"],
+            flushed=flushed,
+            seconds=time.perf_counter() - t0,
+            stall_seconds=stats.stall_seconds - before["stall_seconds"],
+        )

@@ -7,7 +7,7 @@ worker than last time is claimed again (the writer epoch rises, its WAL is repla
 fences the previous worker's writer (a fenced retry when that one writes next). With
 ``SinkOptions(writer_process=True)`` the write task instead sends each shard's rows to the
 executor's writer process over a local Unix socket, which runs exactly the in-worker write
-(:meth:`~memwal.streaming.sink.Write._write_shard`) against its own cache.
+(:meth:`ShardJob.run <memwal.streaming.worker.ShardJob.run>`) against its own cache.
 
 Invariants, and why they hold:
 
@@ -18,7 +18,7 @@ Invariants, and why they hold:
   client that finds nobody listening starts the server under an exclusive ``fcntl`` lock on
   a file beside the socket and re-checks under it, so two tasks never start two servers.
 - **An acknowledged write is durable exactly as an in-worker write:** the response is sent
-  only after ``_write_shard`` returned, which returns after the shard's WAL write (and the
+  only after ``ShardJob.run`` returned, which returns after the shard's WAL write (and the
   WAL is what makes a write durable, in the worker or here).
 - **Errors keep their class.** A failed write answers with the pickled exception, raised
   again in the task (a :class:`~memwal.errors.FencedError` stays one), its server-side
@@ -34,7 +34,7 @@ Invariants, and why they hold:
   connection already queued with "closing" (those clients retry, a write not begun), and
   exits. Nothing needs flushing: the WAL is durable and the next writer replays it.
 
-Requests are trusted: they unpickle a :class:`~memwal.streaming.sink.Write`. The socket
+Requests are trusted: they unpickle a :class:`~memwal.streaming.worker.ShardJob`. The socket
 lives in a directory only its user can enter (mode 0700, owner checked), so only the user
 that runs the executor can reach it.
 """
@@ -56,11 +56,11 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
 import pyarrow as pa
 
 from memwal.errors import WriterProcessError
+from memwal.sharding import ShardValues
+from memwal.streaming.worker import ShardJob
 
 log = logging.getLogger("memwal.streaming.writer_process")
 
@@ -169,9 +169,9 @@ class WriterProcessClient:
         self.endpoint = endpoint or Endpoint.for_environment()
         self.idle_exit_seconds = idle_exit_seconds
 
-    def write_shard(self, write: Any, shard_id: str, values: Any, rows: pa.Table) -> pa.RecordBatch:
-        """``write._write_shard(shard_id, values, rows)``, run by the writer process."""
-        request = (pickle.dumps((write, shard_id, values)), _ipc(rows))
+    def write_shard(self, job: ShardJob, shard_id: str, values: ShardValues, rows: pa.Table) -> pa.RecordBatch:
+        """``job.run(shard_id, values, rows)``, run by the writer process."""
+        request = (pickle.dumps((job, shard_id, values)), _ipc(rows))
         # A server exiting idle answers "closing" to what it had queued: such a request was
         # not begun, so sending it again (to the next server) is the same request once.
         for _ in range(5):
@@ -326,8 +326,8 @@ class WriterProcessServer:
             if header is None or body is None:
                 return
             try:
-                write, shard_id, values = pickle.loads(header)
-                summary = write._write_shard(shard_id, values, _from_ipc(body))
+                job, shard_id, values = pickle.loads(header)
+                summary = job.run(shard_id, values, _from_ipc(body))
                 reply = (_OK, _ipc(summary))
             except Exception as e:  # noqa: BLE001 - every error goes back to the task
                 log.warning("write failed: %s", "".join(traceback.format_exception(e)).rstrip())
@@ -360,9 +360,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle-exit-seconds", type=float, default=float(os.environ.get(IDLE_ENV, IDLE_EXIT_SECONDS)))
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
-    # Imported before serving: the first write does not pay for Lance's import.
-    import memwal.streaming.sink  # noqa: F401
-
     WriterProcessServer(Endpoint(Path(args.socket)), args.idle_exit_seconds).serve()
     return 0
 

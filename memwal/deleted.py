@@ -1,18 +1,18 @@
-"""The sequences of deleted keys, kept beside the table, so ``drop_stale_across_batches``
-holds across deletes too.
+"""The sequences of deleted keys, kept beside the table, so dropping stale records
+(:class:`~memwal.writepath.WriteMode` ``drop_stale``) holds across deletes too.
 
 A delete leaves no row, so the table cannot tell how new a delete was: without this, a change
-older than a delete that arrives in a later micro-batch (a Debezium replay, or a key whose
-changes come from several partitions consumed unevenly) would bring the row back. The sink
+older than a delete that arrives in a later batch (a Debezium replay, or a key whose changes
+come from several partitions consumed unevenly) would bring the row back. The write path
 appends ``(key, sequence, shard)`` of every delete it writes with a sequence to a Lance
 table beside the target (``{table}_deleted_sequences``), after the delete itself: a crash in
-between makes Spark replay the micro-batch, which writes both again (duplicates are harmless:
-the newest sequence per key counts).
+between makes the caller replay the batch (Spark replays the micro-batch), which writes both
+again (duplicates are harmless: the newest sequence per key counts).
 
-A write task reads its shard's entries once per writer generation (when its
-:class:`~memwal.streaming.worker.StoredSequences` start over): while the writer stays open,
-only it writes the shard, and it remembers what it writes. The cost is the shard's deleted
-keys, read once per writer open, and one append per micro-batch and shard with deletes; the
+A writer reads its shard's entries once per writer generation (when its
+:class:`~memwal.writepath.StoredSequences` start over): while the writer stays open, only it
+writes the shard, and it remembers what it writes. The cost is the shard's deleted
+keys, read once per writer open, and one append per batch and shard with deletes; the
 entries are never removed (a key deleted long ago still needs its delete's sequence for a
 replay of an older change, however late it comes).
 """
@@ -41,8 +41,9 @@ def deleted_sequences_uri(table_uri: str) -> str:
 
 
 def ensure_table(uri: str, schema: pa.Schema, key_columns: list[str], sequence: str, storage: StorageConfig | None) -> None:
-    """Create the table if it is not there: once, on the driver, before any write task appends
-    (tasks creating it at the same time could each write a first version)."""
+    """Create the table if it is not there: once, before writers append (the Spark sink's
+    driver does it before its tasks run: tasks creating it at the same time could each write
+    a first version)."""
     options = resolve_storage(storage).lance_options()
     try:
         lance.dataset(uri, storage_options=options)

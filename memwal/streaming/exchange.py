@@ -1,0 +1,232 @@
+"""The sink's wire format: what travels between its stages.
+
+The prepare stage hands Spark one row per (input batch, write partition) holding the routed
+rows and the dead letters as Arrow IPC payloads (:data:`EXCHANGE_SCHEMA`): Spark shuffles a
+few opaque blobs instead of converting every row (vectors especially) to its internal format
+and back. Routed rows carry their shard, their Kafka order and their operation beside the
+table's columns (:func:`routed_schema`); a payload's metadata names its shards' values. The
+write task answers with one summary row per shard (:data:`SUMMARY_SCHEMA`).
+
+Which write task takes which shard: :func:`partition_keys` and :func:`shard_partitions`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memwal.partial import PRESENT
+from memwal.sharding import ShardingSpec, ShardValues
+from memwal.streaming.options import SinkOptions
+
+# Columns the prepare stage adds (names chosen not to collide with user columns: memwal
+# table columns may not start with "_").
+PART = "__memwal_part"
+SHARD = "__memwal_shard"
+ORDER = "__memwal_order"
+DELETE = "__memwal_delete"
+ERROR = "__memwal_error"
+TOPIC = "__memwal_topic"
+KPART = "__memwal_kafka_partition"
+OFFSET = "__memwal_offset"
+KEY = "__memwal_key"
+RAW = "__memwal_raw"
+
+#: Kafka offsets fit in 40 bits for a long time (10^12 records per partition).
+OFFSET_BITS = 40
+
+SUMMARY_SCHEMA = pa.schema(
+    [
+        ("shard", pa.string()),
+        ("rows", pa.int64()),
+        ("upserts", pa.int64()),
+        ("deletes", pa.int64()),
+        ("stale_dropped", pa.int64()),
+        ("dead_letters", pa.int64()),
+        ("skipped", pa.int64()),
+        ("fenced_retries", pa.int64()),
+        ("writer_opens", pa.int64()),
+        ("flushed", pa.bool_()),
+        ("seconds", pa.float64()),
+        ("stall_seconds", pa.float64()),
+        ("pid", pa.int64()),
+        # Task-seconds of the micro-batch's phases (see memwal.streaming.timing), carried by
+        # the write task's timing row (shard ""): reading the source and preparing (decode,
+        # validate, route) in the read tasks, waiting for the exchange in the write task.
+        ("read_seconds", pa.float64()),
+        ("prepare_seconds", pa.float64()),
+        ("exchange_seconds", pa.float64()),
+    ]
+)
+
+
+
+@functools.lru_cache(maxsize=64)
+def partition_keys(n: int) -> tuple[int, ...]:
+    """For every p in [0, n), an int whose Spark hash partition among n partitions is p.
+
+    ``repartition(n, col)`` puts a row in ``pmod(murmur3(col, seed 42), n)``; choosing the
+    column value per target partition gives a one-to-one shard -> task mapping without a
+    custom partitioner (which the DataFrame API does not have).
+    """
+    from memwal.transforms import murmur3_int32
+
+    found: dict[int, int] = {}
+    start = 0
+    while len(found) < n:
+        cand = np.arange(start, start + 64 * n + 64, dtype=np.int32)
+        parts = np.mod(murmur3_int32(cand, seed=42).view(np.int32).astype(np.int64), n)
+        for c, p in zip(cand.tolist(), parts.tolist()):
+            found.setdefault(p, c)
+        start += len(cand)
+    return tuple(found[p] for p in range(n))
+
+
+def shard_partitions(spec: ShardingSpec, options: SinkOptions) -> int:
+    """Number of write partitions (write tasks per micro-batch)."""
+    n = spec.fixed_shard_count or options.partitions_for_open_specs
+    return min(n, options.max_write_tasks) if options.max_write_tasks else n
+
+
+
+#: What the prepare stage hands to Spark: one row per (input batch, write partition) with
+#: the routed rows, and the dead letters, as Arrow IPC payloads. Spark shuffles a few
+#: opaque blobs instead of converting every row (vectors especially) to its internal
+#: format and back.
+COUNT_ROWS = "rows"
+COUNT_DEAD = "dead_letters"
+COUNT_DELETES = "deletes"
+COUNT_SKIPPED = "skipped"
+PAYLOAD = "payload"
+DEAD_PAYLOAD = "dead_payload"
+EXCHANGE_SCHEMA = pa.schema(
+    [
+        pa.field(PART, pa.int32()),
+        pa.field(COUNT_ROWS, pa.int64()),
+        pa.field(COUNT_DEAD, pa.int64()),
+        pa.field(COUNT_DELETES, pa.int64()),
+        pa.field(PAYLOAD, pa.binary()),
+        pa.field(DEAD_PAYLOAD, pa.binary()),
+        pa.field(COUNT_SKIPPED, pa.int64()),
+        # Seconds the read task spent reading this input batch from the source and preparing
+        # it; on the batch's first exchange row only (null on the others), so sums are right.
+        pa.field("read_seconds", pa.float64()),
+        pa.field("prepare_seconds", pa.float64()),
+    ]
+)
+
+#: Schema metadata key of a routed payload: JSON ``{shard id: [shard values...]}`` of the
+#: shards its rows belong to, so the write task need not recompute any shard value.
+SHARDS_KEY = b"memwal.shards"
+
+#: Dead letters inside a payload; partition 0's task records them.
+DEAD_SCHEMA = pa.schema(
+    [
+        pa.field(ORDER, pa.int64()),
+        pa.field(ERROR, pa.string()),
+        pa.field(TOPIC, pa.string()),
+        pa.field(KPART, pa.int32()),
+        pa.field(OFFSET, pa.int64()),
+        pa.field(KEY, pa.binary()),
+        pa.field(RAW, pa.binary()),
+    ]
+)
+
+
+def routed_schema(write_schema: pa.Schema, presence: pa.StructType | None = None) -> pa.Schema:
+    """The schema of routed rows inside a payload: each row's shard id, Kafka order and
+    operation, then the table's columns exactly as writers take them (types, nullability,
+    primary-key metadata), which IPC carries unchanged to the write task; with ``presence``
+    (partial updates), last the columns each record carries (:data:`PRESENT`)."""
+    internal = [pa.field(SHARD, pa.string(), nullable=False), pa.field(ORDER, pa.int64()), pa.field(DELETE, pa.bool_())]
+    tail = [pa.field(PRESENT, presence, nullable=False)] if presence is not None else []
+    return pa.schema(internal + list(write_schema) + tail)
+
+
+def to_payload(rows: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, rows.schema) as w:
+        w.write_table(rows)
+    return sink.getvalue().to_pybytes()
+
+
+def from_payload(data: bytes) -> pa.Table:
+    with pa.ipc.open_stream(data) as r:
+        return r.read_all()
+
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One input batch after the prepare stage."""
+
+    #: :func:`routed_schema` rows plus their write partition (:data:`PART`).
+    rows: pa.Table
+    #: Shard id -> shard values of every shard in ``rows``.
+    shards: dict[str, ShardValues]
+    #: :data:`DEAD_SCHEMA` rows.
+    dead: pa.Table
+    #: Records the format skips on purpose (Debezium tombstones): counted, neither rows nor dead letters.
+    skipped: int = 0
+
+
+
+def exchange_rows(prepared: Prepared) -> list[dict[str, Any]]:
+    """The exchange rows of one prepared batch: one per write partition with rows, and
+    partition 0's carrying the dead letters."""
+    rows, dead = prepared.rows, prepared.dead
+    parts = rows.column(PART)
+    by_part: dict[int, dict[str, Any]] = {}
+    for part in pc.unique(parts).to_pylist():
+        mine = rows.filter(pc.equal(parts, part)).drop_columns([PART])
+        ids = pc.unique(mine.column(SHARD)).to_pylist()
+        meta = {SHARDS_KEY: json.dumps({sid: list(prepared.shards[sid]) for sid in ids}).encode()}
+        by_part[part] = {
+            PART: part,
+            COUNT_ROWS: mine.num_rows,
+            COUNT_DEAD: 0,
+            COUNT_DELETES: pc.sum(mine.column(DELETE).cast(pa.int64())).as_py() or 0,
+            PAYLOAD: to_payload(mine.replace_schema_metadata(meta)),
+            DEAD_PAYLOAD: None,
+            COUNT_SKIPPED: 0,
+        }
+    if dead.num_rows or prepared.skipped:
+        zero = by_part.setdefault(0, {PART: 0, COUNT_ROWS: 0, COUNT_DEAD: 0, COUNT_DELETES: 0, PAYLOAD: None, DEAD_PAYLOAD: None, COUNT_SKIPPED: 0})
+        zero[COUNT_ROWS] += dead.num_rows + prepared.skipped
+        zero[COUNT_SKIPPED] = prepared.skipped
+    if dead.num_rows:
+        zero[COUNT_DEAD] = dead.num_rows
+        zero[DEAD_PAYLOAD] = to_payload(dead)
+    return list(by_part.values())
+
+
+def spark_schema(schema: pa.Schema):
+    """The Spark StructType of an Arrow schema (what ``mapInArrow`` takes)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(schema)
+
+
+
+def with_timing(summary: pa.RecordBatch, timing: dict[str, float]) -> pa.RecordBatch:
+    """``summary`` with the task's phase timings set (none: unchanged)."""
+    if not timing:
+        return summary
+    row = summary.to_pylist()[0]
+    row.update(timing)
+    return pa.RecordBatch.from_pylist([row], schema=SUMMARY_SCHEMA)
+
+
+def summary(shard: str, **counters: Any) -> pa.RecordBatch:
+    row = {f.name: 0 for f in SUMMARY_SCHEMA}
+    row.update(shard=shard, flushed=False, seconds=0.0, stall_seconds=0.0, pid=os.getpid())
+    row.update(counters)
+    return pa.RecordBatch.from_pylist([row], schema=SUMMARY_SCHEMA)
+
