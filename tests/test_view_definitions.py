@@ -18,7 +18,7 @@ from decimal import Decimal
 
 import lance
 import pyarrow as pa
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from memwal import Table, WriterConfig
@@ -102,6 +102,15 @@ round_strategy = st.tuples(
     aggs=st.lists(st.sampled_from(sorted(AGGREGATES)), min_size=1, max_size=4, unique=True),
     where=st.sampled_from(list(WHERES)),
     rounds=st.lists(round_strategy, min_size=2, max_size=4),
+)
+# found in CI: a group recomputed under a WHERE comparing a decimal column with `10.00`
+@example(
+    group_by=["flag"], aggs=["avg(disc)", "max(ship)"], where="price >= 10.00 AND disc IS NOT NULL",
+    rounds=[
+        ([(0, {'flag': 'A', 'status': 'O', 'ship': dt.date(1995, 6, 17), 'price': None, 'qty': None, 'disc': None})] * 6
+         + [(0, {'flag': 'A', 'status': 'O', 'ship': dt.date(1995, 6, 17), 'price': Decimal('10.00'), 'qty': None, 'disc': 0.0})], []),
+        ([(0, {'flag': 'A', 'status': 'O', 'ship': dt.date(1995, 6, 17), 'price': None, 'qty': None, 'disc': None})], []),
+    ],
 )
 def test_aggregate_views_of_random_definitions_equal_their_query(group_by, aggs, where, rounds):
     work = tempfile.mkdtemp(prefix="memwal-viewdefs-")

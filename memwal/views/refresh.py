@@ -205,12 +205,20 @@ def _recompute_groups(defn: ViewDefinition, base: lance.LanceDataset, keys: dict
         for values in keys.values()
     )
     columns = defn.columns_used(base.schema.names)
+    # Only memwal's own, typed predicate goes into Lance's filter; the user's WHERE is
+    # DataFusion SQL and runs there, as in the view's own query (Lance's filter parser
+    # will not compare `price >= 10.00` with a decimal column).
     if all(defn.group_expr(g) == g for g in defn.group_by):
-        where = f"({defn.where}) AND ({predicate})" if defn.where else predicate
-        fresh = base.to_table(columns=columns, with_row_id=True, filter=where)
+        fresh = base.to_table(columns=columns, with_row_id=True, filter=predicate)
+        if defn.where:
+            fresh = run_sql(fresh, f"SELECT * FROM src WHERE {defn.where}")
     else:
         # a computed group key cannot be pushed into Lance's filter: select in memory
-        fresh = run_sql(base.to_table(columns=columns, with_row_id=True, filter=defn.where), f"SELECT * FROM src WHERE {predicate}")
+        where = f"({defn.where}) AND ({predicate})" if defn.where else predicate
+        # batch by batch, so only the groups' rows are ever held
+        scanner = base.scanner(columns=columns, with_row_id=True)
+        parts = [run_sql(pa.Table.from_batches([b]), f"SELECT * FROM src WHERE {where}") for b in scanner.to_batches()]
+        fresh = pa.concat_tables(parts) if parts else scanner.projected_schema.empty_table()
     if not fresh.num_rows:
         return {}
     exact = aggregates.partial_states(defn, fresh)
