@@ -53,8 +53,19 @@ def layered_table(uri: str) -> dict[int, dict]:
     t.write(rows_of(200, start=100, tag="v2"))
     t.delete({"id": [101, 2999, 3200]})
     t.flush()  # SSTables above the base
-    t.write(rows_of(50, start=4000))  # the WAL tail (strong readers only)
-    t.delete({"id": [5]})
+    t.close()
+    # The WAL tail (strong readers only): written by a process that dies without flushing.
+    tail = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_spark_format import rows_of
+        from memwal import Table
+        t = Table.open({uri!r})
+        t.write(rows_of(50, start=4000))
+        t.delete({{"id": [5]}})
+        os._exit(0)
+    """)
+    subprocess.run([sys.executable, "-c", tail], check=True, timeout=300)
     return {r["id"]: r for r in readers.open(uri, consistency="strong").scan().to_pylist()}
 
 
@@ -227,3 +238,37 @@ def test_kafka_into_write_stream_equals_the_model_also_after_a_kill(kafka, tmp_p
     assert approx(table_rows(uri)) == approx(model)
     dlq = read_dead_letters(dead_letter_uri(uri)).to_pylist()
     assert [d["key"] for d in dlq] == [b"bad"]
+
+
+CLUSTER_SCRIPT = """
+import json, sys
+from memwal.streaming import local_session
+uri = sys.argv[1]
+spark = local_session(app="format-cluster", master="local-cluster[2,1,1024]")
+df = spark.read.format("memwal").load(uri)
+parts = df.rdd.getNumPartitions()
+rows = [r.asDict() for r in df.collect()]
+spark.createDataFrame([(i, "cl", 1.5) for i in range(5000, 5400)], "id long, region string, score double") \\
+    .repartition(3).write.format("memwal").mode("append").option("merge", "partial").save(uri)
+print("result", json.dumps({"partitions": parts, "ids": sorted(r["id"] for r in rows),
+                            "after": spark.read.format("memwal").load(uri).where("region = 'cl'").count()}))
+spark.stop()
+"""
+
+
+@pytest.mark.slow
+def test_reads_and_writes_on_local_cluster(tmp_path):
+    """Two executor JVMs with their own Python workers read the splits and prepare the write."""
+    import json
+
+    uri = str(tmp_path / "t")
+    layered_table(uri)
+    want = sorted(r["id"] for r in readers.open(uri).scan(columns=["id"]).to_pylist())
+    script = tmp_path / "cluster.py"
+    script.write_text(CLUSTER_SCRIPT)
+    env = {**os.environ, "SPARK_WORKER_DIR": str(tmp_path / "spark-work")}
+    p = subprocess.run([sys.executable, str(script), uri], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
+    assert p.returncode == 0, p.stderr[-4000:]
+    got = json.loads(p.stdout.split("result ", 1)[1].splitlines()[0])
+    assert got["partitions"] >= 2 and got["ids"] == want
+    assert got["after"] == 400
