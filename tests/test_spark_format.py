@@ -84,6 +84,22 @@ def test_a_read_returns_what_the_reader_scans(spark, tmp_path):
     assert strong != eventual  # the WAL tail is seen by strong reads only
 
 
+def test_a_read_as_of_a_past_state_equals_the_readers(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    with Table.create(uri, SCHEMA, ["id"], "bucket(id, 2)", initial_data=rows_of(300)) as t:
+        t.write(rows_of(100, start=250, tag="v2"))
+        t.flush()
+        Compactor(TableState.load(uri)).run_once()
+        then = TableState.load(uri).dataset().version
+        t.write(rows_of(100, start=0, tag="v2"))
+        t.delete({"id": [1, 2, 3]})
+        t.flush()
+        Compactor(TableState.load(uri)).run_once()
+    past = {r["id"]: r for r in readers.open(uri, as_of=then).scan().to_pylist()}
+    assert by_id(spark.read.format("memwal").option("asOf", str(then)).load(uri).collect()) == past
+    assert past != {r["id"]: r for r in readers.open(uri).scan().to_pylist()}
+
+
 def test_filters_prune_shards_and_columns_are_chosen_by_schema(spark, tmp_path):
     uri = str(tmp_path / "t")
     layered_table(uri)

@@ -13,6 +13,7 @@ every task from there (an executor's environment need not know the object store)
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
@@ -114,7 +115,6 @@ class FormatOptions:
             f = names.get(key.replace("_", ""))
             if f is None or f.name in ("path", "storage"):
                 continue  # options of Spark's own (checkpointLocation, ...) and unknown keys
-            default = f.default
             if f.name in ("version", "rows_per_partition", "max_row_bytes"):
                 out[f.name] = _int(key, text)
             elif f.name in ("drop_stale",):
@@ -124,10 +124,25 @@ class FormatOptions:
             elif f.name == "op_field":
                 out[f.name] = text or None
             else:
-                out[f.name] = text if default is None or isinstance(default, str) else text
+                out[f.name] = text
         opts = cls(**out)  # type: ignore[arg-type]
         opts.check()
         return opts
+
+    def past(self) -> "int | dt.datetime | None":
+        """The state a time-travel read reads (``asOf``: a base version number or an ISO-8601
+        time, naive meaning UTC; ``version``: a base version), None for the latest."""
+        if self.as_of is None:
+            return self.version
+        if self.version is not None:
+            raise InvalidArgumentError("give option asOf or version, not both")
+        text = self.as_of.strip()
+        if text.isdigit():
+            return int(text)
+        try:
+            return dt.datetime.fromisoformat(text)
+        except ValueError:
+            raise InvalidArgumentError(f"option asOf={self.as_of!r}: a base version number or an ISO-8601 time") from None
 
     def check(self) -> None:
         if self.consistency not in ("eventual", "strong"):

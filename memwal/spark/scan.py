@@ -257,7 +257,7 @@ class ScanReader(DataSourceReader):
         from memwal.wal import WalTailReader
 
         state = TableState.load(self.uri, self.opts.storage)
-        reader = Reader(state, consistency=self.opts.consistency, version=self.opts.version)
+        reader = Reader(state, consistency=self.opts.consistency, as_of=self.opts.past())
         where = " AND ".join(f"({p})" for p in self.predicates) or None
         pruning = reader.pruning(where)
         snap = reader.snapshot if self.opts.consistency == "eventual" else state.snapshot()
@@ -303,8 +303,8 @@ class ScanReader(DataSourceReader):
         from pyspark.sql.pandas.types import to_arrow_schema
 
         from memwal.lsm import newest_across
-        from memwal.readers.merge import drop_keys
         from memwal.readers.sql import filter_rows
+        from memwal.readers.stream import ShadowKeys
         from memwal.schema import TOMBSTONE
         from memwal import paths
 
@@ -329,23 +329,24 @@ class ScanReader(DataSourceReader):
             yield from live.select(out).cast(target).to_batches()
             return
         # A base split: its fragments' rows whose key no delta holds.
-        keys = [cache.rows(p, pk).select(pk) for p in snap.sstable_paths()]
-        keys += [_from_ipc(t).select(pk) for t in plan.tails.values()]
-        shadow = pa.concat_tables(keys) if keys else None
         if not partition.fragment_ids:
             return
+        shadow = ShadowKeys(pk, state.schema)
+        for p in snap.sstable_paths():
+            shadow.add_key_set(cache.keys(p, pk))
+        for t in plan.tails.values():
+            shadow.add_rows(_from_ipc(t))
+        drop = shadow.batch_filter()
         fragments = [snap.dataset.get_fragment(i) for i in partition.fragment_ids]
         scan = snap.dataset.scanner(columns=list(dict.fromkeys([*out, *pk])), filter=plan.where, fragments=fragments)
         for batch in scan.to_batches():
-            rows = pa.Table.from_batches([batch])
-            if shadow is not None and shadow.num_rows:
-                rows = drop_keys(rows, shadow, pk)
-            if rows.num_rows:
-                yield from rows.select(out).cast(target).to_batches()
+            kept = drop(batch)
+            if kept.num_rows:
+                yield pa.Table.from_batches([kept]).select(out).cast(target).to_batches()[0]
 
 
 class PushdownScanReader(ScanReader):
     """:class:`ScanReader` with filter pushdown (made only where Spark pushes filters)."""
 
     def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:  # noqa: N802 - Spark's name
-        return self._push(filters)
+        return iter(self._push(filters))
