@@ -24,7 +24,8 @@ system-deps:
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev]"
+	# compat: the checkout on the Python path, so Spark's data source lookup finds pyspark_memwal
+	$(PY) -m pip install -q -e ".[dev]" --config-settings editable_mode=compat
 	touch $@
 
 # Each group is fetched again only when its pom or the pinned versions change (memwal/jvm).

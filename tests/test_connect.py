@@ -166,3 +166,22 @@ def test_ingest_through_spark_connect_equals_the_model(remote, kafka, tmp_path):
     progress = job.listener.progress
     assert sum(p["observed"].get("rows", 0) for p in progress.values()) == len(records)
     assert all(p["sink"] is None for p in progress.values())
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_the_memwal_format_reads_and_writes_over_spark_connect(remote, tmp_path):
+    """format("memwal") from a Connect client: the server finds the data source by name."""
+    from test_spark_format import by_id, layered_table
+
+    from memwal import readers
+
+    uri = str(tmp_path / "t")
+    strong = layered_table(uri)
+    assert by_id(remote.read.format("memwal").load(uri).collect()) == {r["id"]: r for r in readers.open(uri).scan().to_pylist()}
+    remote.createDataFrame([(i,) for i in range(0, 60, 2)], "id long").write.format("memwal") \
+        .mode("append").option("operation", "delete").save(uri)
+    for i in range(0, 60, 2):
+        strong.pop(i, None)
+    # (the write's flush also made the WAL tail of the shards it wrote visible to eventual reads)
+    assert by_id(remote.read.format("memwal").option("consistency", "strong").load(uri).collect()) == strong

@@ -16,12 +16,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 CHECK = """
 import os, sys, tempfile
-import memwal, memwal.streaming, memwal.readers, memwal.proto
+import memwal, memwal.streaming, memwal.readers, memwal.proto, memwal.spark, pyspark_memwal
 from memwal.proto import pb
 venv = sys.argv[1]
-for mod in (memwal, memwal.streaming, memwal.readers, memwal.proto):
+for mod in (memwal, memwal.streaming, memwal.readers, memwal.proto, memwal.spark, pyspark_memwal):
     assert mod.__file__.startswith(venv), (mod.__name__, mod.__file__)
 assert os.path.exists(os.path.join(os.path.dirname(memwal.proto.__file__), "lance_table_pb2.py"))
+assert os.path.exists(os.path.join(os.path.dirname(memwal.__file__), "jvm", "spark-kafka.pom.xml"))
+import pkgutil
+assert "pyspark_memwal" in {m.name for m in pkgutil.iter_modules()}  # what Spark's data source lookup scans
 import pyarrow as pa
 from memwal import Table, readers
 uri = os.path.join(tempfile.mkdtemp(), "t")

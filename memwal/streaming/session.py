@@ -49,6 +49,8 @@ SESSION_DEFAULTS: Final[Mapping[str, str]] = {
     # Adaptive execution re-plans every micro-batch, ~70 ms each here, and has nothing to
     # optimize in a sink's fixed one-task-per-shard shuffle.
     "spark.sql.adaptive.enabled": "false",
+    # format("memwal") prunes shards and reads through the key's index from pushed filters.
+    "spark.sql.python.filterPushdown.enabled": "true",
 }
 
 
@@ -88,6 +90,7 @@ def session_settings(
     if is_local_master(master):
         wanted["spark.driver.host"] = LOOPBACK
         wanted["spark.driver.bindAddress"] = LOOPBACK
+
     return {k: v for k, v in wanted.items() if k not in configured}
 
 
@@ -189,6 +192,9 @@ def local_session(app: str = "memwal", cores: int | str = 2, memory: str = "1g",
         # The address local-cluster workers and executors bind and advertise (read when the
         # JVM starts, so only a master known before the launch can set it).
         os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+    # The Python the JVM starts on the driver (a data source's lookup, planning and commit
+    # workers) is named by the JVM's environment, fixed when it launches: this interpreter.
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     configured = launcher_conf({**LAUNCH_DEFAULTS, "spark.driver.memory": memory, **jar_settings(None, {})})
     chosen = resolve_master(master, configured.get("spark.master"), cores)
     if is_local_master(chosen):
