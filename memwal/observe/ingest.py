@@ -79,7 +79,7 @@ class IngestMetrics:
 
     def __call__(self, batch: BatchProgress) -> None:
         r = batch.report
-        self.batch_records.set(batch.input_rows)
+        self.batch_records.set(batch.records)
         if batch.size is not None:
             self.size_limit.set(batch.size.limit)
         if batch.lag:

@@ -65,7 +65,8 @@ class BatchProgress:
     """One micro-batch of an ingest query, after Spark reported its progress."""
 
     batch_id: int
-    #: records the source read (Spark's ``numInputRows``)
+    #: rows the source produced (Spark's ``numInputRows``): Kafka records for Spark's source,
+    #: the prepare stage's exchange rows for memwal's (which prepares inside its read tasks)
     input_rows: int
     #: the sink's counters (None over Spark Connect, where the sink runs in the server)
     report: BatchReport | None
@@ -75,6 +76,12 @@ class BatchProgress:
     size: SizeDecision | None
     #: per topic-partition lag after the batch (empty when the source reports no offsets)
     lag: tuple[PartitionLag, ...] = ()
+
+    @property
+    def records(self) -> int:
+        """Kafka records the micro-batch took: the sink's count (written rows, dead letters,
+        skipped), else the source's."""
+        return self.report.rows if self.report is not None else self.input_rows
 
     @property
     def lag_records(self) -> int:

@@ -1,0 +1,114 @@
+"""Ingest metrics scraped over real HTTP during a real ingest (Apache Kafka 4, Spark, both
+Kafka sources), checked against what was produced; and the Grafana dashboard's queries
+against the series that scrape exported."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from brokers import produce
+from helpers import workload
+from prometheus_client import CollectorRegistry
+from test_observe import dashboard_series, scrape, value
+from test_streaming import SCHEMA
+
+from memwal import Table
+from memwal.maintenance import Maintenance
+from memwal.observe.ingest import IngestMetrics
+from memwal.observe.maintenance import MaintenanceObserver
+from memwal.observe.server import MetricsServer
+from memwal.observe.table import TableCollector, TableMetricsConfig
+from memwal.streaming import ingest
+from memwal.streaming.progress import BatchProgress
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+
+#: How long before the ingest the records were produced (their CreateTime): every record's
+#: offset-to-visible latency is at least this.
+AGE_SECONDS = 120
+
+
+def test_ingest_metrics_during_an_ingest_equal_what_was_produced(spark, kafka, tmp_path, kafka_source):
+    topic = f"observed-{time.monotonic_ns()}"
+    kafka.create_topic(topic, 2)
+    records, _model = workload(1200, 300, seed=7, partitions=2)
+    bad = [(b"x1", b"{not json", 0), (b"x2", json.dumps({"name": "no key"}).encode(), 1)]
+    produced = records[:600] + bad + records[600:]
+    created = int((time.time() - AGE_SECONDS) * 1000)
+    produce(kafka, topic, produced, timestamps_ms=[created] * len(produced))
+    uri = str(tmp_path / "users")
+    Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)").close()
+
+    registry = CollectorRegistry()
+    metrics = IngestMetrics(registry)
+    TableCollector(uri, registry=registry, config=TableMetricsConfig(interval_seconds=0, health_interval_seconds=0))
+    seen: list[tuple[BatchProgress, dict]] = []
+    with MetricsServer(registry, 0) as server:
+
+        def scrape_now(batch: BatchProgress) -> None:
+            """Runs after IngestMetrics saw the batch: what a scraper sees mid-ingest."""
+            seen.append((batch, scrape(server.url)))
+
+        job = ingest(spark, bootstrap=kafka.bootstrap, topic=topic, table_uri=uri, checkpoint=str(tmp_path / "ckpt"),
+                     available_now=True, max_offsets_per_trigger=400, kafka_source=kafka_source,
+                     observers=[metrics, scrape_now])
+        job.await_termination()
+        assert job.query.exception() is None
+
+        # Mid-ingest: after each batch, the lag gauges are what the topic still held beyond it.
+        batches = [b for b, _ in seen if b.records]
+        assert len(batches) >= 3
+        read = 0
+        for batch, samples in seen:
+            read += batch.records
+            lags = {dict(labels)["partition"]: v for (name, labels), v in samples.items() if name == "memwal_ingest_kafka_lag_records"}
+            assert set(lags) == {"0", "1"}
+            assert sum(lags.values()) == len(produced) - read == value(samples, "memwal_ingest_kafka_lag_total_records")
+            assert value(samples, "memwal_ingest_last_batch_records") == batch.records
+        assert read == len(produced)
+
+        final = scrape(server.url)
+
+    totals = job.sink.totals()
+    assert value(final, "memwal_ingest_records_total") == len(produced) == totals["rows"]
+    assert value(final, "memwal_ingest_dead_letters_total") == len(bad)
+    assert value(final, "memwal_ingest_upserts_total") == totals["upserts"] > 0
+    assert value(final, "memwal_ingest_deletes_total") == totals["deletes"] > 0
+    assert value(final, "memwal_ingest_batches_total") == totals["batches"] == len(batches)
+    assert value(final, "memwal_ingest_writer_opens_total") == totals["writer_opens"] >= 4  # four shards, each claimed
+    assert value(final, "memwal_ingest_batch_seconds_count") == len(batches)
+    phases = {dict(labels)["phase"] for (name, labels) in final if name == "memwal_ingest_phase_seconds_count"}
+    assert {"planning", "read", "decode", "write", "commit"} <= phases
+    # Offset-to-visible: one observation per batch (its oldest record), each at least the records' age.
+    assert value(final, "memwal_ingest_offset_to_visible_seconds_count") == len(batches)
+    assert value(final, "memwal_ingest_offset_to_visible_seconds_bucket", le="60.0") == 0
+    assert value(final, "memwal_ingest_offset_to_visible_seconds_sum") >= AGE_SECONDS * len(batches)
+    assert AGE_SECONDS <= value(final, "memwal_ingest_last_batch_newest_record_visible_seconds") < AGE_SECONDS + 600
+    assert value(final, "memwal_ingest_kafka_lag_total_records") == 0
+    assert value(final, "memwal_table_up") == 1
+
+
+def test_every_series_the_dashboard_queries_is_exported(spark, kafka, tmp_path):
+    """One endpoint with everything an ingest process with ``--maintain`` serves, after a real
+    ingest and a maintenance cycle: every name in the dashboard's queries is in the scrape."""
+    topic = f"dashboard-{time.monotonic_ns()}"
+    kafka.create_topic(topic, 2)
+    records, _ = workload(600, 200, seed=8, partitions=2)
+    produce(kafka, topic, records)
+    uri = str(tmp_path / "users")
+    Table.create(uri, SCHEMA, ["id"], "bucket(id, 2)").close()
+    registry = CollectorRegistry()
+    TableCollector(uri, registry=registry, config=TableMetricsConfig(interval_seconds=0, health_interval_seconds=0))
+    service = Maintenance(uri)
+    service.observers.append(MaintenanceObserver(registry))
+    with MetricsServer(registry, 0) as server:
+        job = ingest(spark, bootstrap=kafka.bootstrap, topic=topic, table_uri=uri, checkpoint=str(tmp_path / "ckpt"),
+                     available_now=True, max_offsets_per_trigger=300, observers=[IngestMetrics(registry)])
+        job.await_termination()
+        service.run_cycle()
+        exported = {name for name, _labels in scrape(server.url)}
+    wanted = dashboard_series()
+    assert len(wanted) >= 25
+    assert wanted <= exported, sorted(wanted - exported)
