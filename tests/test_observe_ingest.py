@@ -112,3 +112,67 @@ def test_every_series_the_dashboard_queries_is_exported(spark, kafka, tmp_path):
     wanted = dashboard_series()
     assert len(wanted) >= 25
     assert wanted <= exported, sorted(wanted - exported)
+
+
+@pytest.mark.slow
+def test_one_endpoint_answers_for_a_cluster(kafka, tmp_path):
+    """``memwal ingest --master local-cluster[2,1,1024] --metrics-port 0 --maintain``: the write
+    tasks run in two executor JVMs' Python workers, and the driver's endpoint counts every
+    record they wrote (from the batches' summary rows), with the table's and maintenance's
+    series beside them."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import threading
+    from pathlib import Path
+
+    from test_cluster import executor_pids
+    from test_observe import wait_for
+
+    topic = f"cluster-metrics-{time.monotonic_ns()}"
+    kafka.create_topic(topic, 4)
+    records, _ = workload(2000, 400, seed=23, partitions=4)
+    produce(kafka, topic, records)
+    uri = str(tmp_path / "users")
+    Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)").close()
+    here = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYSPARK_SUBMIT_ARGS": f"--conf spark.executorEnv.PYTHONPATH={here} pyspark-shell",
+           "SPARK_WORKER_DIR": str(tmp_path / "spark-work")}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "memwal", "ingest", "--master", "local-cluster[2,1,1024]", "--bootstrap", kafka.bootstrap,
+         "--topic", topic, "--table", uri, "--checkpoint", str(tmp_path / "ckpt"), "--trigger-interval", "1",
+         "--max-offsets-per-trigger", "500", "--max-write-tasks", "2", "--maintain", "--metrics-port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+    )
+    found: list[str] = []
+    log: list[str] = []
+
+    def drain() -> None:
+        for line in p.stderr:
+            log.append(line)
+            m = re.search(r"metrics on (http://127\.0\.0\.1:\d+/metrics)", line)
+            if m:
+                found.append(m.group(1))
+
+    threading.Thread(target=drain, daemon=True).start()
+    try:
+        deadline = time.monotonic() + 300
+        while not found:
+            assert p.poll() is None and time.monotonic() < deadline, "".join(log[-50:])
+            time.sleep(0.2)
+        samples = wait_for(found[0], lambda s: s.get(("memwal_ingest_records_total", ()), 0) >= len(records), timeout=600)
+        assert value(samples, "memwal_ingest_records_total") == len(records)
+        assert len(executor_pids(p.pid)) == 2
+        assert value(samples, "memwal_ingest_writer_opens_total") >= 4
+        assert value(samples, "memwal_shards") == 4
+        wait_for(found[0], lambda s: s.get(("memwal_maintenance_cycles_total", ()), 0) >= 1, timeout=300)
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, "".join(log[-50:])
+    assert f"ingested {len(records)} records" in out
