@@ -176,3 +176,31 @@ def test_one_endpoint_answers_for_a_cluster(kafka, tmp_path):
             p.wait()
     assert p.returncode == 0, "".join(log[-50:])
     assert f"ingested {len(records)} records" in out
+
+
+def test_ingest_draws_a_progress_bar_on_a_terminal_only(kafka, tmp_path):
+    """``memwal ingest --available-now`` over a backlog: a bar of records out of the backlog
+    (the Kafka lag) on a terminal; none into a pipe."""
+    import subprocess
+    import sys
+
+    from test_terminal import Terminal
+
+    topic = f"progress-{time.monotonic_ns()}"
+    kafka.create_topic(topic, 2)
+    records, _ = workload(1500, 300, seed=9, partitions=2)
+    produce(kafka, topic, records)
+    uri = str(tmp_path / "users")
+    Table.create(uri, SCHEMA, ["id"], "bucket(id, 2)").close()
+
+    def args(checkpoint: str) -> list[str]:
+        return ["ingest", "--bootstrap", kafka.bootstrap, "--topic", topic, "--table", uri, "--checkpoint", str(tmp_path / checkpoint),
+                "--available-now", "--max-offsets-per-trigger", "500"]
+
+    term = Terminal(*args("tty"))
+    assert term.finish(timeout=600) == 0
+    assert f"ingesting {topic}" in term.text and f"{len(records):,}/{len(records):,} records" in term.text
+    assert f"ingested {len(records)} records" in term.text
+    piped = subprocess.run([sys.executable, "-m", "memwal", *args("pipe")], capture_output=True, text=True, timeout=600)
+    assert piped.returncode == 0 and f"ingested {len(records)} records" in piped.stdout
+    assert f"ingesting {topic}" not in piped.stderr
