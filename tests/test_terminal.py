@@ -146,3 +146,32 @@ def test_status_watch_into_a_pipe_prints_the_text_status_each_interval(table_uri
     watcher.send_signal(signal.SIGINT)
     assert watcher.wait(60) == 0
     assert seen.count("primary key  id") >= 2 and "\x1b[" not in seen
+
+
+def test_check_and_repair_report_progress_per_shard(table_uri):
+    from memwal.check import check_table
+    from memwal.progress import Progress
+    from memwal.repair import repair_table
+    from memwal.state import TableState
+
+    table = Table.create(table_uri, PEOPLE, ["id"], "bucket(id, 3)")
+    table.write(people(range(60)))
+    table.flush()
+    heard: list[Progress] = []
+    check_table(TableState.load(table_uri), heard.append)
+    assert heard[0] == Progress("checking shards", 0, 3, "shards") and heard[-1] == Progress("checking shards", 3, 3, "shards")
+    assert [p.done for p in heard] == [0, 1, 2, 3]
+    heard.clear()
+    repair_table(TableState.load(table_uri), dry_run=True, progress=heard.append)
+    assert heard[-1] == Progress("checking shards", 3, 3, "shards")  # clean: nothing to repair
+
+
+def test_maintain_once_shows_that_its_cycle_runs(table_uri):
+    table = Table.create(table_uri, PEOPLE, ["id"], "unsharded")
+    table.write(people(range(20)))
+    table.flush()
+    term = Terminal("maintain", table_uri, "--once")
+    assert term.finish() == 0
+    assert "maintenance cycle" in term.text and "compacted 1 generation(s)" in term.text
+    piped = subprocess.run([sys.executable, "-m", "memwal", "maintain", table_uri, "--once"], capture_output=True, text=True)
+    assert piped.returncode == 0 and "maintenance cycle" not in piped.stderr
