@@ -30,6 +30,7 @@ from memwal import paths
 from memwal.errors import ManifestError, TableDamagedError
 from memwal.lance_errors import lance_message
 from memwal.manifest import MemWalIndex, ShardManifest, SsTable
+from memwal.progress import ProgressCallback, notify
 from memwal.state import TableState
 from memwal.wal import UNREADABLE_ENTRY, WalEntry, first_missing, wal_positions
 
@@ -217,14 +218,18 @@ def check_index(state: TableState, base_version: int, manifests: dict[str, Shard
     return damage
 
 
-def check_table(state: TableState) -> CheckReport:
-    """Check every shard of the table and its MemWAL index; nothing is written."""
+def check_table(state: TableState, progress: ProgressCallback | None = None) -> CheckReport:
+    """Check every shard of the table and its MemWAL index; nothing is written. ``progress``
+    hears of each shard checked."""
     state.manifests.clear_cache()
     base_version = state.dataset().version
     shards, intact = [], {}
-    for shard_id in sorted(state.manifests.list_shards()):
+    shard_ids = sorted(state.manifests.list_shards())
+    notify(progress, "checking shards", 0, len(shard_ids), "shards")
+    for i, shard_id in enumerate(shard_ids, 1):
         result, newest = check_shard(state, shard_id)
         shards.append(result)
         if newest is not None:
             intact[shard_id] = newest
+        notify(progress, "checking shards", i, len(shard_ids), "shards")
     return CheckReport(state.uri, base_version, tuple(shards), tuple(check_index(state, base_version, intact)))

@@ -30,6 +30,7 @@ from memwal.commands import (  # noqa: E402
     cmd_check,
     cmd_delete,
     cmd_get,
+    cmd_health,
     cmd_ingest,
     cmd_init,
     cmd_maintain,
@@ -54,6 +55,7 @@ from memwal.errors import (  # noqa: E402
     UnknownColumnError,
 )
 from memwal.gc import GcConfig  # noqa: E402
+from memwal.health import HealthConfig  # noqa: E402
 from memwal.lance_errors import classify, lance_message  # noqa: E402
 from memwal.maintenance import MaintenanceConfig  # noqa: E402
 from memwal.metadata import DURABILITY_LEVELS, WriterConfig  # noqa: E402
@@ -90,6 +92,11 @@ def _durability_flag(s: argparse.ArgumentParser, default: str | None = None, wha
     )
 
 
+def _metrics_port(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--metrics-port", type=int, metavar="P",
+        help="serve Prometheus metrics on http://127.0.0.1:P/metrics (0: a free port, printed on stderr; README, \"Metrics\")")
+
+
 def _nice_increment(value: str) -> int:
     """``--nice``: 0-19, how much lower than the caller's the CPU priority is (raising it
     would need privileges)."""
@@ -112,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)")
     p.add_argument("--debug", action="store_true", help="on an error, print its full traceback")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars (they are drawn on a terminal only, on stderr)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("init", help="create a table", description="Create an empty memwal table.")
@@ -174,7 +182,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="Per shard: id, writer epoch, manifest version, WAL positions, SSTables and compacted generation; the base table's version and rows.")
     s.add_argument("uri", metavar="URI")
     s.add_argument("--json", action="store_true", help="one JSON object")
+    s.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="S",
+        help="a live view of the same data, refreshed every S seconds (default 2) until Ctrl-C")
     s.set_defaults(func=cmd_status)
+
+    s = sub.add_parser("health",
+        help="exit 3 unless the table is healthy (a liveness probe)",
+        description="Check that maintenance ran recently and its last cycle did not fail, that no shard's writes "
+        "wait at the SSTable stop bound, that every WAL is contiguous and readable, and that every file reads "
+        "(what `memwal check` reads). Exit 0 healthy, 3 not (each failing check named). The same checks are the "
+        "memwal_health_check gauges of --metrics-port.")
+    s.add_argument("uri", metavar="URI")
+    health = HealthConfig()
+    s.add_argument("--max-maintenance-age", type=float, default=health.max_maintenance_age_seconds, metavar="S",
+        help="maintenance is stale when its last cycle published more than S seconds ago (default %(default)s)")
+    s.add_argument("--shallow", action="store_true", help="skip the WAL and file checks (cheap on large tables)")
+    s.add_argument("--json", action="store_true", help="one JSON object")
+    s.set_defaults(func=cmd_health)
 
     s = sub.add_parser("check",
         help="find damaged files (exit 3 if any)",
@@ -246,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="write shards through one writer process per executor (kept across tasks and Python workers: shards are not "
         "claimed again when a task moves to another worker)")
     _durability_flag(s)
+    _metrics_port(s)
     s.set_defaults(func=cmd_ingest)
 
     s = sub.add_parser("view", help="materialized views", description="Materialized views over a table, refreshed incrementally.")
@@ -313,6 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-indexes", action="store_true")
     s.add_argument("--no-gc", action="store_true")
     s.add_argument("--no-views", action="store_true", help="do not refresh the table's views")
+    _metrics_port(s)
     s.set_defaults(func=cmd_maintain)
 
     s = sub.add_parser(

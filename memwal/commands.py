@@ -27,11 +27,13 @@ from memwal.io import file_io_for
 from memwal.jsonvalues import row_to_json
 from memwal.maintenance import MaintenanceConfig
 from memwal.metadata import IndexConfig, WriterConfig
+from memwal.progress import Progress as ProgressRecord, ProgressCallback, notify
 from memwal.render import render_check, render_plan, render_repair, render_row_stream, render_rows, render_status
 from memwal.state import TableState
 from memwal.storage import StorageConfig
 from memwal.status import table_status
 from memwal.table import Table
+from memwal.terminal import ProgressBars, bars_wanted
 
 log = logging.getLogger("memwal.cli")
 
@@ -140,7 +142,7 @@ def _partial_batches(path: str, schema: pa.Schema) -> Iterator[Any]:
 
 
 def _apply_file(uri: str, path: str, deletes: bool, storage: StorageConfig, merge: str = "full",
-                durability: str | None = None) -> tuple[int, int]:
+                durability: str | None = None, progress: ProgressCallback | None = None) -> tuple[int, int]:
     """Upsert (or delete) every row of a file, streaming it in batches; returns (rows, shards).
 
     The file is read twice: first every batch is checked against the table (so a bad row
@@ -159,6 +161,7 @@ def _apply_file(uri: str, path: str, deletes: bool, storage: StorageConfig, merg
             lambda: (pa.Table.from_batches([b]) for b in formats.iter_batches(path, table.schema)))
         for batch in batches():
             total += table.validate(batch, deletes=deletes, merge=merge)
+            notify(progress, f"{what}: checking {os.path.basename(path)}", total)
             if time.monotonic() - last > PROGRESS_SECONDS:
                 log.warning("%s: %d rows checked so far", what, total)
                 last = time.monotonic()
@@ -167,6 +170,7 @@ def _apply_file(uri: str, path: str, deletes: bool, storage: StorageConfig, merg
         try:
             for batch in batches():
                 rows += op(batch).rows
+                notify(progress, f"{what}: writing {os.path.basename(path)}", rows, total)
                 if time.monotonic() - last > PROGRESS_SECONDS:
                     log.warning("%s: %d of %d rows so far", what, rows, total)
                     last = time.monotonic()
@@ -181,14 +185,21 @@ def _apply_file(uri: str, path: str, deletes: bool, storage: StorageConfig, merg
     return rows, shards
 
 
+def _bars(args: argparse.Namespace) -> ProgressBars:
+    """Progress bars on stderr for this command: only on a terminal, never with --json or --quiet."""
+    return ProgressBars(bars_wanted(sys.stderr, json_output=getattr(args, "json", False), quiet=args.quiet))
+
+
 def cmd_put(args: argparse.Namespace) -> int:
-    rows, shards = _apply_file(args.uri, args.file, False, _storage(args), args.merge, args.durability)
+    with _bars(args) as bars:
+        rows, shards = _apply_file(args.uri, args.file, False, _storage(args), args.merge, args.durability, bars)
     print(f"upserted {rows} rows into {shards} shard(s)")
     return 0
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    rows, shards = _apply_file(args.uri, args.file, True, _storage(args), durability=args.durability)
+    with _bars(args) as bars:
+        rows, shards = _apply_file(args.uri, args.file, True, _storage(args), durability=args.durability, progress=bars)
     print(f"deleted {rows} key(s) in {shards} shard(s)")
     return 0
 
@@ -282,15 +293,43 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    status = table_status(_state(args))
+    state = _state(args)
+    if args.watch is not None:
+        from memwal.terminal import watch_status
+
+        if args.json:
+            raise InvalidArgumentError("--watch shows a live view; --json prints one object (run it again to poll)")
+        if args.watch <= 0:
+            raise InvalidArgumentError(f"--watch {args.watch}: the interval must be positive")
+
+        def load():
+            state.manifests.clear_cache()
+            return table_status(state)
+
+        try:
+            watch_status(load, args.watch, plain=render_status)
+        except KeyboardInterrupt:
+            pass
+        return 0
+    status = table_status(state)
     print(status.to_json() if args.json else render_status(status))
     return 0
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    from memwal.health import HealthConfig, table_health
+    from memwal.render import render_health
+
+    report = table_health(_state(args), HealthConfig(max_maintenance_age_seconds=args.max_maintenance_age, deep=not args.shallow))
+    print(report.to_json() if args.json else render_health(report))
+    return EXIT_OK if report.ok else EXIT_ERROR
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     from memwal.check import check_table
 
-    report = check_table(_state(args))
+    with _bars(args) as bars:
+        report = check_table(_state(args), bars)
     print(report.to_json() if args.json else render_check(report))
     return EXIT_OK if report.clean else EXIT_ERROR
 
@@ -298,7 +337,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_repair(args: argparse.Namespace) -> int:
     from memwal.repair import repair_table
 
-    report = repair_table(_state(args), dry_run=args.dry_run)
+    with _bars(args) as bars:
+        report = repair_table(_state(args), dry_run=args.dry_run, progress=bars)
     print(report.to_json() if args.json else render_repair(report))
     return EXIT_OK if report.ok else EXIT_ERROR
 
@@ -311,7 +351,8 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     if args.purge:
         report = purge_upgrades(args.uri, grace_seconds=args.grace, dry_run=args.dry_run, storage_options=storage)
     else:
-        report = upgrade(args.uri, dry_run=args.dry_run, storage_options=storage)
+        with _bars(args) as bars:
+            report = upgrade(args.uri, dry_run=args.dry_run, storage_options=storage, progress=bars)
     print(report.to_json() if args.json else render_upgrade(report))
     return EXIT_OK
 
@@ -337,12 +378,20 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         ),
     )
     service = Maintenance(_state(args), config)
+    server = _metrics_server(args, args.uri)
+    if server is not None:
+        from memwal.observe.maintenance import MaintenanceObserver
+
+        service.observers.append(MaintenanceObserver(server.registry))
     if args.once:
         from memwal.errors import TableDamagedError
         from memwal.render import render_cycle, render_damaged_shards
 
         try:
-            report = service.run_cycle()
+            with _bars(args) as bars:  # a cycle's work is not counted ahead: the bar shows it runs, and for how long
+                bars.spinner("maintenance cycle")
+                report = service.run_cycle()
+                bars.finish("maintenance cycle")
         except TableDamagedError:
             if service.last_report is None:  # the cycle did not get to its end
                 raise
@@ -357,6 +406,24 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _metrics_server(args: argparse.Namespace, uri: str):
+    """``--metrics-port P``: the table's gauges (memwal.observe.table) served on
+    http://127.0.0.1:P/metrics (P 0: a free port, named on stderr); None without the flag.
+    The command adds its own series (ingest, maintenance) to ``server.registry``."""
+    if args.metrics_port is None:
+        return None
+    from prometheus_client import CollectorRegistry
+
+    from memwal.observe.server import MetricsServer
+    from memwal.observe.table import TableCollector
+
+    registry = CollectorRegistry()
+    TableCollector(uri, _storage(args), registry=registry)
+    server = MetricsServer(registry, args.metrics_port)
+    print(f"memwal: metrics on {server.url}", file=sys.stderr, flush=True)
+    return server
 
 
 def _adaptive_sizing(args: argparse.Namespace):
@@ -389,11 +456,23 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         **({} if args.op_field is None else {"op_field": args.op_field or None}),
     )
     spark = local_session(**_given(cores=args.cores), master=args.master)
+    server = _metrics_server(args, args.table)
+    observers: list[Any] = []
+    if server is not None:
+        from memwal.observe.ingest import IngestMetrics
+
+        observers.append(IngestMetrics(server.registry))
+    bars = _bars(args)
+    observers.append(_ingest_progress(bars, args.topic))
     maintenance = None
     if args.maintain:
         from memwal.maintenance import Maintenance
 
         maintenance = Maintenance(_state(args, args.table))
+        if server is not None:
+            from memwal.observe.maintenance import MaintenanceObserver
+
+            maintenance.observers.append(MaintenanceObserver(server.registry))
         maintenance.start()
     job = ingest(
         spark,
@@ -409,9 +488,11 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         storage_options=_storage(args),
         adaptive=_adaptive_sizing(args),
         kafka_source=args.kafka_source,
+        observers=observers,
     )
     try:
-        job.await_termination()
+        with bars:
+            job.await_termination()
     except KeyboardInterrupt:
         job.stop()
     finally:
@@ -428,6 +509,19 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         + (f", {int(totals['skipped'])} skipped" if totals.get("skipped") else "")
     )
     return 0
+
+
+def _ingest_progress(bars: ProgressBars, topic: str) -> Any:
+    """An ingest observer moving one bar: records taken, out of those plus the Kafka lag the
+    last micro-batch left (so the ETA is the backlog's)."""
+    done = 0
+
+    def observe(batch: Any) -> None:
+        nonlocal done
+        done += batch.records
+        bars(ProgressRecord(f"ingesting {topic}", done, done + batch.lag_records if batch.lag else None, "records"))
+
+    return observe
 
 
 def _value_format(args: argparse.Namespace) -> dict[str, Any]:

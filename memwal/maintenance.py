@@ -137,6 +137,9 @@ class Maintenance:
             indexes=self.indexes if self.config.indexes else None,
         )
         self.totals = MaintenanceTotals()
+        #: Called with every record the service publishes (each cycle's, a failed one's too),
+        #: e.g. :class:`memwal.observe.maintenance.MaintenanceObserver` for Prometheus.
+        self.observers: list[Callable[[MaintenanceMetrics], None]] = []
         #: The report of the last cycle that ran to its end (damaged shards skipped), if any.
         self.last_report: CycleReport | None = None
         self._stop = threading.Event()
@@ -381,6 +384,11 @@ class Maintenance:
 
     def _publish(self, report: CycleReport) -> None:
         metrics = MaintenanceMetrics(last_cycle=report, totals=self.totals, updated_at=time.time())
+        for observe in self.observers:
+            try:
+                observe(metrics)
+            except Exception:  # noqa: BLE001 - an observer's failure must not fail maintenance
+                log.exception("maintenance observer %r failed", observe)
         try:
             self.state.io.write(paths.maintenance_metrics(self.state.uri), metrics.to_json().encode())
         except OSError as e:  # metrics are informational; never fail maintenance over them

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Iterator
 import pyarrow as pa
 
 from memwal.check import CheckReport, Damage
+from memwal.health import HealthReport
 from memwal.jsonvalues import jsonable
 from memwal.metrics import CycleReport, MaintenanceMetrics
 from memwal.readers.reader import ReadPlan
@@ -93,7 +94,7 @@ def render_status(status: TableStatus) -> str:
                 f"v{s.manifest_version}",
                 f"{s.wal_flushed_position}/{s.wal_last_seen_position}/{s.wal_tail_position}",
                 str(s.current_generation),
-                _ranges(s.sstables),
+                generation_ranges(s.sstables),
                 str(s.compacted_generation),
                 str(s.pending_sstables) + (f"/{status.bounds.stop_sstables}" if status.bounds is not None else ""),
                 "STALLED" if s.stalled else "slowed" if s.slowed else "ok",
@@ -104,18 +105,18 @@ def render_status(status: TableStatus) -> str:
         fmt = "  ".join(f"{{:<{w}}}" for w in widths)
         lines += ["", fmt.format(*header), fmt.format(*("-" * w for w in widths))]
         lines += [fmt.format(*r) for r in rows]
-    lines += _bounds_lines(status)
+    lines += bounds_lines(status)
     if status.index_lag_generations:
         lines += ["", "base indexes (generations behind compaction):"]
         lines += [
             f"  {name:<20} {sum(per_shard.values())}" for name, per_shard in sorted(status.index_lag_generations.items())
         ]
     if status.maintenance is not None:
-        lines += ["", *_maintenance_lines(status.maintenance)]
+        lines += ["", *maintenance_lines(status.maintenance)]
     return "\n".join(lines)
 
 
-def _bounds_lines(status: TableStatus) -> list[str]:
+def bounds_lines(status: TableStatus) -> list[str]:
     """The bounds against what the table holds: "pending" above is uncompacted SSTables out
     of the stop bound; writes are "slowed" from the slowdown bound, "STALLED" from the stop."""
     b, f = status.bounds, status.base
@@ -131,7 +132,7 @@ def _bounds_lines(status: TableStatus) -> list[str]:
     ]
 
 
-def _maintenance_lines(m: MaintenanceStatus) -> list[str]:
+def maintenance_lines(m: MaintenanceStatus) -> list[str]:
     if m.metrics is None:
         return [f"maintenance: {m.problem}"]
     metrics: MaintenanceMetrics = m.metrics
@@ -182,7 +183,7 @@ def render_damaged_shards(report: CycleReport) -> list[str]:
     ]
 
 
-def _ranges(gens: list[int]) -> str:
+def generation_ranges(gens: list[int]) -> str:
     """[1,2,3,5] -> '1-3,5'."""
     if not gens:
         return "-"
@@ -261,3 +262,13 @@ def render_upgrade(report: UpgradeReport) -> str:
         f"views recreated: {', '.join(report.views_recreated) or 'none'}",
         f"old base kept in {report.moved_aside} (remove with `memwal upgrade --purge`)",
     ])
+
+
+def render_health(report: HealthReport) -> str:
+    """``memwal health``: one line per check, then the verdict."""
+    lines = [f"table {report.uri}"]
+    for c in report.checks:
+        verdict = "ok" if c.ok else "not checked" if c.ok is None else "FAILED"
+        lines.append(f"  {c.name:<12} {verdict:<12} {c.detail}")
+    lines.append("healthy" if report.ok else "UNHEALTHY: " + ", ".join(c.name for c in report.checks if c.ok is False))
+    return "\n".join(lines)

@@ -69,6 +69,7 @@ from memwal.check import (
 from memwal.errors import CommitConflictError
 from memwal.jsonvalues import jsonable
 from memwal.manifest import ShardManifest
+from memwal.progress import ProgressCallback, notify
 from memwal.sharding import field_entries
 from memwal.state import TableState
 from memwal.wal import UNREADABLE_ENTRY, WalEntry, wal_positions
@@ -329,11 +330,13 @@ class _Repair:
         store.clear_cache()
 
 
-def repair_table(state: TableState, *, dry_run: bool = False, stamp: str | None = None) -> RepairReport:
+def repair_table(state: TableState, *, dry_run: bool = False, stamp: str | None = None,
+                 progress: ProgressCallback | None = None) -> RepairReport:
     """Check the table, quarantine what cannot be read, restore each damaged shard from what
-    survives, and check again; with ``dry_run`` only report what would be done."""
+    survives, and check again; with ``dry_run`` only report what would be done. ``progress``
+    hears of each shard checked and repaired."""
     stamp = stamp or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    before = check_table(state)
+    before = check_table(state, progress)
     work = _Repair(state, dry_run, stamp)
     index = None
     try:
@@ -349,12 +352,13 @@ def repair_table(state: TableState, *, dry_run: bool = False, stamp: str | None 
             by_shard[d.shard_id].append(d)
         else:
             work.unrepaired.append(d)
-    for shard_id, damage in by_shard.items():
-        if damage:
-            work.shard(shard_id, damage, compacted(shard_id))
+    damaged = [(shard_id, damage) for shard_id, damage in by_shard.items() if damage]
+    for i, (shard_id, damage) in enumerate(damaged, 1):
+        work.shard(shard_id, damage, compacted(shard_id))
+        notify(progress, "repairing shards", i, len(damaged), "shards")
     after = None
     if not dry_run:
-        after = check_table(state)
+        after = check_table(state, progress)
     report = RepairReport(
         uri=state.uri,
         dry_run=dry_run,

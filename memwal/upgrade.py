@@ -58,6 +58,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 import lance
+import pyarrow as pa
 
 from memwal import paths
 from memwal.compactor import Compactor
@@ -67,6 +68,7 @@ from memwal.indexes import IndexMaintainer, base_indexes, covered_generation
 from memwal.io import FileIO, file_io_for
 from memwal.manifest import ManifestStore, MemWalIndex
 from memwal.metadata import TableMetadata
+from memwal.progress import ProgressCallback, notify
 from memwal.sharding import lance_init_kwargs
 from memwal.state import TableState, resolve_storage, table_exists
 from memwal.storage import StorageConfig
@@ -288,12 +290,21 @@ def _quiesce(state: TableState, views: tuple[str, ...]) -> None:
 # -- step 2: build -----------------------------------------------------------------------------
 
 
-def _build(state: TableState, new_uri: str, old: lance.LanceDataset, old_index: MemWalIndex | None) -> lance.LanceDataset:
+def _build(state: TableState, new_uri: str, old: lance.LanceDataset, old_index: MemWalIndex | None,
+           progress: ProgressCallback | None = None, rows: int | None = None) -> lance.LanceDataset:
     """The old base's version ``old`` as a new dataset without stable row ids, with the same
     config, the configured indexes and a MemWAL index with the same compacted generations."""
     opts = state.storage_options
+
+    def counted() -> Any:
+        copied = 0
+        for batch in old.scanner(batch_size=8192).to_batches():
+            copied += batch.num_rows
+            notify(progress, "copying the base", copied, rows)
+            yield batch
+
     lance.write_dataset(
-        old.scanner(batch_size=8192).to_reader(), new_uri, schema=old.schema, storage_options=opts,
+        pa.RecordBatchReader.from_batches(old.schema, counted()), new_uri, schema=old.schema, storage_options=opts,
         data_storage_version=old.data_storage_version,
     )
     ds = lance.dataset(new_uri, storage_options=opts)
@@ -383,9 +394,11 @@ def _recreate_views(state: TableState, definitions: Mapping[str, str]) -> tuple[
 
 def upgrade(
     uri: str, *, dry_run: bool = False, storage_options: "Mapping[str, str] | StorageConfig | None" = None,
+    progress: ProgressCallback | None = None,
 ) -> UpgradeReport:
     """Move the table at ``uri`` to the current layout (see the module docstring); resume an
-    interrupted upgrade; a no-op on a current table. Stop writers and maintenance first."""
+    interrupted upgrade; a no-op on a current table. Stop writers and maintenance first.
+    ``progress`` hears of the rows copied."""
     t0 = time.perf_counter()
     uri = paths.normalize_uri(uri)
     _check_local(uri)
@@ -408,7 +421,7 @@ def upgrade(
             marker = None
         if marker is None:
             io.remove_tree(_stamp_dir(uri, stamp))
-            return upgrade(uri, storage_options=storage)
+            return upgrade(uri, storage_options=storage, progress=progress)
     else:
         state = TableState.load(uri, storage)
         views = tuple(list_views(state))
@@ -422,7 +435,7 @@ def upgrade(
             "views": {v: View.open(state, v).definition.to_json() for v in views},
         }, "building")
         new_uri = paths.join(_stamp_dir(uri, stamp), "new")
-        new = _build(state, new_uri, old, old_index)
+        new = _build(state, new_uri, old, old_index, progress, marker["rows"])
         _verify(new, old, old_index, io, new_uri)
         marker = _write_marker(io, uri, stamp, marker, "built")
     failpoint("upgrade.before_swap")

@@ -244,3 +244,14 @@ def test_a_commit_to_the_old_base_during_the_copy_stops_the_swap(old_table, tmp_
     assert lance.dataset(uri).has_stable_row_ids and base_rows(uri) == before
     assert upgrade(uri).outcome == "upgraded"
     check_upgraded(uri, before)
+
+
+def test_upgrade_reports_the_rows_it_copies(old_table):
+    from memwal.progress import Progress
+
+    heard: list[Progress] = []
+    report = upgrade(old_table, progress=heard.append)  # (compacts the pending SSTables first)
+    assert report.outcome == "upgraded"
+    assert heard and {p.task for p in heard} == {"copying the base"}
+    assert heard[-1].done == heard[-1].total == report.rows
+    assert [p.done for p in heard] == sorted(p.done for p in heard)

@@ -63,6 +63,12 @@ SUMMARY_SCHEMA = pa.schema(
         ("read_seconds", pa.float64()),
         ("prepare_seconds", pa.float64()),
         ("exchange_seconds", pa.float64()),
+        # Back-pressure: writes the table's bounds delayed or stalled (memwal.writer).
+        ("backpressure_waits", pa.int64()),
+        # The oldest and newest Kafka record timestamp (epoch ms) the task wrote, for the
+        # batch's offset-to-visible latency (memwal.observe); on the timing row like the phases.
+        ("min_timestamp_ms", pa.int64()),
+        ("max_timestamp_ms", pa.int64()),
     ]
 )
 
@@ -119,6 +125,9 @@ EXCHANGE_SCHEMA = pa.schema(
         # it; on the batch's first exchange row only (null on the others), so sums are right.
         pa.field("read_seconds", pa.float64()),
         pa.field("prepare_seconds", pa.float64()),
+        # The input batch's oldest and newest Kafka timestamp (epoch ms), on the same row.
+        pa.field("min_timestamp_ms", pa.int64()),
+        pa.field("max_timestamp_ms", pa.int64()),
     ]
 )
 
@@ -215,7 +224,7 @@ def spark_schema(schema: pa.Schema):
 
 
 
-def with_timing(summary: pa.RecordBatch, timing: dict[str, float]) -> pa.RecordBatch:
+def with_timing(summary: pa.RecordBatch, timing: dict[str, Any]) -> pa.RecordBatch:
     """``summary`` with the task's phase timings set (none: unchanged)."""
     if not timing:
         return summary
@@ -225,8 +234,8 @@ def with_timing(summary: pa.RecordBatch, timing: dict[str, float]) -> pa.RecordB
 
 
 def summary(shard: str, **counters: Any) -> pa.RecordBatch:
-    row = {f.name: 0 for f in SUMMARY_SCHEMA}
-    row.update(shard=shard, flushed=False, seconds=0.0, stall_seconds=0.0, pid=os.getpid())
+    row: dict[str, Any] = {f.name: 0 for f in SUMMARY_SCHEMA}
+    row.update(shard=shard, flushed=False, seconds=0.0, stall_seconds=0.0, pid=os.getpid(), min_timestamp_ms=None, max_timestamp_ms=None)
     row.update(counters)
     return pa.RecordBatch.from_pylist([row], schema=SUMMARY_SCHEMA)
 

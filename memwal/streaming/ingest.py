@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -12,6 +12,7 @@ from memwal.storage import StorageConfig
 
 from memwal.streaming.adaptive import AdaptiveSizing, SizeDecision, bound_decision, decision_of
 from memwal.streaming.kafka_source import SHORT_NAME, register
+from memwal.streaming.progress import BatchObserver, BatchProgress, partition_lag
 from memwal.streaming.session import default_parallelism
 from memwal.streaming.sink import MemwalSink, SinkOptions
 from memwal.streaming.timing import BatchTiming
@@ -51,8 +52,11 @@ class MemwalProgressListener(_listener_base()):  # type: ignore[misc]
     the query's observed metrics arrive (``"observed"``); ``"sink"`` is None there and the
     write side's line is in the server's log."""
 
-    def __init__(self, sink: MemwalSink, query_name: str, fixed_sizing: AdaptiveSizing | None = None) -> None:
+    def __init__(self, sink: MemwalSink, query_name: str, fixed_sizing: AdaptiveSizing | None = None,
+                 observers: Sequence[BatchObserver] = ()) -> None:
         super().__init__()
+        #: Called with every micro-batch's :class:`BatchProgress` (metrics, progress bars).
+        self.observers: list[BatchObserver] = list(observers)
         self.sink = sink
         self.query_name = query_name
         #: Adaptive sizes through a source that takes one fixed bound (Spark's Kafka source):
@@ -63,6 +67,9 @@ class MemwalProgressListener(_listener_base()):  # type: ignore[misc]
         #: adaptive micro-batches, the size decision the source took.
         self.timings: dict[int, BatchTiming] = {}
         self.sizes: dict[int, SizeDecision] = {}
+        #: The last batch whose progress was handled to the end (observers included): what
+        #: :meth:`IngestJob.await_termination` waits for, so metrics and bars miss no batch.
+        self.handled_batch = -1
 
     def onQueryStarted(self, event) -> None:  # noqa: N802 - Spark's API names
         """Spark requires every callback; only progress carries memwal's counters."""
@@ -92,9 +99,19 @@ class MemwalProgressListener(_listener_base()):  # type: ignore[misc]
         if report is not None:
             # The source's rows are the prepare stage's exchange rows: count the sink's.
             self.timings[p.batchId] = BatchTiming.join(p.batchId, report.rows, p.durationMs or {}, report)
+        if self.observers:
+            src = p.sources[0] if p.sources else None
+            batch = BatchProgress(p.batchId, p.numInputRows, report, self.timings.get(p.batchId), decision,
+                                  partition_lag(src.endOffset, src.latestOffset) if src is not None else ())
+            for observe in self.observers:
+                try:
+                    observe(batch)
+                except Exception:  # noqa: BLE001 - an observer's failure must not stop the query's listener
+                    log.exception("observer %r failed on batch %d", observe, p.batchId)
         for kept in (self.progress, self.timings, self.sizes):
             while len(kept) > 1000:
                 kept.pop(min(kept))
+        self.handled_batch = max(self.handled_batch, p.batchId)
 
     def onQueryIdle(self, event) -> None:  # noqa: N802
         """Nothing to record."""
@@ -128,10 +145,11 @@ class IngestJob:
         self._finish()
 
     def _finish(self) -> None:
-        # Listener events are delivered asynchronously: give the last progress a moment.
+        # Listener events are delivered asynchronously, and observers (a metrics scrape, a
+        # bar) run inside them: wait until the last progress went through all of them.
         last = self.query.lastProgress
-        deadline = time.monotonic() + 10
-        while last and last["batchId"] not in self.listener.progress and time.monotonic() < deadline:
+        deadline = time.monotonic() + 30
+        while last and self.listener.handled_batch < last["batchId"] and time.monotonic() < deadline:
             time.sleep(0.05)
         try:
             self.spark.streams.removeListener(self.listener)
@@ -279,6 +297,7 @@ def ingest(
     storage_options: "Mapping[str, str] | StorageConfig | None" = None,
     adaptive: AdaptiveSizing | None = None,
     kafka_source: str | None = None,
+    observers: Sequence[BatchObserver] = (),
 ) -> IngestJob:
     """Start a query reading records from ``topic`` into the memwal table at ``table_uri``.
 
@@ -297,6 +316,10 @@ def ingest(
 
     ``kafka_source``: ``"spark"`` (Spark's connector) or ``"python"`` (memwal's source); by
     default Spark's when its jars are on the classpath (:func:`choose_kafka_source`).
+
+    ``observers`` are called on the driver with every micro-batch's
+    :class:`~memwal.streaming.progress.BatchProgress` (e.g.
+    :class:`memwal.observe.ingest.IngestMetrics` for Prometheus), from the first batch on.
     """
     options = options or SinkOptions(source="kafka-json")
     if options.source != "kafka-json":
@@ -314,7 +337,7 @@ def ingest(
         configure_s3a(spark, sink.storage)  # the checkpoint's store: the table's settings
     name = query_name or f"memwal-ingest-{topic}"
     source = choose_kafka_source(spark, kafka_source)
-    listener = MemwalProgressListener(sink, name, adaptive if source == "spark" else None)
+    listener = MemwalProgressListener(sink, name, adaptive if source == "spark" else None, observers)
     spark.streams.addListener(listener)
     stream = kafka_stream(
         spark,

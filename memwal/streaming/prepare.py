@@ -16,6 +16,7 @@ from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from memwal.partial import presence_of_columns, presence_type
 from memwal.routing import shard_codes
@@ -94,6 +95,8 @@ class Prepare:
             if out:
                 out[0]["read_seconds"] = t1 - t0
                 out[0]["prepare_seconds"] = time.perf_counter() - t1
+                if self.options.source != "columns":  # a table's own column may be named "timestamp"
+                    out[0]["min_timestamp_ms"], out[0]["max_timestamp_ms"] = _timestamp_range(batch)
             yield pa.RecordBatch.from_pylist(out, schema=EXCHANGE_SCHEMA)
 
     def prepare(self, state: TableState, data: pa.Table, task_partition: int, first_row: int, n: int) -> Prepared:
@@ -192,3 +195,10 @@ class Prepare:
         )
         return Prepared(good_rows, shards, dead, skipped)
 
+
+def _timestamp_range(batch: pa.RecordBatch) -> tuple[int | None, int | None]:
+    """The oldest and newest Kafka timestamp of a batch of Kafka records in epoch ms (None, None without them)."""
+    if "timestamp" not in batch.schema.names or not pa.types.is_timestamp(batch.schema.field("timestamp").type):
+        return None, None
+    lo_hi = pc.min_max(batch.column("timestamp").cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64()))
+    return lo_hi["min"].as_py(), lo_hi["max"].as_py()

@@ -86,6 +86,15 @@ class BatchReport:
     write_seconds_max: float = 0.0
     #: the longest a shard's writes were delayed or stalled by the table's bounds (back-pressure)
     stall_seconds_max: float = 0.0
+    #: back-pressure summed over shards: writes delayed or stalled, and the seconds they waited
+    backpressure_waits: int = 0
+    stall_seconds: float = 0.0
+    #: Kafka timestamps (epoch ms; CreateTime or LogAppendTime, as the topic records) of the
+    #: batch's oldest and newest record; None without Kafka timestamps
+    oldest_record_ms: int | None = None
+    newest_record_ms: int | None = None
+    #: wall-clock time (epoch seconds) when every shard write of the batch had returned
+    written_at: float = 0.0
     #: Task-seconds of the phases (summed over tasks; see memwal.streaming.timing).
     read_seconds: float = 0.0
     prepare_seconds: float = 0.0
@@ -115,6 +124,9 @@ class BatchReport:
 
 #: Reports a sink keeps (for :meth:`MemwalSink.report`); totals count every batch regardless.
 KEPT_REPORTS = 1000
+
+#: BatchReport fields that are not counters (identities, times): :meth:`MemwalSink.totals` leaves them out.
+_NOT_SUMMED = frozenset({"batch_id", "oldest_record_ms", "newest_record_ms", "written_at"})
 
 #: The JVM exceptions Spark counts as a query's stop (StreamExecution.isInterruptionException).
 _INTERRUPTIONS = ("java.lang.InterruptedException", "java.io.InterruptedIOException", "java.nio.channels.ClosedByInterruptException")
@@ -285,7 +297,7 @@ class MemwalSink:
         exchanged = prepared.coalesce(1) if single else prepared.repartition(self.partitions, magic)
         write = Write(self.uri, self.options, batch_id, self.dead_letter_uri, self.storage, fused=single)
         summaries = exchanged.mapInArrow(write, spark_schema(SUMMARY_SCHEMA)).collect()
-        report = BatchReport(batch_id=batch_id, job_seconds=time.perf_counter() - t_job, stages=1 if single else 2)
+        report = BatchReport(batch_id=batch_id, job_seconds=time.perf_counter() - t_job, stages=1 if single else 2, written_at=time.time())
         for s in summaries:
             report.rows += s.rows
             report.upserts += s.upserts
@@ -300,6 +312,12 @@ class MemwalSink:
             report.prepare_seconds += s.prepare_seconds
             report.exchange_seconds += s.exchange_seconds
             report.stall_seconds_max = max(report.stall_seconds_max, s.stall_seconds or 0.0)
+            report.stall_seconds += s.stall_seconds or 0.0
+            report.backpressure_waits += s.backpressure_waits or 0
+            if s.min_timestamp_ms is not None:
+                first = report.oldest_record_ms is None
+                report.oldest_record_ms = s.min_timestamp_ms if first else min(report.oldest_record_ms, s.min_timestamp_ms)
+                report.newest_record_ms = s.max_timestamp_ms if first else max(report.newest_record_ms, s.max_timestamp_ms)
             if s.shard:
                 report.shards += 1
                 report.write_seconds += s.seconds
@@ -314,7 +332,7 @@ class MemwalSink:
             self.reports.append(report)
             del self.reports[:-KEPT_REPORTS]
             for k, v in asdict(report).items():
-                if k != "batch_id" and isinstance(v, (int, float)):
+                if k not in _NOT_SUMMED and isinstance(v, (int, float)):
                     self._totals[k] = self._totals.get(k, 0) + v
             self._totals["batches"] += 1
 

@@ -146,4 +146,5 @@ class ShardJob:
             flushed=flushed,
             seconds=time.perf_counter() - t0,
             stall_seconds=stats.stall_seconds - before["stall_seconds"],
+            backpressure_waits=stats.slowdowns + stats.stalls - before["slowdowns"] - before["stalls"],
         )

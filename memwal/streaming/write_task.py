@@ -50,10 +50,12 @@ class Write:
         skipped = 0
         t0 = time.perf_counter()
         read_s = prepare_s = 0.0
+        stamps: list[int] = []
         for b in batches:
             skipped += pc.sum(b.column(COUNT_SKIPPED)).as_py() or 0
             read_s += sum(x or 0.0 for x in b.column("read_seconds").to_pylist())
             prepare_s += sum(x or 0.0 for x in b.column("prepare_seconds").to_pylist())
+            stamps += [x for c in ("min_timestamp_ms", "max_timestamp_ms") for x in b.column(c).to_pylist() if x is not None]
             for p in b.column(PAYLOAD).to_pylist():
                 if p:
                     t = from_payload(p)
@@ -65,7 +67,8 @@ class Write:
         # The task's phase timings ride on its first summary row (one row per shard stays).
         waited = time.perf_counter() - t0
         exchange_s = max(0.0, waited - read_s - prepare_s) if self.fused else waited
-        timing = {"read_seconds": read_s, "prepare_seconds": prepare_s, "exchange_seconds": exchange_s}
+        timing = {"read_seconds": read_s, "prepare_seconds": prepare_s, "exchange_seconds": exchange_s,
+                  "min_timestamp_ms": min(stamps, default=None), "max_timestamp_ms": max(stamps, default=None)}
         if dead:
             yield with_timing(self._dead_letters(pa.concat_tables(dead)), timing)
             timing = {}
