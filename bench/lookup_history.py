@@ -44,7 +44,7 @@ from memwal import Table  # noqa: E402
 from memwal.compactor import Compactor  # noqa: E402
 from memwal.indexes import IndexMaintainer  # noqa: E402
 from memwal.maintenance import Maintenance, MaintenanceConfig  # noqa: E402
-from memwal.readers.reader import base_point_read  # noqa: E402
+from memwal.readers.points import base_point_read  # noqa: E402
 from memwal.views import changes  # noqa: E402
 from memwal.views.refresh import Delta  # noqa: E402
 

@@ -18,7 +18,7 @@ from memwal.check import CheckReport, Damage
 from memwal.health import HealthReport
 from memwal.jsonvalues import jsonable
 from memwal.metrics import CycleReport, MaintenanceMetrics
-from memwal.readers.reader import ReadPlan
+from memwal.readers.plan import ReadPlan
 from memwal.repair import RepairReport
 from memwal.status import MaintenanceStatus, TableStatus
 from memwal.upgrade import UpgradeReport

@@ -339,7 +339,7 @@ def test_base_point_read_returns_exactly_the_live_rows(tmp_path, stable_row_ids,
     themselves: for every key, the same rows as Lance's own live read, on a base whose keys
     were updated (old versions deleted in place) and deleted, with and without stable row
     ids and the primary-key index."""
-    from memwal.readers.reader import base_point_read
+    from memwal.readers.points import base_point_read
 
     uri = str(tmp_path / "b")
     n = 2_000

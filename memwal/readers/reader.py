@@ -1,10 +1,14 @@
-"""The LSM read API: point lookups and scans over base table + uncompacted SSTables.
+"""The LSM read API: point lookups, scans and searches over base table + uncompacted SSTables.
 
 A :class:`Reader` works on a :class:`~memwal.snapshot.Snapshot` (a pinned base version
 plus the live SSTables of every shard) and refreshes it on demand or every
 ``refresh_interval_ms``, either in the read that finds it stale or, for a serving process,
-on a thread of its own (``refresh_in_background``). Lance's LSM planners do the merging
-(newest row per key by generation, tombstones hide keys); memwal decides what they read.
+on a thread of its own (``refresh_in_background``). Which snapshot (and, for a strong
+reader, which WAL tail) a read sees is decided here; each kind of read has a module of its
+own that reads what it is given: :mod:`~memwal.readers.lookups` (point lookups),
+:mod:`~memwal.readers.stream` (scans), :mod:`~memwal.readers.vector_search` and
+:mod:`~memwal.readers.text` (searches), after :mod:`~memwal.readers.plan` has checked the
+columns and filter asked for and pruned the shards.
 """
 
 from __future__ import annotations
@@ -13,30 +17,21 @@ import logging
 import threading
 import time
 import weakref
-from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
 
-import lance
-import lance.mem_wal
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from memwal.readers import sstables
-from memwal.readers.merge import int_key as merge_int_key
-from memwal.readers.stream import Level, MergedScan, ShadowKeys, take
+from memwal.errors import InvalidArgumentError
+from memwal.readers import sstables, text, timetravel
 from memwal.readers.config import ReadConfig
-from memwal.readers.keys import keys_predicate, keys_table, quote_ident, sql_literal, typed_key
-from memwal.readers.points import BaseLookup, base_point_read, first_row, point_lookup
-from memwal.readers.pruning import Pruning, prune
-from memwal.readers import text, timetravel
-from memwal.readers.sql import filter_rows
-from memwal.readers.vectors import as_matrix, distances, top_k, vector_columns
-from memwal import paths
-from memwal.errors import InvalidArgumentError, MemwalError, UnknownColumnError
-from memwal.lsm import without_keys
-from memwal.schema import TOMBSTONE
-from memwal.manifest import SsTable
+from memwal.readers.keys import keys_table, typed_key
+from memwal.readers.lookups import POINT_LOOKUP_BATCH, PointLookups
+from memwal.readers.plan import Planner, ReadPlan
+from memwal.readers.points import first_row
+from memwal.readers.pruning import Pruning
+from memwal.readers.stream import scan_snapshot
+from memwal.readers.vector_search import VectorSearch
 from memwal.snapshot import Snapshot
 from memwal.state import TableState
 from memwal.storage import StorageConfig
@@ -49,21 +44,6 @@ log = logging.getLogger(__name__)
 #: A reader refreshed in the background refreshes in the read itself once its snapshot is this
 #: many intervals old (the refresh thread is stuck or failing), so staleness stays bounded.
 BACKGROUND_STALE_INTERVALS = 5
-
-#: Up to this many keys, get_many runs point lookups (bloom filters, short-circuit per key);
-#: above it one filtered scan per shard is cheaper.
-POINT_LOOKUP_BATCH = 32
-
-
-@dataclass(frozen=True)
-class ReadPlan:
-    """What a read touches, for ``explain``: shards kept after pruning and their SSTables."""
-
-    base_version: int
-    shards: tuple[str, ...]
-    pruned_shards: tuple[str, ...]
-    sstables: tuple[str, ...]
-    pruning: str = ""
 
 
 class Reader:
@@ -103,16 +83,11 @@ class Reader:
         self.sstables = sstables.SSTableCache(cache_bytes, state.storage_options)
         #: the base table's full-text corpus statistics (BM25), per base version
         self.text_stats = text.BaseTextStats()
-        #: per snapshot and vector column: what a vector search takes from the SSTables
-        self._deltas: dict[tuple, DeltaVectors] = {}
-        self._valid_filters: set[str] = set()
-        #: the last point lookup's base predicate, replayed on each new base version by the
-        #: background refresh so the first lookup on it finds its index pages loaded
-        self._warm_predicate: str | None = None
-        #: per shard: its state in the snapshot last looked up, and its live SSTables' key sets
-        self._point_keys: dict[str, tuple[Any, list[tuple[str, sstables.KeySet]]]] = {}
-        self._base_lookups: BaseLookup | None = None
-        self._schemas: dict[tuple[str, ...] | None, pa.Schema] = {}
+        #: each shard's live SSTables with their key sets, per snapshot: lookups walk them
+        self._live_keys = sstables.LiveKeySets(self.sstables, state.primary_key)
+        self._planner = Planner(state)
+        self._points = PointLookups(state, self.sstables, self._live_keys)
+        self._vectors = VectorSearch(state, self.config, self.sstables, self._live_keys)
         self._refresher: _Refresher | None = None
         if refresh_in_background:
             if consistency != "eventual" or as_of is not None or refresh_interval_ms is None or refresh_interval_ms <= 0:
@@ -144,23 +119,11 @@ class Reader:
 
     def _refresh_and_warm(self) -> None:
         """The background refresh: take a snapshot, load what the next lookups on it would load
-        first, then publish it; until then reads use the previous snapshot. For a reader that
-        serves point lookups, what they load first is the key sets of SSTables not seen yet
-        and, on a new base version, its deletion files and index pages (through the last
-        lookup's predicate); a reader that only scans loads nothing ahead."""
+        first (:meth:`PointLookups.warm`: nothing for a reader that only scans), then publish
+        it; until then reads use the previous snapshot."""
         started = time.monotonic()
         snap = self.state.snapshot()
-        predicate = self._warm_predicate
-        if predicate is not None:
-            pk = list(self.state.primary_key)
-            for shard in snap.shards:
-                self._newest_sstables(snap, shard.shard_id)
-            current = self._snapshot
-            if current is None or snap.base_version != current.base_version:
-                # Not base_point_read: asked for live rows only, Lance builds the deletion mask
-                # of every fragment, which loads each fragment's deletion file of the new version
-                # (every compaction commit rewrites those of the fragments its updates touch).
-                snap.dataset.to_table(columns=pk, filter=predicate)
+        self._points.warm(snap, self._snapshot)
         self._publish(snap, started)
 
     def close(self) -> None:
@@ -205,9 +168,14 @@ class Reader:
             return snap, None
         return snap, pa.concat_tables(tails, promote_options="permissive") if len(tails) > 1 else tails[0]
 
-    # -- point lookups -------------------------------------------------------------------------
+    def _pruned_view(self, where: str | None) -> tuple[Snapshot, pa.Table | None]:
+        """:meth:`_view` of the shards a read filtered by ``where`` must look at."""
+        p = self.pruning(where)
+        return self._view(sorted(p.shard_ids) if p.shard_ids is not None else None)
 
-    def _lookup(self, key: dict[str, Any], columns: Sequence[str] | None, pinned: Snapshot | None = None) -> pa.Table:
+    # -- point lookups (memwal.readers.lookups) --------------------------------------------------
+
+    def _lookup(self, key: dict[str, Any], out_schema: pa.Schema, pinned: Snapshot | None = None) -> pa.Table:
         shard_id = self.state.shard_of_key(key)
         if pinned is not None:
             snap, tail = pinned, None
@@ -215,54 +183,7 @@ class Reader:
             snap, tail = self.snapshot, None  # the whole snapshot: restricting it costs more than it saves
         else:
             snap, tail = self._view([shard_id])
-        out_schema = self._output_schema(columns)
-        if tail is not None:
-            hit = tail.filter(_key_mask(tail, key))
-            if hit.num_rows:  # the unflushed WAL holds the newest version of this key
-                if hit.column(TOMBSTONE)[0].as_py():
-                    return out_schema.empty_table()
-                return hit.select(out_schema.names)
-        pk = self.state.primary_key
-        wanted = sstables.lookup_key(key, pk)
-        for path, keys in self._newest_sstables(snap, shard_id):
-            found = keys.find(wanted)
-            if found is not None:
-                tombstone, position = found
-                if tombstone:  # the newest version is a delete
-                    return out_schema.empty_table()
-                return self.sstables.take(path, [position], out_schema.names)
-        # No SSTable holds the key: the base table's row (via its primary-key index), if any.
-        predicate = " AND ".join(f"{quote_ident(c)} = {sql_literal(key[c])}" for c in pk)
-        self._warm_predicate = predicate
-        return base_point_read(self._base_lookup(snap), out_schema.names, predicate)
-
-    def _newest_sstables(self, snap: Snapshot, shard_id: str) -> list[tuple[str, sstables.KeySet]]:
-        """The shard's live SSTables in ``snap``, newest first, with their key sets.
-
-        Kept for the shard's state in the current snapshot, so a lookup walks a list instead
-        of asking the byte-bounded cache for each SSTable's key set (~6 us each, 0.6 ms a
-        lookup at 100 SSTables). The list holds the live SSTables' key sets until the next
-        snapshot: beyond the cache's bound if that is smaller than the key sets of one
-        shard's live SSTables.
-        """
-        state = snap.shard(shard_id)
-        if state is None:
-            return []
-        cached = self._point_keys.get(shard_id)
-        if cached is not None and cached[0] is state:
-            return cached[1]
-        pk = list(self.state.primary_key)
-        paths_ = [paths.sstable_path(snap.dataset.uri, shard_id, sst.path) for sst in reversed(state.live_sstables)]
-        newest = [(path, self.sstables.keys(path, pk)) for path in paths_]
-        self._point_keys[shard_id] = (state, newest)
-        return newest
-
-    def _base_lookup(self, snap: Snapshot) -> BaseLookup:
-        """Point reads of ``snap``'s base version, their scanner options built once."""
-        lookup = self._base_lookups
-        if lookup is None or lookup.dataset is not snap.dataset:
-            lookup = self._base_lookups = point_lookup(snap.dataset)
-        return lookup
+        return self._points.one(key, shard_id, out_schema, snap, tail)
 
     def get(self, key: Any, columns: Sequence[str] | None = None) -> dict[str, Any] | None:
         """The live row with primary key ``key`` (scalar, tuple or dict), or None.
@@ -270,24 +191,24 @@ class Reader:
         A key value that is not of its column's type is a :class:`PrimaryKeyError`, as in
         :meth:`get_many`: :func:`typed_key` types it as :func:`keys_table` does.
         """
-        t = self._lookup(typed_key(key, self.state.primary_key, self.state.schema), columns)
+        t = self._lookup(typed_key(key, self.state.primary_key, self.state.schema), self._planner.output_schema(columns))
         return first_row(t) if t.num_rows else None
 
     def get_many(self, keys: Iterable[Any], columns: Sequence[str] | None = None) -> pa.Table:
         """The live rows of ``keys`` (absent keys are left out), as one Arrow table."""
         kt = keys_table(keys, self.state.primary_key, self.state.schema)
-        out_schema = self._output_schema(columns)
+        out_schema = self._planner.output_schema(columns)
         if kt.num_rows == 0:
             return out_schema.empty_table()
         if kt.num_rows <= POINT_LOOKUP_BATCH:
             # An eventual reader's lookups share one snapshot, as one scan would: a refresh
             # between two of them must not show one key before a change and the next after it.
             pinned = self.snapshot if self.consistency == "eventual" else None
-            parts = [self._lookup(k, columns, pinned) for k in kt.to_pylist()]
+            parts = [self._lookup(k, out_schema, pinned) for k in kt.to_pylist()]
             parts = [p for p in parts if p.num_rows]
             return pa.concat_tables([p.cast(out_schema) for p in parts]) if parts else out_schema.empty_table()
         snap, tail = self._view()
-        return self._rows_of(kt, out_schema, snap, tail)
+        return self._points.many(kt, out_schema, snap, tail)
 
     def rows_of_keys(self, keys: pa.Table, shard_id: str | None = None) -> pa.Table:
         """The live rows (every column) of ``keys`` (a table of the key columns, typed as the
@@ -298,141 +219,36 @@ class Reader:
         per key cost more than the read itself (docs/bench-log/partial-updates.md).
         """
         snap, tail = self._view([shard_id] if shard_id is not None else None)
-        return self._rows_of(keys.select(list(self.state.primary_key)), self.state.schema, snap, tail)
+        return self._points.many(keys.select(list(self.state.primary_key)), self.state.schema, snap, tail)
 
-    def _rows_of(self, keys: pa.Table, out_schema: pa.Schema, snap: Snapshot, tail: pa.Table | None) -> pa.Table:
-        """The live rows of ``keys`` (the key columns, typed, each key once) in ``snap`` and
-        ``tail``, columns ``out_schema``'s; absent keys left out, in no particular order.
-
-        Each key is looked up where its newest version is, as a point lookup does, but for all
-        keys at once: the WAL tail by a semi-join, then every live SSTable newest first by its
-        key set (one vectorised search per SSTable for an integer key), read by position with
-        one ``take`` per SSTable, then the base for the rest with one filter. Reading the
-        SSTables whole and merging them (as a scan does) cost more than the lookups for a
-        thousand keys, and a SQL list of a thousand literals more than the read
-        (docs/bench-log/reads.md, "Lookups of many keys").
-        """
-        pk = list(self.state.primary_key)
-        names = out_schema.names
-        parts: list[pa.Table] = []
-        if tail is not None:
-            mine = _semi_join(tail, keys, pk)
-            if mine.num_rows:
-                keys = without_keys(keys, mine, pk)  # the WAL tail holds their newest version
-                parts.append(mine.filter(pc.invert(mine.column(TOMBSTONE))).select(names))
-        todo = _KeysToFind(keys, pk)
-        for shard in snap.shards:
-            for path, key_set in self._newest_sstables(snap, shard.shard_id):
-                if todo.done:
-                    break
-                positions = todo.find(key_set)
-                if positions:
-                    parts.append(self.sstables.take(path, positions, names))
-        rest = todo.remaining()
-        if rest.num_rows:
-            if len(pk) == 1:
-                where = pc.field(pk[0]).isin(rest.column(0).combine_chunks())
-                base = snap.dataset.to_table(columns=names, filter=where)
-            else:
-                base = snap.dataset.to_table(columns=names, filter=keys_predicate(rest))
-            parts.append(base)
-        if not parts:
-            return out_schema.empty_table()
-        return pa.concat_tables([p.cast(out_schema) for p in parts])
-
-    # -- scans ---------------------------------------------------------------------------------
-
-    def _output_schema(self, columns: Sequence[str] | None) -> pa.Schema:
-        key = tuple(columns) if columns else None
-        cached = self._schemas.get(key)
-        if cached is not None:
-            return cached
-        schema = self.state.schema
-        if columns:
-            unknown = [c for c in columns if c not in schema.names]
-            if unknown:
-                raise UnknownColumnError(f"no column(s) {unknown} in the table; its columns are {schema.names}")
-            schema = pa.schema([schema.field(c) for c in columns])
-        if len(self._schemas) >= 256:
-            self._schemas.clear()
-        self._schemas[key] = schema
-        return schema
+    # -- what a read touches (memwal.readers.plan) -----------------------------------------------
 
     def check_filter(self, where: str | None) -> None:
         """Raise :class:`InvalidArgumentError` if ``where`` is not one SQL predicate over the
-        table's columns. Checked once per filter by evaluating it on one row of nulls with the
-        engine that filters the WAL tail and SSTable rows, so a filter means the same on every
-        LSM level and a bad one is refused whatever the table holds right now."""
-        if not where or where in self._valid_filters:
-            return
-        probe = pa.Table.from_pylist([{}], schema=pa.schema([f.with_nullable(True) for f in self.state.schema]))
-        try:
-            filter_rows(probe, where)
-        except MemwalError as e:
-            raise InvalidArgumentError(f"{e}; a filter is one SQL predicate over the table's columns {self.state.schema.names}") from None
-        if len(self._valid_filters) >= 1024:  # get_many's key predicates differ on every call
-            self._valid_filters.clear()
-        self._valid_filters.add(where)
+        table's columns (checked once per filter, the same way for every LSM level)."""
+        self._planner.check_filter(where)
 
     def pruning(self, where: str | None) -> Pruning:
         """The shards a read filtered by ``where`` must look at (shard pruning)."""
-        self.check_filter(where)
-        return prune(where, self.state.spec, self.state.resolver, self.state.schema)
+        return self._planner.pruning(where)
 
     def plan(self, where: str | None = None) -> ReadPlan:
         """Which shards and SSTables a read with ``where`` would touch."""
-        snap = self.snapshot
-        p = self.pruning(where)
-        kept = snap.restrict(p.shard_ids) if p.shard_ids is not None else snap
-        read = tuple(s.shard_id for s in kept.shards)
-        pruned = tuple(s.shard_id for s in snap.shards if s.shard_id not in set(read))
-        return ReadPlan(snap.base_version, read, pruned, tuple(kept.sstable_paths()), p.reason)
+        return self._planner.plan(self.snapshot, where)
+
+    # -- scans (memwal.readers.stream) -----------------------------------------------------------
 
     def _stream(
         self, snap: Snapshot, tail: pa.Table | None, wanted: Sequence[str], where: str | None, limit: int | None
     ) -> Iterator[pa.RecordBatch]:
-        """Live rows matching ``where``, columns ``wanted`` (which hold the primary key), as
-        record batches: the levels newest first, each minus the keys of newer ones
-        (:class:`~memwal.readers.stream.MergedScan`), cut after ``limit`` rows."""
-        pk = list(self.state.primary_key)
-        wanted = list(wanted)
-        batch_rows = self.config.scan_batch_rows
-        if tail is None and snap.num_live_sstables == 0:  # the base alone: Lance applies the limit
-            return iter(snap.dataset.scanner(columns=wanted, filter=where, limit=limit, batch_size=batch_rows).to_reader())
-        read_columns = [*wanted, TOMBSTONE]
-
-        def level(shard_id: str, sst: SsTable) -> Level:
-            path = paths.sstable_path(snap.dataset.uri, shard_id, sst.path)
-
-            def read() -> tuple[sstables.KeySet, pa.Table]:
-                if where is None:
-                    if self.sstables.worth_caching(sst.in_memory_bytes):
-                        rows = self.sstables.rows(path, wanted)  # cached: an SSTable never changes
-                    else:
-                        rows = self.sstables.read(path, columns=read_columns)
-                    return self.sstables.keys(path, pk, rows), rows
-                return self.sstables.keys(path, pk), self.sstables.read(path, columns=read_columns, filter=where)
-
-            return Level(path, read)
-
-        shards = [[level(s.shard_id, t) for t in reversed(s.live_sstables)] for s in snap.shards]
-
-        def base() -> pa.RecordBatchReader:
-            return snap.dataset.scanner(columns=wanted, filter=where, batch_size=batch_rows).to_reader()
-
-        # A limited scan reads one SSTable at a time: it usually ends inside the newest.
-        ahead = self.config.scan_sstables_ahead if limit is None else 1
-        base_ahead = self.config.scan_base_batches_ahead if limit is None else 0
-        merged = MergedScan(shards, base, tail, wanted, pk, self.state.schema, where, batch_rows, ahead, base_ahead)
-        return take(iter(merged), limit)
+        return scan_snapshot(snap, tail, self.sstables, self.config, self.state.primary_key, self.state.schema, wanted, where, limit)
 
     def _scan_batches(self, columns: Sequence[str] | None, where: str | None, limit: int | None) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
             raise InvalidArgumentError(f"limit must be a non-negative integer, got {limit!r}")
-        schema = self._output_schema(columns)
+        schema = self._planner.output_schema(columns)
         out = schema.names
-        p = self.pruning(where)
-        snap, tail = self._view(sorted(p.shard_ids) if p.shard_ids is not None else None)
+        snap, tail = self._pruned_view(where)
         wanted = list(dict.fromkeys([*out, *self.state.primary_key]))
         batches = self._stream(snap, tail, wanted, where, limit)
         if wanted == out:
@@ -476,25 +292,12 @@ class Reader:
 
     def count(self, where: str | None = None) -> int:
         """Number of live rows matching ``where``."""
-        p = self.pruning(where)
-        snap, tail = self._view(sorted(p.shard_ids) if p.shard_ids is not None else None)
+        snap, tail = self._pruned_view(where)
         if tail is None and snap.num_live_sstables == 0:
             return snap.dataset.count_rows(filter=where)
         return sum(b.num_rows for b in self._stream(snap, tail, list(self.state.primary_key), where, None))
 
-
-    # -- vector search ---------------------------------------------------------------------------
-
-    def _vector_column(self, column: str | None) -> str:
-        if column is not None:
-            return column
-        configured = self.state.metadata.indexes.vector_column
-        if configured:
-            return configured
-        candidates = vector_columns(self.state.schema)
-        if len(candidates) != 1:
-            raise InvalidArgumentError(f"name the vector column to search (candidates: {candidates})")
-        return candidates[0]
+    # -- vector search (memwal.readers.vector_search) --------------------------------------------
 
     def search(
         self,
@@ -520,116 +323,12 @@ class Reader:
         before the nearest are chosen. docs/bench-log/reads.md has the measurements behind
         the defaults.
         """
-        if k <= 0:
-            raise InvalidArgumentError(f"k must be positive, got {k}")
-        cfg = self.config
-        nprobes = cfg.vector_nprobes if nprobes is None else nprobes
-        refine = cfg.vector_refine_factor if refine_factor is None else refine_factor
-        overfetch = cfg.vector_overfetch if overfetch is None else overfetch
-        if overfetch < 1:
-            raise InvalidArgumentError(f"overfetch must be at least 1, got {overfetch}")
-        col = self._vector_column(column)
-        metric = metric or self.state.metadata.indexes.vector_metric
-        dim = self.state.schema.field(col).type.list_size
-        query = np.asarray(vector, dtype=np.float32).reshape(-1)
-        if query.shape[0] != dim:
-            raise InvalidArgumentError(f"the query has {query.shape[0]} dimensions; {col!r} has {dim}")
-        pk = list(self.state.primary_key)
-        out = list(self._output_schema(columns).names)
-        wanted = list(dict.fromkeys([*pk, *out]))
-        p = self.pruning(where)
-        snap, tail = self._view(sorted(p.shard_ids) if p.shard_ids is not None else None)
-        delta = self._vector_delta(snap, col)
-        shadow = delta.keys
-        newest = tail_keys(tail, pk, self.state.schema) if tail is not None else None
-        if newest is not None:
-            shadow = ShadowKeys(pk, self.state.schema)
-            shadow.merge(delta.keys)
-            shadow.merge(newest)
-        parts = [self._search_base(snap, col, query, k, wanted, where, metric, nprobes, refine, overfetch, shadow)]
-        if delta.rows.num_rows:
-            keep = delta.where_mask(where)
-            if newest is not None:  # the WAL tail supersedes these keys
-                unshadowed = newest.keep_mask(delta.rows)
-                keep = unshadowed if keep is None else keep & unshadowed
-            dist = delta.distances(query, metric)  # all rows, then the kept ones: no copy of the matrix
-            rows = delta.rows if keep is None else delta.rows.filter(pa.array(keep))
-            parts.append(top_k(rows.select(wanted), dist if keep is None else dist[keep], k))
-        for path, newer in delta.indexed:
-            found = self.sstables.dataset(path).to_table(
-                nearest={"column": col, "q": query, "k": max(k, int(k * overfetch)), "nprobes": nprobes, "refine_factor": refine, "metric": metric},
-                columns=[*wanted, TOMBSTONE, "_distance"], filter=where, prefilter=True)
-            for keys in newer:
-                found = found.filter(pa.array([keys.find(v) is None for v in _key_values(found, pk)], pa.bool_())) if found.num_rows else found
-            if newest is not None:
-                found = newest.drop(found)
-            parts.append(found.filter(pc.invert(found.column(TOMBSTONE))).select([*wanted, "_distance"]))
-        if tail is not None:
-            live = tail.filter(pc.invert(tail.column(TOMBSTONE))).drop_columns([TOMBSTONE])
-            newer = filter_rows(live, where)
-            parts.append(top_k(newer.select(wanted), distances(as_matrix(newer.column(col), dim), query, metric), k))
-        schema = parts[0].schema
-        found = pa.concat_tables([t.cast(schema) for t in parts])
-        found = found.sort_by([("_distance", "ascending")]).slice(0, k)
-        return found.select([*out, "_distance"])
+        query = self._vectors.query(vector, k, column, metric, nprobes, refine_factor, overfetch)
+        out = list(self._planner.output_schema(columns).names)
+        snap, tail = self._pruned_view(where)
+        return self._vectors.search(query, snap, tail, out, where)
 
-    def _search_base(
-        self, snap: Snapshot, col: str, query: np.ndarray, k: int, wanted: list[str], where: str | None, metric: str,
-        nprobes: int, refine: int, overfetch: float, shadow: ShadowKeys,
-    ) -> pa.Table:
-        """The base's ``k`` nearest live rows that no newer level supersedes: Lance's search
-        through the vector index (flat when there is none), ``overfetch`` candidates per
-        result, fetched again four times as many while superseded ones leave fewer than
-        ``k`` and the base has more."""
-        indexed = self._vector_delta(snap, col).base_indexed
-        fetch = max(k, int(np.ceil(k * overfetch)))
-        while True:
-            nearest: dict[str, Any] = {"column": col, "q": query, "k": fetch, "metric": metric}
-            if indexed:
-                nearest.update(nprobes=nprobes, refine_factor=refine)
-            else:
-                nearest["use_index"] = False
-            # A prefilter only with a filter: asked for without one it cost 2.4 ms of 8 here.
-            found = snap.dataset.to_table(nearest=nearest, columns=[*wanted, "_distance"], filter=where, prefilter=True if where else None)
-            kept = shadow.drop(found)
-            if kept.num_rows >= k or found.num_rows < fetch:
-                return kept
-            fetch *= 4
-
-    def _vector_delta(self, snap: Snapshot, col: str) -> "DeltaVectors":
-        """What a vector search of ``snap`` takes from its SSTables, built once per snapshot."""
-        key = (snap.base_version, col, tuple(snap.sstable_paths()))
-        cached = self._deltas.get(key)
-        if cached is not None:
-            return cached
-        pk = list(self.state.primary_key)
-        names = self.state.schema.names
-        every = ShadowKeys(pk, self.state.schema)
-        exact: list[pa.Table] = []
-        indexed: list[tuple[str, list[sstables.KeySet]]] = []
-        limit = self.config.vector_exact_sstable_rows
-        for shard in snap.shards:
-            newer = ShadowKeys(pk, self.state.schema)
-            newer_sets: list[sstables.KeySet] = []
-            sizes = {paths.sstable_path(snap.dataset.uri, shard.shard_id, t.path): t.physical_rows for t in shard.live_sstables}
-            for path, keys in self._newest_sstables(snap, shard.shard_id):
-                if sizes.get(path, 0) > limit and self.sstables.has_index(path, col, "VectorIndexDetails"):
-                    indexed.append((path, list(newer_sets)))
-                else:
-                    rows = newer.drop(self.sstables.rows(path))
-                    exact.append(rows.filter(pc.invert(rows.column(TOMBSTONE))).select(names))
-                newer.add_key_set(keys)
-                newer_sets.append(keys)
-                every.add_key_set(keys)
-        rows = pa.concat_tables(exact, promote_options="permissive").cast(self.state.schema) if exact else self.state.schema.empty_table()
-        dim = self.state.schema.field(col).type.list_size
-        delta = DeltaVectors(every, rows, as_matrix(rows.column(col), dim), indexed, vector_index_name(snap.dataset, col) is not None)
-        if len(self._deltas) >= 4:
-            self._deltas.clear()
-        self._deltas[key] = delta
-        return delta
-
-    # -- full-text search -------------------------------------------------------------------------
+    # -- full-text search (memwal.readers.text) --------------------------------------------------
 
     def text_search(
         self,
@@ -652,136 +351,6 @@ class Reader:
         snap, tail = self._view()
         out = list(columns) if columns else self.state.schema.names
         return text.search(self.state, self.sstables, self.text_stats, snap, tail, query, k, col, where, out)
-
-
-def vector_index_name(ds: lance.LanceDataset, column: str) -> str | None:
-    """The name of the vector (IVF) index on ``column``, if the dataset has one."""
-    field_id = ds.lance_schema.field(column).id()
-    for d in ds.describe_indices():
-        if field_id in d.fields and "VectorIndexDetails" in d.type_url:
-            return d.name
-    return None
-
-
-@dataclass
-class DeltaVectors:
-    """A snapshot's SSTables as a vector search sees them: every key they hold (which
-    supersede the base), the newest live rows of those scored exactly with their vectors as
-    one matrix, and the large indexed SSTables with the key sets of their shard's newer ones."""
-
-    keys: ShadowKeys
-    rows: pa.Table
-    matrix: np.ndarray
-    indexed: list[tuple[str, list[sstables.KeySet]]]
-    #: whether the snapshot's base has a vector index on the column
-    base_indexed: bool
-    _masks: dict[str, np.ndarray] | None = None
-    _norms: np.ndarray | None = None
-
-    def distances(self, query: np.ndarray, metric: str) -> np.ndarray:
-        """Exact distances of every row, as :func:`distances`; squared L2 as
-        ``|m|^2 - 2 m.q + |q|^2`` with the rows' norms kept: one matrix-vector product
-        instead of a copy of the matrix per query."""
-        if metric != "l2":
-            return distances(self.matrix, query, metric)
-        if self._norms is None:
-            self._norms = np.einsum("ij,ij->i", self.matrix, self.matrix)
-        q = query.astype(np.float32)
-        return np.maximum(self._norms - 2 * (self.matrix @ q) + float(q @ q), 0.0)
-
-    def where_mask(self, where: str | None) -> np.ndarray | None:
-        """Which exact rows match ``where`` (None: all), evaluated once per filter."""
-        if not where:
-            return None
-        if self._masks is None:
-            self._masks = {}
-        mask = self._masks.get(where)
-        if mask is None:
-            marked = self.rows.append_column("__memwal_row", pa.array(np.arange(self.rows.num_rows, dtype=np.int64)))
-            hit = filter_rows(marked, where).column("__memwal_row").to_numpy()
-            mask = np.zeros(self.rows.num_rows, dtype=bool)
-            mask[hit] = True
-            if len(self._masks) >= 16:
-                self._masks.clear()
-            self._masks[where] = mask
-        return mask
-
-
-def tail_keys(tail: pa.Table, primary_key: list[str], schema: pa.Schema) -> ShadowKeys:
-    """The WAL tail's keys, which supersede every other level."""
-    keys = ShadowKeys(primary_key, schema)
-    keys.add_rows(tail)
-    return keys
-
-
-def _key_values(rows: pa.Table, primary_key: list[str]) -> list[Any]:
-    """The keys of ``rows`` in :meth:`KeySet.find`'s form."""
-    cols = [rows.column(c).to_pylist() for c in primary_key]
-    return cols[0] if len(cols) == 1 else list(zip(*cols))
-
-
-class _KeysToFind:
-    """Keys being looked up in SSTables newest first: which are still unresolved, and the
-    positions of those an SSTable holds (tombstones resolve a key without a row)."""
-
-    def __init__(self, keys: pa.Table, primary_key: list[str]) -> None:
-        self.keys = keys
-        self.primary_key = primary_key
-        ints = merge_int_key(keys, primary_key)
-        self.ints = ints
-        self.open = np.ones(keys.num_rows, dtype=bool)
-        self.values: list[Any] | None = None if ints is not None else [sstables.lookup_key(k, primary_key) for k in keys.to_pylist()]
-
-    @property
-    def done(self) -> bool:
-        return not self.open.any()
-
-    def find(self, key_set: sstables.KeySet) -> list[int]:
-        """Resolve the open keys ``key_set`` holds; the positions of those it holds as rows."""
-        found: list[int] = []
-        if self.ints is not None and key_set.ints is not None:
-            assert key_set.tombstones is not None and key_set.positions is not None
-            at = np.flatnonzero(self.open)
-            if not len(key_set.ints) or not len(at):
-                return found
-            i = np.searchsorted(key_set.ints, self.ints[at], side="right") - 1
-            hit = (i >= 0) & (key_set.ints[np.maximum(i, 0)] == self.ints[at])
-            self.open[at[hit]] = False
-            rows = i[hit][~key_set.tombstones[i[hit]]]
-            return np.unique(key_set.positions[rows]).tolist()  # a key asked twice is one row
-        values = self.values if self.values is not None else [sstables.lookup_key(k, self.primary_key) for k in self.keys.to_pylist()]
-        self.values = values
-        for j in np.flatnonzero(self.open):
-            hit = key_set.find(values[j])
-            if hit is not None:
-                self.open[j] = False
-                if not hit[0]:
-                    found.append(hit[1])
-        return sorted(set(found))
-
-    def remaining(self) -> pa.Table:
-        """The keys no SSTable held."""
-        return self.keys if self.open.all() else self.keys.filter(pa.array(self.open))
-
-
-def _semi_join(rows: pa.Table, keys: pa.Table, pk: list[str]) -> pa.Table:
-    """``rows`` whose primary key appears in ``keys`` (on the key columns only: Arrow's joins
-    cannot carry every column type)."""
-    if rows.num_rows == 0 or keys.num_rows == 0:
-        return rows.slice(0, 0)
-    if len(pk) == 1:
-        return rows.filter(pc.is_in(rows.column(pk[0]), value_set=keys.column(pk[0]).combine_chunks()))
-    probe = rows.select(pk).append_column("__memwal_row", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
-    hit = probe.join(keys.select(pk), keys=pk, join_type="left semi").column("__memwal_row")
-    return rows.take(pc.take(hit, pc.sort_indices(hit)))
-
-
-def _key_mask(rows: pa.Table, key: dict[str, Any]) -> pa.ChunkedArray:
-    mask = None
-    for col, value in key.items():
-        m = pc.equal(rows.column(col), pa.scalar(value, rows.schema.field(col).type))
-        mask = m if mask is None else pc.and_(mask, m)
-    return mask
 
 
 class _Refresher:

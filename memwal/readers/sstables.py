@@ -219,3 +219,34 @@ class SSTableCache:
         if not parts:
             return None
         return newest(pa.concat_tables(parts, promote_options="permissive"), primary_key)
+
+
+class LiveKeySets:
+    """Each shard's live SSTables in a snapshot, newest first, with their key sets: what a
+    point lookup walks, and what a vector search and a background refresh load.
+
+    Kept for the shard's state in the snapshot last asked about, so a lookup walks a list
+    instead of asking the byte-bounded cache for each SSTable's key set (~6 us each, 0.6 ms a
+    lookup at 100 SSTables). The list holds the live SSTables' key sets until the next
+    snapshot: beyond the cache's bound if that is smaller than the key sets of one shard's
+    live SSTables.
+    """
+
+    def __init__(self, cache: SSTableCache, primary_key: Sequence[str]) -> None:
+        self.cache = cache
+        self.primary_key = list(primary_key)
+        #: per shard: its state in the snapshot last asked about, and its live SSTables' key sets
+        self._shards: dict[str, tuple[Any, list[tuple[str, KeySet]]]] = {}
+
+    def newest(self, snap: "Snapshot", shard_id: str) -> list[tuple[str, KeySet]]:
+        """The shard's live SSTables in ``snap``, newest first, with their key sets."""
+        state = snap.shard(shard_id)
+        if state is None:
+            return []
+        cached = self._shards.get(shard_id)
+        if cached is not None and cached[0] is state:
+            return cached[1]
+        where = [paths.sstable_path(snap.dataset.uri, shard_id, sst.path) for sst in reversed(state.live_sstables)]
+        listed = [(path, self.cache.keys(path, self.primary_key)) for path in where]
+        self._shards[shard_id] = (state, listed)
+        return listed

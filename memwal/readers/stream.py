@@ -33,11 +33,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memwal import paths
 from memwal.lsm import without_keys
+from memwal.manifest import SsTable
+from memwal.readers.config import ReadConfig
 from memwal.readers.merge import BATCH_BITMAP_BYTES, BatchKeyDrop, int_key
 from memwal.readers.sql import filter_rows
-from memwal.readers.sstables import KeySet
+from memwal.readers.sstables import KeySet, SSTableCache
 from memwal.schema import TOMBSTONE
+from memwal.snapshot import Snapshot
 
 
 def _distinct(ids: np.ndarray) -> np.ndarray:
@@ -353,3 +357,50 @@ def take(batches: Iterator[pa.RecordBatch], limit: int | None) -> Iterator[pa.Re
         close = getattr(batches, "close", None)
         if close is not None:
             close()
+
+
+def scan_snapshot(
+    snap: Snapshot,
+    tail: pa.Table | None,
+    cache: SSTableCache,
+    config: ReadConfig,
+    primary_key: Sequence[str],
+    schema: pa.Schema,
+    wanted: Sequence[str],
+    where: str | None,
+    limit: int | None,
+) -> Iterator[pa.RecordBatch]:
+    """The live rows of ``snap`` and ``tail`` matching ``where``, columns ``wanted`` (which
+    hold the primary key), as record batches: a :class:`MergedScan` of the snapshot's levels,
+    their SSTables read through ``cache``, cut after ``limit`` rows. ``schema`` is the table's."""
+    pk = list(primary_key)
+    wanted = list(wanted)
+    batch_rows = config.scan_batch_rows
+    if tail is None and snap.num_live_sstables == 0:  # the base alone: Lance applies the limit
+        return iter(snap.dataset.scanner(columns=wanted, filter=where, limit=limit, batch_size=batch_rows).to_reader())
+    read_columns = [*wanted, TOMBSTONE]
+
+    def level(shard_id: str, sst: SsTable) -> Level:
+        path = paths.sstable_path(snap.dataset.uri, shard_id, sst.path)
+
+        def read() -> tuple[KeySet, pa.Table]:
+            if where is None:
+                if cache.worth_caching(sst.in_memory_bytes):
+                    rows = cache.rows(path, wanted)  # cached: an SSTable never changes
+                else:
+                    rows = cache.read(path, columns=read_columns)
+                return cache.keys(path, pk, rows), rows
+            return cache.keys(path, pk), cache.read(path, columns=read_columns, filter=where)
+
+        return Level(path, read)
+
+    shards = [[level(s.shard_id, t) for t in reversed(s.live_sstables)] for s in snap.shards]
+
+    def base() -> pa.RecordBatchReader:
+        return snap.dataset.scanner(columns=wanted, filter=where, batch_size=batch_rows).to_reader()
+
+    # A limited scan reads one SSTable at a time: it usually ends inside the newest.
+    ahead = config.scan_sstables_ahead if limit is None else 1
+    base_ahead = config.scan_base_batches_ahead if limit is None else 0
+    merged = MergedScan(shards, base, tail, wanted, pk, schema, where, batch_rows, ahead, base_ahead)
+    return take(iter(merged), limit)
