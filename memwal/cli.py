@@ -1,9 +1,12 @@
 """The ``memwal`` command line: a thin layer over the library.
 
-Exit codes (decided in one place, :func:`exit_code`): 0 success; 1 "not found" (``get`` of
-an absent key); 2 usage or input error (what the user typed or passed: arguments, keys,
-files, a table URI with no table); 3 anything else, reported as one line
-``memwal: error: <reason>`` with a hint to re-run with ``--debug`` for the traceback.
+Exit codes (decided in one place, :data:`EXIT_CODES` read by :func:`exit_code`): 0 success;
+1 "not found" (``get`` of an absent key); 2 usage or input error (what the user typed or
+passed: arguments, keys, files, a table URI with no table); 4 another process did something
+first (a writer claimed the shard, a lease is held: retry); 5 the object store kept failing
+past its retry bounds (5xx, resets, timeouts: retry once it recovers); 3 anything else (a full
+disk, a damaged table, ...), reported as one line ``memwal: error: <reason>`` with a hint to
+re-run with ``--debug`` for the traceback.
 
 Defaults of options that configure the library are read from its config dataclasses
 (``WriterConfig``, ``MaintenanceConfig``, ``GcConfig``, ...), never copied here.
@@ -26,6 +29,7 @@ from memwal.commands import (  # noqa: E402
     EXIT_CONFLICT,
     EXIT_ERROR,
     EXIT_OK,
+    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     cmd_check,
     cmd_delete,
@@ -50,6 +54,7 @@ from memwal.errors import (  # noqa: E402
     PrimaryKeyError,
     SchemaMismatchError,
     ShardingSpecError,
+    StorageUnavailableError,
     TableExistsError,
     TableNotFoundError,
     UnknownColumnError,
@@ -367,12 +372,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: Error classes -> exit code, first match wins; what matches none exits with EXIT_ERROR. A Lance
+#: error is matched as the memwal error it is (:func:`memwal.lance_errors.classify`).
+EXIT_CODES: tuple[tuple[tuple[type[BaseException], ...], int], ...] = (
+    (_INPUT_ERRORS, EXIT_USAGE),
+    ((ConcurrencyError,), EXIT_CONFLICT),
+    ((StorageUnavailableError,), EXIT_UNAVAILABLE),
+)
+
+
 def exit_code(exc: BaseException) -> int:
-    """The exit code for an error that ended a command: the one place that maps classes to codes."""
-    if isinstance(exc, _INPUT_ERRORS):
-        return EXIT_USAGE
-    known = exc if isinstance(exc, MemwalError) else classify(exc)
-    return EXIT_CONFLICT if isinstance(known, ConcurrencyError) else EXIT_ERROR
+    """The exit code for an error that ended a command (:data:`EXIT_CODES`)."""
+    known = exc if isinstance(exc, MemwalError) else (classify(exc) or exc)
+    for classes, code in EXIT_CODES:
+        if isinstance(exc, classes) or isinstance(known, classes):
+            return code
+    return EXIT_ERROR
 
 
 def error_line(exc: BaseException) -> str:

@@ -42,6 +42,7 @@ EXIT_NOT_FOUND = 1
 EXIT_USAGE = 2
 EXIT_ERROR = 3
 EXIT_CONFLICT = 4
+EXIT_UNAVAILABLE = 5
 
 #: How often long-running commands log progress.
 PROGRESS_SECONDS = 5.0

@@ -14,12 +14,17 @@ provokes each one and would fail if an upgrade reworded them.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from memwal.errors import (
     CommitConflictError,
     FencedError,
     MemwalError,
     StaleCompactionError,
+    StorageError,
+    StorageFullError,
+    StorageUnavailableError,
     TableDamagedError,
 )
 
@@ -52,6 +57,20 @@ _WAL_UNREADABLE = re.compile(_PREFIX + r"(?:LanceError\(IO\): )?failed to open W
 #: Opening a dataset (an SSTable, say) whose directory holds no versions. Lance's message
 #: gives the path without its leading ``/``; memwal's messages name the path themselves.
 _DATASET_NOT_FOUND = re.compile(_PREFIX + r"Dataset at path \S+ was not found")
+
+#: A request to the object store that failed for the store's own reasons after object_store's retries
+#: (memwal.storage.RetryPolicy): a 5xx answer (500 InternalError, 503 SlowDown), a 200 whose body is
+#: an error, or the connection (reset, timed out). object_store words it "Generic <Store> error:
+#: Error performing <METHOD> <url> ... - <reason>"; a 4xx (credentials, a missing bucket) is left alone.
+_STORE_UNAVAILABLE = re.compile(
+    r"Generic \w+ error: .*?Error performing .*? - "
+    r"(?:HTTP error|Server returned non-2xx status code: 5\d\d|Server returned error response)",
+    re.DOTALL,
+)
+
+#: A local write that found no room: ENOSPC (28), EFBIG (27, a file over the process's size limit),
+#: EDQUOT (122), as Rust's io::Error prints them inside Lance's message.
+_NO_ROOM = re.compile(r"\(os error (?:28|27|122)\)")
 
 #: ", /home/runner/work/lance/lance/rust/.../file.rs:12:34" (and any other build path).
 _SOURCE_LOCATION = re.compile(r",?\s*/[^\s,]*\.rs:\d+:\d+")
@@ -100,9 +119,31 @@ def is_not_found(exc: BaseException) -> bool:
     return _matches(_DATASET_NOT_FOUND, exc)
 
 
+def is_store_unavailable(exc: BaseException) -> bool:
+    """True if the object store failed a request past its retries (5xx, a reset, a timeout)."""
+    return _matches(_STORE_UNAVAILABLE, exc)
+
+
+def is_no_room(exc: BaseException) -> bool:
+    """True if a local write found the disk full (or the file over its size limit)."""
+    if isinstance(exc, OSError) and exc.errno in (28, 27, 122):
+        return True
+    return _matches(_NO_ROOM, exc)
+
+
 def lance_message(exc: BaseException) -> str:
     """``exc``'s message without Lance's build paths: what a user may be shown."""
     return _SOURCE_LOCATION.sub("", str(exc)).strip()
+
+
+def _short(exc: BaseException) -> str:
+    """One line of a storage failure: Lance's message without build paths and without the XML
+    body of the store's answer (its code, e.g. ``SlowDown``, is kept)."""
+    text = lance_message(exc)
+    head, xml, body = text.partition("<?xml")
+    code = re.search(r"<Code>(\w+)</Code>", body) if xml else None
+    text = head.rstrip(": ") + (f" ({code.group(1)})" if code else "")
+    return " ".join(text.split())
 
 
 def classify(exc: BaseException) -> MemwalError | None:
@@ -118,7 +159,33 @@ def classify(exc: BaseException) -> MemwalError | None:
         return StaleCompactionError(f"another compactor already compacted this generation: {lance_message(exc)}")
     if is_commit_conflict(exc):
         return CommitConflictError(f"a concurrent commit won: {lance_message(exc)}")
+    if is_no_room(exc):
+        return StorageFullError(28, f"no space left on the table's disk: {_short(exc)}; free space and retry")
+    if is_store_unavailable(exc):
+        return StorageUnavailableError(f"the object store kept failing: {_short(exc)}; retry once it recovers")
     return None
+
+
+@contextmanager
+def memwal_errors() -> Iterator[None]:
+    """Inside the block, a Lance (or storage) failure of a known kind is raised as memwal's
+    error for it (:func:`classify`), from the original; anything else as it was."""
+    try:
+        yield
+    except MemwalError:
+        raise
+    except _LANCE_TYPES as e:
+        known = classify(e)
+        if known is None:
+            raise
+        raise known from e
+
+
+def storage_failure(exc: BaseException) -> MemwalError | None:
+    """memwal's error for ``exc`` if it is a failure of the storage itself (the object store past
+    its retries, a full disk), which is never damage of the table; else None."""
+    known = exc if isinstance(exc, MemwalError) else classify(exc)
+    return known if isinstance(known, StorageError) else None
 
 
 def damaged_sstable(exc: BaseException, shard_id: str, generation: int | None, path: str) -> TableDamagedError | None:

@@ -35,6 +35,13 @@ is below the slowdown bound no storage is read at all, and only near the bounds 
 re-read (at most every ``recheck_seconds``). Between the bounds a write is delayed; at the
 stop bound it waits for compaction, then raises :class:`WriteStalledError`.
 
+A put, delete or flush that fails on storage (the object store past its client's retries, a
+reset conditional PUT, a full disk) discards the shard's writer: one whose WAL append failed is
+never written through again, and reopening it replays whatever landed. A transient failure
+(:class:`~memwal.errors.StorageUnavailableError`) is then repeated, at most the table's
+``RetryPolicy.operation_retries`` times (upserts and deletes are idempotent, so a repeat of a
+write that did land changes nothing); anything else is raised as memwal's error for it.
+
 With ``durability="fsync"`` (:class:`~memwal.metadata.WriterConfig`) a put or delete returns
 only after the WAL entries it wrote, and the WAL directory, are fsynced (:meth:`FileIO.sync`):
 Lance 14.0.2 writes them without fsync. Positions only grow, so the entries above the last
@@ -60,9 +67,16 @@ import lance.mem_wal
 import pyarrow as pa
 
 from memwal import paths
-from memwal.errors import FencedError, TableDamagedError, WriteStalledError
+from memwal.errors import (
+    FencedError,
+    MemwalError,
+    StorageError,
+    StorageUnavailableError,
+    TableDamagedError,
+    WriteStalledError,
+)
 from memwal.failpoints import failpoint
-from memwal.lance_errors import is_claim_race, is_fenced, is_wal_unreadable
+from memwal.lance_errors import classify, is_claim_race, is_fenced, is_wal_unreadable
 from memwal.manifest import ShardManifest
 from memwal.metadata import Bounds, WriterConfig
 from memwal.routing import RoutedBatch
@@ -135,6 +149,8 @@ class WriterStats:
     slowdowns: int = 0
     stalls: int = 0
     stall_seconds: float = 0.0
+    #: writes and flushes repeated after a transient storage failure (the writer reopened)
+    storage_retries: int = 0
 
     def snapshot(self) -> dict[str, float]:
         return dict(self.__dict__)
@@ -478,22 +494,56 @@ class ShardWriterPool:
     def put(self, shard_id: str, rows: pa.Table, *, retry_fenced: bool = True) -> None:
         """Upsert ``rows`` (already conformed to the table schema) into ``shard_id``."""
         for part in split_rows(rows, self.config.max_memtable_rows):
-            self._admit(shard_id)
-            self._run(shard_id, lambda w, p=part: w.put(p), "put", retry_fenced)
-            if self.fsync:
-                self._sync_wal(shard_id)
+            self._on_storage(shard_id, lambda p=part: self._apply(shard_id, lambda w: w.put(p), "put", retry_fenced), retry_fenced)
             self._count(shard_id, puts=1, rows_put=part.num_rows)
         self._renew(shard_id)
 
     def delete(self, shard_id: str, keys: pa.Table, *, retry_fenced: bool = True) -> None:
         """Delete ``keys`` (primary-key columns only) from ``shard_id``."""
         for part in split_rows(keys, self.config.max_memtable_rows):
-            self._admit(shard_id)
-            self._run(shard_id, lambda w, p=part: w.delete(p), "delete", retry_fenced)
-            if self.fsync:
-                self._sync_wal(shard_id)
+            self._on_storage(shard_id, lambda p=part: self._apply(shard_id, lambda w: w.delete(p), "delete", retry_fenced), retry_fenced)
             self._count(shard_id, deletes=1, rows_deleted=part.num_rows)
         self._renew(shard_id)
+
+    def _apply(self, shard_id: str, op: Callable[[lance.mem_wal.ShardWriter], None], what: str, retry_fenced: bool) -> None:
+        """One slice of a put or delete: back-pressure, the write, its fsync."""
+        self._admit(shard_id)
+        self._run(shard_id, op, what, retry_fenced)
+        if self.fsync:
+            self._sync_wal(shard_id)
+
+    def _on_storage(self, shard_id: str, fn: Callable[[], None], repeat: bool) -> None:
+        """Run ``fn``, one write into the shard. When storage fails it, discard the shard's writer
+        (see the module docstring), and repeat a transient failure up to ``operation_retries``
+        times when ``repeat`` (not for a write decided from what was stored: a new claim may let
+        another writer's newer write in between, so its caller decides again). Raises memwal's
+        error for the failure (:func:`memwal.lance_errors.classify`), or the original one."""
+        policy = self.state.storage.retry
+        attempt = 0
+        while True:
+            try:
+                fn()
+                return
+            except MemwalError as e:
+                if not isinstance(e, StorageError):
+                    raise
+                known: MemwalError | None = e
+                cause: Exception = e
+            except OSError as e:
+                known, cause = classify(e), e
+            with self._lock(shard_id):
+                self._discard(shard_id)
+            if known is None:
+                raise cause
+            if not (repeat and isinstance(known, StorageUnavailableError)) or attempt >= policy.operation_retries:
+                if known is cause:
+                    raise known
+                raise known from cause
+            attempt += 1
+            self._count(shard_id, storage_retries=1)
+            log.warning("shard %s: a write failed on storage (%s); repeating it (%d of %d)", shard_id, known, attempt,
+                        policy.operation_retries)
+            time.sleep(policy.backoff(attempt))
 
     def flush(self, shard_ids: list[str] | None = None) -> None:
         """Close writers, which flushes their MemTables to SSTables; they reopen on next use.
@@ -514,7 +564,8 @@ class ShardWriterPool:
                         continue
                     except OSError as e:
                         if not is_fenced(e):
-                            raise
+                            self._reflush(shard_id, e)
+                            continue
                     self._count(shard_id, fenced_retries=1)
                     log.info("writer of shard %s was fenced before its flush; reopening to flush", shard_id)
                     try:
@@ -527,6 +578,33 @@ class ShardWriterPool:
                         raise _keeps_claiming(shard_id, "flush", self._claimer(shard_id)) from e
                 finally:
                     self._release(shard_id)
+
+    def _reflush(self, shard_id: str, failure: OSError) -> None:
+        """A flush failed on storage: its MemTable's rows are in the WAL, so a writer opened
+        anew replays them, and closing it flushes them. Repeated while the failure is transient,
+        at most ``operation_retries`` times; otherwise memwal's error for it is raised."""
+        policy = self.state.storage.retry
+        for attempt in range(1, policy.operation_retries + 2):
+            known = failure if isinstance(failure, MemwalError) else classify(failure)
+            if not isinstance(known, StorageUnavailableError) or attempt > policy.operation_retries:
+                if known is None:
+                    raise failure
+                if known is failure:
+                    raise known
+                raise known from failure
+            self._count(shard_id, storage_retries=1)
+            log.warning("shard %s: a flush failed on storage (%s); flushing again (%d of %d)", shard_id, known, attempt,
+                        policy.operation_retries)
+            time.sleep(policy.backoff(attempt))
+            try:
+                self._open(shard_id).close()
+                if self.fsync:
+                    self._sync_flushed(shard_id)
+                return
+            except OSError as e:
+                if is_fenced(e):
+                    raise _keeps_claiming(shard_id, "flush", self._claimer(shard_id)) from e
+                failure = e
 
     def claim_and_flush(self, shard_id: str) -> None:
         """Open a writer on the shard (replaying its unflushed WAL) and close it (flushing)."""
