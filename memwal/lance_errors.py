@@ -13,9 +13,12 @@ provokes each one and would fail if an upgrade reworded them.
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 from memwal.errors import (
     CommitConflictError,
@@ -27,6 +30,10 @@ from memwal.errors import (
     StorageUnavailableError,
     TableDamagedError,
 )
+from memwal.storage import RetryPolicy
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: The exception types pylance raises for Lance errors.
 _LANCE_TYPES = (OSError, RuntimeError, ValueError)
@@ -34,8 +41,11 @@ _LANCE_TYPES = (OSError, RuntimeError, ValueError)
 #: Lance prefixes some messages with the error's category, e.g. "LanceError(IO): ".
 _PREFIX = r"^(?:LanceError\(\w+\): )?(?:Invalid user input: )?"
 
-#: A writer whose shard was claimed by a newer epoch (Lance ``Error::Fenced``).
-_FENCED = re.compile(r"Writer fenced \(")
+#: A writer whose shard was claimed by a newer epoch (Lance ``Error::Fenced``). Lance words a WAL
+#: write that failed past its own retries the same way, "Writer fenced (persistence failure)",
+#: though no other writer is involved: that one is the storage's failure (:data:`_PERSISTENCE`).
+_FENCED = re.compile(r"Writer fenced \((?!persistence failure\))")
+_PERSISTENCE = re.compile(r"Writer fenced \(persistence failure\)")
 #: Opening a writer lost the race to commit the next shard manifest version.
 _CLAIM_RACE = re.compile(_PREFIX + r"Failed to claim shard \S+ \(version \d+\)")
 #: ``mark_sstables_as_compacted`` with a generation at or below the recorded one.
@@ -163,6 +173,8 @@ def classify(exc: BaseException) -> MemwalError | None:
         return StorageFullError(28, f"no space left on the table's disk: {_short(exc)}; free space and retry")
     if is_store_unavailable(exc):
         return StorageUnavailableError(f"the object store kept failing: {_short(exc)}; retry once it recovers")
+    if _matches(_PERSISTENCE, exc):
+        return StorageError(f"a WAL write failed on storage: {_short(exc)}")
     return None
 
 
@@ -186,6 +198,26 @@ def storage_failure(exc: BaseException) -> MemwalError | None:
     its retries, a full disk), which is never damage of the table; else None."""
     known = exc if isinstance(exc, MemwalError) else classify(exc)
     return known if isinstance(known, StorageError) else None
+
+
+def repeat_unavailable(fn: Callable[[], T], policy: RetryPolicy, what: str) -> T:
+    """``fn()``, repeated while it fails because the object store is unavailable (a Lance commit
+    whose manifest PUT was reset or timed out: neither Lance nor its client repeats those), at
+    most ``policy.operation_retries`` times. Only for an ``fn`` that may run again whatever the
+    failed attempt did: one that reads afresh and whose commit is idempotent or refused when
+    already done (a compaction's marker, an index catch-up)."""
+    attempt = 0
+    while True:
+        try:
+            return fn()
+        except _LANCE_TYPES as e:
+            known = e if isinstance(e, MemwalError) else classify(e)
+            if not isinstance(known, StorageUnavailableError) or attempt >= policy.operation_retries:
+                raise
+            attempt += 1
+            log.warning("%s failed on the object store (%s); repeating it (%d of %d)", what, known, attempt,
+                        policy.operation_retries)
+            time.sleep(policy.backoff(attempt))
 
 
 def damaged_sstable(exc: BaseException, shard_id: str, generation: int | None, path: str) -> TableDamagedError | None:
