@@ -339,6 +339,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="drain a shard's collected SSTables at most every S seconds (each drain fences its writer once; default %(default)s)")
     s.add_argument("--flush-stranded-after", type=float, default=maintenance.flush_stranded_after_seconds, metavar="S",
         help="flush writes left unflushed S seconds by a crashed or idle writer (default %(default)s)")
+    s.add_argument("--break-lease", action="append", metavar="SHARD|all",
+        help="end the writer lease of SHARD (or of every shard) now, so the writes of a writer known to be dead are "
+        "flushed without waiting for its lease (60s) to run out; a writer that is alive after all is fenced and reopens. "
+        "A lease naming a process of this host that is gone needs no breaking; repeatable")
     s.add_argument("--no-compact", action="store_true")
     s.add_argument("--no-indexes", action="store_true")
     s.add_argument("--no-gc", action="store_true")

@@ -8,13 +8,17 @@ retries the write. A second fence means another process keeps claiming the shard
 memwal reports as :class:`FencedError` rather than fighting over it.
 
 Each open writer holds a *lease* on its shard, ``{table}/_memwal/writers/{shard}.json``
-(owner, expiry), written when it claims the shard and renewed by its writes at most every
-``renew_seconds``; flushing or closing the writer ends it. Maintenance's stranded-write
-flush skips a shard whose lease is live: the writer is alive, merely idle, and fencing it
-would only make it reopen (and, with short settings, fight maintenance over the shard).
-A writer whose process died stops renewing, so its lease expires after ``lease_seconds``
-and its writes are flushed. The lease is advisory (Lance's epochs still decide who owns a
-shard); it also tells a fenced writer who claimed the shard last.
+(owner ``host:pid:token``, expiry), written when it claims the shard and renewed by its writes
+at most every ``renew_seconds``; flushing or closing the writer ends it. Maintenance's
+stranded-write flush skips a shard whose lease is live: the writer is alive, merely idle, and
+fencing it would only make it reopen (and, with short settings, fight maintenance over the
+shard). A writer whose process died stops renewing, so its lease expires after
+``lease_seconds`` and its writes are flushed; until then eventual readers do not see them.
+Sooner when the lease names a process of this host that is gone (:meth:`WriterLease.holder_gone`),
+or when an operator ends the lease (:meth:`ShardWriterPool.break_lease`, ``memwal maintain
+--break-lease``). The lease is advisory (Lance's epochs still decide who owns a shard), so
+ending the lease of a writer that is alive after all costs it one reopen, never a write; it
+also tells a fenced writer who claimed the shard last.
 
 Before it claims a shard the pool checks that the shard's unflushed WAL has no gap: Lance's
 replay stops at the first missing entry and the writer would then flush (and so drop) only
@@ -103,6 +107,14 @@ def _owner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+def _owner_process(owner: str) -> tuple[str | None, int | None]:
+    """(host, pid) named by a lease owner ``host:pid:token`` (maintenance's read "maintenance host:pid:token")."""
+    parts = owner.rsplit(" ", 1)[-1].rsplit(":", 2)
+    if len(parts) != 3 or not parts[1].isdigit():
+        return None, None
+    return parts[0], int(parts[1])
+
+
 @dataclass(frozen=True)
 class WriterLease:
     """Who writes a shard, until when (seconds since the epoch). Live while ``expires_at`` is ahead."""
@@ -112,6 +124,29 @@ class WriterLease:
 
     def live(self, now: float | None = None) -> bool:
         return self.expires_at > (time.time() if now is None else now)
+
+    def holder_gone(self) -> bool:
+        """True if the lease names a process of this host that no longer runs (or is a zombie).
+
+        Only ever True for this host's processes: elsewhere nothing is known, and the lease
+        runs out. A reused pid looks alive (the lease then runs out too). A writer on another
+        host with this host's name, in another pid namespace, may be taken for gone: it is
+        fenced by the flush and reopens, which costs it a claim and loses nothing.
+        """
+        host, pid = _owner_process(self.owner)
+        if host != socket.gethostname() or pid is None:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False  # another user's live process
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:  # a killed child its parent has not reaped
+                return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+        except (OSError, IndexError):
+            return False
 
     def to_json(self) -> bytes:
         return json.dumps({"owner": self.owner, "expires_at": self.expires_at}).encode()
@@ -252,9 +287,10 @@ class ShardWriterPool:
         except (FileNotFoundError, OSError):
             return None
 
-    def _write_lease(self, shard_id: str, expires_at: float) -> None:
+    def _write_lease(self, shard_id: str, expires_at: float, owner: str | None = None) -> None:
         try:
-            self.state.io.write(paths.writer_lease(self.state.uri, shard_id), WriterLease(self.owner, expires_at).to_json())
+            lease = WriterLease(owner or self.owner, expires_at)
+            self.state.io.write(paths.writer_lease(self.state.uri, shard_id), lease.to_json())
         except OSError as e:  # advisory: never fail a write over it
             log.warning("could not write the writer lease of shard %s: %s", shard_id, e)
 
@@ -270,6 +306,17 @@ class ShardWriterPool:
         held = self.lease(shard_id)
         if held is not None and held.owner == self.owner and held.live():
             self._write_lease(shard_id, time.time())
+
+    def break_lease(self, shard_id: str) -> WriterLease | None:
+        """End another writer's live lease on the shard now; returns the lease it ended (None:
+        none was live). For an operator who knows the writer is dead: its writes become flushable
+        at once instead of when the lease runs out. A writer that is alive after all renews the
+        lease at its next write, or is fenced by the flush and reopens: nothing is lost."""
+        held = self.lease(shard_id)
+        if held is None or not held.live() or held.owner == self.owner:
+            return None
+        self._write_lease(shard_id, time.time(), owner=held.owner)
+        return held
 
     def _claimer(self, shard_id: str) -> str | None:
         """Who claimed the shard last, if another pool's lease says so."""
@@ -642,7 +689,7 @@ class ShardWriterPool:
 
         With ``skip_live_writers`` (what maintenance does) a shard whose writer holds a live
         lease is skipped: its writer is alive, merely idle, and will flush itself (see the
-        module docstring). Without it every such shard is flushed now, as a stopped ingest
+        module docstring); unless the lease names a process of this host that is gone. Without it every such shard is flushed now, as a stopped ingest
         query wants for the writers its tasks left behind.
 
         A shard whose WAL has a gap is never flushed (that would drop the entries after the
@@ -668,8 +715,11 @@ class ShardWriterPool:
                     continue
                 held = self.lease(shard_id) if skip_live_writers else None
                 if held is not None and held.owner != self.owner and held.live(now):
-                    log.info("shard %s has unflushed writes of a live writer (%s); leaving them to it", shard_id, held.owner)
-                    continue
+                    if not held.holder_gone():
+                        log.info("shard %s has unflushed writes of a live writer (%s); leaving them to it", shard_id, held.owner)
+                        continue
+                    log.warning("shard %s: its writer %s is gone (no such process on this host); flushing its writes "
+                                "without waiting for its lease", shard_id, held.owner)
                 log.info("flushing stranded WAL entries of shard %s", shard_id)
                 try:
                     self.claim_and_flush(shard_id)
