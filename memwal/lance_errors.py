@@ -181,7 +181,8 @@ def classify(exc: BaseException) -> MemwalError | None:
 @contextmanager
 def memwal_errors() -> Iterator[None]:
     """Inside the block, a Lance (or storage) failure of a known kind is raised as memwal's
-    error for it (:func:`classify`), from the original; anything else as it was."""
+    error for it (:func:`classify`), from the original; anything else as it was. Also a
+    decorator (``@memwal_errors()``) for the public entry points of the API."""
     try:
         yield
     except MemwalError:
@@ -212,8 +213,12 @@ def repeat_unavailable(fn: Callable[[], T], policy: RetryPolicy, what: str) -> T
             return fn()
         except _LANCE_TYPES as e:
             known = e if isinstance(e, MemwalError) else classify(e)
-            if not isinstance(known, StorageUnavailableError) or attempt >= policy.operation_retries:
+            if not isinstance(known, StorageUnavailableError):
                 raise
+            if attempt >= policy.operation_retries:
+                if known is e:
+                    raise
+                raise known from e
             attempt += 1
             log.warning("%s failed on the object store (%s); repeating it (%d of %d)", what, known, attempt,
                         policy.operation_retries)

@@ -181,8 +181,8 @@ class RetryPolicy:
         }
 
 
-#: Storage option -> (:class:`RetryPolicy` field, type). ``memwal_operation_retries`` is memwal's own and
-#: reaches neither Lance nor obstore.
+#: Storage option -> (:class:`RetryPolicy` field, type). ``memwal_operation_retries`` is memwal's own:
+#: obstore never sees it, Lance ignores it.
 RETRY_OPTION_KEYS: Final[Mapping[str, tuple[str, type]]] = {
     "client_max_retries": ("max_retries", int),
     "client_retry_timeout": ("retry_timeout_seconds", int),
@@ -190,7 +190,6 @@ RETRY_OPTION_KEYS: Final[Mapping[str, tuple[str, type]]] = {
     "connect_timeout": ("connect_timeout", str),
     "memwal_operation_retries": ("operation_retries", int),
 }
-_MEMWAL_ONLY_KEYS: Final = frozenset({"memwal_operation_retries"})
 
 
 # Parts of a key that mark its value as a secret, never shown in a repr or an error message.
@@ -280,9 +279,10 @@ class StorageConfig:
 
     def lance_options(self) -> dict[str, str]:
         """``storage_options=`` for every Lance call: the options, with the retry policy's
-        client settings where the options do not set them (local paths ignore them)."""
-        options = {k: v for k, v in self.options.items() if k not in _MEMWAL_ONLY_KEYS}
-        return {**self.retry.client_options(), **options}
+        client settings where the options do not set them (local paths ignore them). memwal's
+        own settings ride along (Lance ignores keys it does not know), so code handed only
+        these options still finds the policy (``RetryPolicy.from_options``)."""
+        return {**self.retry.client_options(), **self.options}
 
     def obstore_kwargs(self, scheme: str) -> dict[str, Any]:
         """Keyword arguments for ``obstore.store.from_url`` on a ``scheme://`` URL.

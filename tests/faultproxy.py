@@ -33,7 +33,7 @@ import socketserver
 import struct
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -126,23 +126,36 @@ def rule(fault: Fault, *methods: str, **kwargs) -> Rule:
 
 @dataclass
 class ProxyStats:
-    """What the proxy saw and did: requests by method, faults injected by name, and per path
-    the number of times a request was sent (a count above one is a client's retry)."""
+    """What the proxy saw and did: requests by method, faults injected by name, requests
+    forwarded, and repeated writes: a PUT, POST or DELETE of a path among the last
+    :data:`RECENT` such requests, i.e. a client's retry (or repeat) of a write."""
 
     requests: Counter = field(default_factory=Counter)
     injected: Counter = field(default_factory=Counter)
     forwarded: int = 0
-    sent: Counter = field(default_factory=Counter)
+    repeated_requests: int = 0
+    _recent: OrderedDict = field(default_factory=OrderedDict, repr=False)
 
     @property
     def total_injected(self) -> int:
         return sum(self.injected.values())
 
-    @property
-    def repeated_requests(self) -> int:
-        """Requests for a (method, path) seen before: an upper bound of the clients' retries
-        (GETs of the same manifest are also repeated by ordinary reads)."""
-        return sum(n - 1 for n in self.sent.values() if n > 1)
+    def saw(self, method: str, path: str) -> None:
+        self.requests[method] += 1
+        if method in ("PUT", "POST", "DELETE"):
+            key = (method, path)
+            if key in self._recent:
+                self.repeated_requests += 1
+                self._recent.move_to_end(key)
+            else:
+                self._recent[key] = None
+                if len(self._recent) > RECENT:
+                    self._recent.popitem(last=False)
+
+
+#: How many recent writes :class:`ProxyStats` remembers to recognise a repeat (bounded: a soak
+#: writes millions of distinct objects).
+RECENT = 20_000
 
 
 class _Server(socketserver.ThreadingTCPServer):
@@ -337,8 +350,7 @@ class FaultProxy:
 
     def _decide(self, method: str, path: str, conditional: bool) -> Fault | None:
         with self._lock:
-            self.stats.requests[method] += 1
-            self.stats.sent[(method, path)] += 1
+            self.stats.saw(method, path)
             for r in self.rules:
                 if not r.matches(method, path, conditional):
                     continue
@@ -360,3 +372,67 @@ def start_proxy(upstream: str, *, seed: int = 0) -> Iterator[FaultProxy]:
         yield proxy
     finally:
         proxy.stop()
+
+
+#: The mix a soak injects at its ``--faults`` rate: what S3 answers under load, mostly, and the
+#: rarer dropped connections and conflicts. Latency spikes stay short: the soak measures lookups.
+SOAK_MIX: tuple[tuple[Fault, float], ...] = (
+    (Fault.slow_down(), 0.4),
+    (Fault.internal_error(), 0.15),
+    (Fault.reset(), 0.15),
+    (Fault.reset(after_forward=True), 0.1),
+    (Fault.conflict(), 0.1),
+    (Fault.delay(0.5), 0.1),
+)
+
+
+def soak_rules(rate: float) -> list[Rule]:
+    """Rules injecting :data:`SOAK_MIX` into ``rate`` of all requests (409s into conditional
+    writes only). The rules are tried in turn, each firing with its share of ``rate`` (given
+    that the ones before it did not)."""
+    rules, left = [], 1.0
+    for fault, share in SOAK_MIX:
+        p = rate * share / max(left, 1e-9)
+        rules.append(Rule(fault, conditional=True if fault.kind == "conflict" else None, probability=min(p, 1.0)))
+        left -= rate * share
+    return rules
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run a proxy as a process of its own (the soak's), printing its endpoint, and rewriting
+    ``--stats`` (JSON: requests, faults injected by kind, requests forwarded, repeated requests)
+    every second until killed."""
+    import argparse
+    import json
+    import os
+    import signal
+    import sys
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--upstream", required=True, help="the store's endpoint, e.g. http://127.0.0.1:5000")
+    p.add_argument("--rate", type=float, default=0.0, help="share of requests failed with SOAK_MIX (0.01 = 1%%)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stats", help="a JSON file rewritten every second")
+    args = p.parse_args(argv)
+    proxy = FaultProxy(args.upstream, seed=args.seed).start()
+    proxy.set_rules(*soak_rules(args.rate))
+    print(proxy.endpoint, flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        while True:
+            if args.stats:
+                with proxy._lock:
+                    s = proxy.stats
+                    data = {"requests": dict(s.requests), "injected": dict(s.injected), "forwarded": s.forwarded,
+                            "repeated_requests": s.repeated_requests}
+                tmp = f"{args.stats}.tmp"
+                with open(tmp, "w") as f:
+                    json.dump(data, f)
+                os.replace(tmp, args.stats)
+            time.sleep(1.0)
+    finally:
+        proxy.stop()
+
+
+if __name__ == "__main__":
+    main()
