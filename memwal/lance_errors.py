@@ -80,7 +80,7 @@ _STORE_UNAVAILABLE = re.compile(
 
 #: A local write that found no room: ENOSPC (28), EFBIG (27, a file over the process's size limit),
 #: EDQUOT (122), as Rust's io::Error prints them inside Lance's message.
-_NO_ROOM = re.compile(r"\(os error (?:28|27|122)\)")
+_NO_ROOM = re.compile(r"\(os error (28|27|122)\)")
 
 #: ", /home/runner/work/lance/lance/rust/.../file.rs:12:34" (and any other build path).
 _SOURCE_LOCATION = re.compile(r",?\s*/[^\s,]*\.rs:\d+:\d+")
@@ -170,7 +170,10 @@ def classify(exc: BaseException) -> MemwalError | None:
     if is_commit_conflict(exc):
         return CommitConflictError(f"a concurrent commit won: {lance_message(exc)}")
     if is_no_room(exc):
-        return StorageFullError(28, f"no space left on the table's disk: {_short(exc)}; free space and retry")
+        found = _NO_ROOM.search(str(exc))
+        code = int(found.group(1)) if found else getattr(exc, "errno", None) or 28
+        return StorageFullError(code, f"no space left for the table (disk full, quota or file size limit): {_short(exc)}; "
+                                "free space and retry")
     if is_store_unavailable(exc):
         return StorageUnavailableError(f"the object store kept failing: {_short(exc)}; retry once it recovers")
     if _matches(_PERSISTENCE, exc):
