@@ -84,9 +84,17 @@ _INPUT_ERRORS: tuple[type[BaseException], ...] = (
 DEBUG_HINT = "memwal: re-run with --debug to see the traceback"
 
 
+#: Loggers that stay at WARNING however verbose the command: py4j's DEBUG log is every call the
+#: driver makes into Spark's JVM, arguments included, and so the credentials memwal hands to
+#: Spark's Hadoop settings for an s3a:// checkpoint.
+_QUIET_LOGGERS = ("py4j",)
+
+
 def _setup_logging(verbosity: int) -> None:
     level = logging.WARNING - 10 * verbosity
     logging.basicConfig(level=max(level, logging.DEBUG), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in _QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _durability_flag(s: argparse.ArgumentParser, default: str | None = None, what: str = "durability of this command's writes") -> None:
