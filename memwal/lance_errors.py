@@ -82,6 +82,12 @@ _STORE_UNAVAILABLE = re.compile(
 #: EDQUOT (122), as Rust's io::Error prints them inside Lance's message.
 _NO_ROOM = re.compile(r"\(os error (28|27|122)\)")
 
+#: A flush whose new SSTable's first commit (a conditional PUT) Lance took for "already exists":
+#: S3 answered 409 ConditionalRequestConflict, which object_store reports that way (found by the
+#: soak under faults), or an earlier attempt landed and its answer was lost. Whatever is there is
+#: an orphan no manifest lists (GC collects it); flushing again makes a new SSTable.
+_SSTABLE_EXISTS = re.compile(_PREFIX + r"(?:LanceError\(IO\): )?Dataset already exists: \S*_mem_wal/\S+_gen_\d+")
+
 #: ", /home/runner/work/lance/lance/rust/.../file.rs:12:34" (and any other build path).
 _SOURCE_LOCATION = re.compile(r",?\s*/[^\s,]*\.rs:\d+:\d+")
 
@@ -176,6 +182,8 @@ def classify(exc: BaseException) -> MemwalError | None:
                                 "free space and retry")
     if is_store_unavailable(exc):
         return StorageUnavailableError(f"the object store kept failing: {_short(exc)}; retry once it recovers")
+    if _matches(_SSTABLE_EXISTS, exc):
+        return StorageUnavailableError(f"the object store failed a flush's commit: {_short(exc)}; flush again")
     if _matches(_PERSISTENCE, exc):
         return StorageError(f"a WAL write failed on storage: {_short(exc)}")
     return None

@@ -127,14 +127,14 @@ def rule(fault: Fault, *methods: str, **kwargs) -> Rule:
 @dataclass
 class ProxyStats:
     """What the proxy saw and did: requests by method, faults injected by name, requests
-    forwarded, and repeated writes: a PUT, POST or DELETE of a path among the last
-    :data:`RECENT` such requests, i.e. a client's retry (or repeat) of a write."""
+    forwarded, and retries: requests for a (method, path) that a fault failed before (among the
+    last :data:`RECENT` such), i.e. a client sending a failed request again."""
 
     requests: Counter = field(default_factory=Counter)
     injected: Counter = field(default_factory=Counter)
     forwarded: int = 0
-    repeated_requests: int = 0
-    _recent: OrderedDict = field(default_factory=OrderedDict, repr=False)
+    retried: int = 0
+    _failed: OrderedDict = field(default_factory=OrderedDict, repr=False)
 
     @property
     def total_injected(self) -> int:
@@ -142,19 +142,17 @@ class ProxyStats:
 
     def saw(self, method: str, path: str) -> None:
         self.requests[method] += 1
-        if method in ("PUT", "POST", "DELETE"):
-            key = (method, path)
-            if key in self._recent:
-                self.repeated_requests += 1
-                self._recent.move_to_end(key)
-            else:
-                self._recent[key] = None
-                if len(self._recent) > RECENT:
-                    self._recent.popitem(last=False)
+        if self._failed.pop((method, path), False):
+            self.retried += 1
+
+    def failed(self, method: str, path: str) -> None:
+        self._failed[(method, path)] = True
+        if len(self._failed) > RECENT:
+            self._failed.popitem(last=False)
 
 
-#: How many recent writes :class:`ProxyStats` remembers to recognise a repeat (bounded: a soak
-#: writes millions of distinct objects).
+#: How many failed requests :class:`ProxyStats` remembers to recognise their retries (bounded:
+#: a soak fails thousands of distinct requests).
 RECENT = 20_000
 
 
@@ -361,6 +359,8 @@ class FaultProxy:
                     continue
                 r.fired += 1
                 self.stats.injected[r.fault.name] += 1
+                if r.fault.kind != "delay":
+                    self.stats.failed(method, path)
                 return r.fault
         return None
 
@@ -400,7 +400,7 @@ def soak_rules(rate: float) -> list[Rule]:
 
 def main(argv: list[str] | None = None) -> None:
     """Run a proxy as a process of its own (the soak's), printing its endpoint, and rewriting
-    ``--stats`` (JSON: requests, faults injected by kind, requests forwarded, repeated requests)
+    ``--stats`` (JSON: requests, faults injected by kind, requests forwarded, failed requests retried)
     every second until killed."""
     import argparse
     import json
@@ -424,7 +424,7 @@ def main(argv: list[str] | None = None) -> None:
                 with proxy._lock:
                     s = proxy.stats
                     data = {"requests": dict(s.requests), "injected": dict(s.injected), "forwarded": s.forwarded,
-                            "repeated_requests": s.repeated_requests}
+                            "retried": s.retried}
                 tmp = f"{args.stats}.tmp"
                 with open(tmp, "w") as f:
                     json.dump(data, f)

@@ -132,7 +132,7 @@ def _prepare(uri: str, opts: dict[str, str], model: Model, stage: str) -> None:
     Table.create(uri, SCHEMA, ["id"], "bucket(id, 2)", storage_options=opts).close()
     with Table.open(uri, opts) as t:
         assert model.write(t, rows(range(40), "a"))
-    if stage in ("flush", "put"):
+    if stage in ("flush", "flush (SSTable)", "put"):
         return
     with Table.open(uri, opts) as t:
         assert model.write(t, rows(range(20, 60), "b"))
@@ -154,6 +154,8 @@ def _prepare(uri: str, opts: dict[str, str], model: Model, stage: str) -> None:
 OPERATIONS = {
     "put": ("Table.write: a WAL entry (conditional PUT)", "PUT", r"/_mem_wal/[^/]+/wal/"),
     "flush": ("Table.flush: an SSTable and the shard manifest (conditional PUT)", "PUT", r"/_mem_wal/[^/]+/manifest/"),
+    # the SSTable's own first commit: a lost answer makes Lance find "Dataset already exists" (seen in the soak)
+    "flush (SSTable)": ("Table.flush: the SSTable's first manifest (conditional PUT)", "PUT", r"/_mem_wal/[^/]+/[0-9a-f]{8}_gen_\d+/_versions/"),
     "compaction": ("Compactor: a base table commit (conditional PUT of its manifest)", "PUT", r"/t/_versions/"),
     "index catch-up": ("IndexMaintainer.catch_up: index files and a base commit", "PUT", r"/t/_versions/"),
     "gc": ("GarbageCollector: a shard manifest drain (conditional PUT) and bulk deletes", "PUT|POST", r"/_mem_wal/[^/]+/manifest/|^/[^/]+$"),
@@ -179,7 +181,7 @@ def _operation(op: str, uri: str, opts: dict[str, str], model: Model) -> Callabl
             table.writers.flush()  # not under test here: only the WAL entry is
 
         return put
-    if op == "flush":
+    if op in ("flush", "flush (SSTable)"):
         table = Table.open(uri, opts)
         assert model.write(table, rows(range(30, 50), "f"))
         return table.writers.flush
