@@ -621,7 +621,8 @@ class ShardWriterPool:
                             self._sync_flushed(shard_id)
                     except OSError as e:
                         if not is_fenced(e):
-                            raise
+                            self._reflush(shard_id, e)  # the storage failed the new writer's flush
+                            continue
                         raise _keeps_claiming(shard_id, "flush", self._claimer(shard_id)) from e
                 finally:
                     self._release(shard_id)
