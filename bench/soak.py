@@ -744,7 +744,7 @@ def main() -> None:
                     pending = 0
                     while time.time() < end:
                         pending = max(pending, sum(s.pending_sstables for s in table.status().shards))
-                        time.sleep(1)
+                        time.sleep(5 if store else 1)  # a status costs dozens of requests on S3
                     now = time.time()
                     rows = job.rows()
                     probed = [(s, hit) for at, s, hit in read_probes(lookups_csv) if last_t <= at < now]

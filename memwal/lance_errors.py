@@ -185,7 +185,10 @@ def classify(exc: BaseException) -> MemwalError | None:
     if _matches(_SSTABLE_EXISTS, exc):
         return StorageUnavailableError(f"the object store failed a flush's commit: {_short(exc)}; flush again")
     if _matches(_PERSISTENCE, exc):
-        return StorageError(f"a WAL write failed on storage: {_short(exc)}")
+        # Its cause not a full disk nor an outage past the retries: Lance lost track of a WAL
+        # append ("position taken after a failed PUT": the store applied it and the answer was
+        # lost, or answered 409). A reopened writer replays what landed; the write is repeated.
+        return StorageUnavailableError(f"a WAL write's outcome is unknown: {_short(exc)}; reopen and repeat it")
     return None
 
 
