@@ -86,7 +86,8 @@ from memwal.metadata import Bounds, WriterConfig
 from memwal.routing import RoutedBatch
 from memwal.sharding import ShardValues, field_entries
 from memwal.state import TableState
-from memwal.wal import WalTailReader, check_contiguous, first_unreadable_entry, wal_positions
+from memwal.io import uri_scheme
+from memwal.wal import WalTailReader, check_contiguous, fill_skipped, first_unreadable_entry, wal_positions
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +187,8 @@ class WriterStats:
     stall_seconds: float = 0.0
     #: writes and flushes repeated after a transient storage failure (the writer reopened)
     storage_retries: int = 0
+    #: WAL positions a write skipped on S3 (a 409), filled (:meth:`ShardWriterPool._fill_skipped`)
+    wal_holes_filled: int = 0
 
     def snapshot(self) -> dict[str, float]:
         return dict(self.__dict__)
@@ -233,6 +236,8 @@ class ShardWriterPool:
     durability: str | None = None
     #: Per shard, the highest WAL position this pool has fsynced (durability "fsync").
     _synced: dict[str, int] = field(default_factory=dict, repr=False)
+    #: Per shard, the WAL position up to which this pool found no hole (on S3: :meth:`_fill_skipped`).
+    _contiguous: dict[str, int] = field(default_factory=dict, repr=False)
     _dirs_synced: set[str] = field(default_factory=set, repr=False)
 
     @property
@@ -331,8 +336,23 @@ class ShardWriterPool:
         m = manifests.read_shard(shard_id, version) if version is not None else None
         if m is None:
             return 0
-        check_contiguous(self.state.io, self.state.uri, shard_id, m.replay_after_wal_entry_position)
+        positions = check_contiguous(self.state.io, self.state.uri, shard_id, m.replay_after_wal_entry_position)
+        self._contiguous[shard_id] = positions[-1] if positions else m.replay_after_wal_entry_position
         return m.replay_after_wal_entry_position
+
+    def _fill_skipped(self, shard_id: str) -> None:
+        """On S3, after a write returned: fill the WAL positions it skipped (a 409 taken for an
+        occupied position, see :func:`memwal.wal.fill_skipped`) before it is acknowledged.
+        One listing of the shard's WAL per write."""
+        if uri_scheme(self.state.uri) not in ("s3", "s3a"):
+            return
+        top, filled = fill_skipped(self.state.io, self.state.uri, shard_id, self._contiguous.get(shard_id, 0))
+        self._contiguous[shard_id] = top
+        if filled:
+            self._count(shard_id, wal_holes_filled=len(filled))
+            log.warning("shard %s: the writer skipped WAL position(s) %s (S3 answered 409 to a conditional PUT); "
+                        "filled them with empty entries so replay goes on to the acknowledged writes after them",
+                        shard_id, ", ".join(map(str, filled)))
 
     # -- durability -------------------------------------------------------------------------------
 
@@ -398,9 +418,11 @@ class ShardWriterPool:
             except OSError as e:
                 if is_wal_unreadable(e):
                     raise self._unreadable_wal(shard_id) from e
-                # Lance gives up when another claim (a writer, or a GC drain) commits the same
-                # manifest version first; the spec says to reload and claim again.
-                if not is_claim_race(e):
+                # Lance gives up when another claim (a writer, a GC drain, maintenance flushing a
+                # dead writer's shard) commits the same manifest version first, or claims the
+                # shard while this open replays its WAL ("fenced during open"); the spec says to
+                # reload and claim again.
+                if not (is_claim_race(e) or is_fenced(e)):
                     raise
                 if attempt == _CLAIM_ATTEMPTS - 1:
                     claimer = self._claimer(shard_id)
@@ -556,6 +578,7 @@ class ShardWriterPool:
         """One slice of a put or delete: back-pressure, the write, its fsync."""
         self._admit(shard_id)
         self._run(shard_id, op, what, retry_fenced)
+        self._fill_skipped(shard_id)
         if self.fsync:
             self._sync_wal(shard_id)
 

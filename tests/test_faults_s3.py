@@ -169,6 +169,7 @@ def _operation(op: str, uri: str, opts: dict[str, str], model: Model) -> Callabl
     state = TableState.load(uri, opts)
     if op == "put":
         table = Table.open(uri, opts)
+        assert model.write(table, rows(range(40, 45), "w"))  # the writers open: the faults meet data appends
         data = rows(range(30, 50), "p")
 
         def put() -> None:
@@ -382,3 +383,31 @@ def test_the_cli_exits_5_when_the_store_stays_unavailable(s3_server, proxy, tmp_
     p = subprocess.run([sys.executable, "-m", "memwal", "put", uri, str(data), *flags],
                        capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 0, p.stderr
+
+
+@pytest.mark.parametrize("times", [1, 3])
+def test_a_409_on_a_wal_append_leaves_no_hole(s3_server, proxy, times):
+    """Found by the random-fault test: S3's 409 on a WAL entry's conditional PUT reaches Lance as
+    "already exists", and Lance's append takes the position for occupied and writes the entry at
+    the next one. The skipped position stayed empty (WAL 1, 3, 4): every replay stops there, so
+    memwal refused the shard (WalGapError) and the acknowledged writes after it were stranded.
+    The writer now fills the positions its write skipped before acknowledging it."""
+    opts = options(s3_server, proxy)
+    uri = s3_server.fresh_uri("t")
+    Table.create(uri, SCHEMA, ["id"], "unsharded", storage_options=opts).close()
+    model = Model()
+    t = Table.open(uri, opts)
+    assert model.write(t, rows(range(10), "a"))
+    with proxy.faults(rule(Fault.conflict(), "PUT", path=r"/wal/", times=times)) as rules:
+        assert model.write(t, rows(range(5, 20), "b"))
+    assert rules[0].fired == times
+    assert model.write(t, rows(range(15, 30), "c"))
+    assert t.writers.stats.wal_holes_filled == times
+    checked(uri, opts)
+    model.check(uri, opts)  # a strong reader replays the WAL through the filled positions
+    t.close()
+    model.check(uri, opts, consistency="eventual")
+    with Table.open(uri, opts) as again:  # a new writer claims and replays: nothing stranded
+        assert model.write(again, rows(range(30, 35), "d"))
+    checked(uri, opts)
+    model.check(uri, opts, consistency="eventual")
