@@ -1,6 +1,7 @@
 # The two commands of the README's Quick start, and what they need.
 #   make demo   end-to-end demo on a local embedded setup
 #   make test   lint (ruff, the import-layer contract) and the whole test suite
+#   make soak-tests  the tests marked soak (each over ~40 s; the default suite leaves them out)
 #   make crash  1000 randomized writer/maintenance SIGKILL trials (bench/crash.py; TRIALS=N to change)
 # Both create .venv/ and install memwal with its pinned dependencies, then fetch the JVM
 # artifacts with Maven into .jars/ (Spark's Kafka connector, an Apache Kafka 4 broker,
@@ -13,7 +14,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 JARS := .jars/.complete
 
-.PHONY: demo test crash system-deps clean
+.PHONY: demo test soak-tests crash system-deps clean
 
 system-deps:
 	@command -v java >/dev/null 2>&1 || { echo "installing Java (for Spark)"; \
@@ -40,6 +41,9 @@ test: system-deps $(VENV)/.installed $(JARS)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest
+
+soak-tests: system-deps $(VENV)/.installed $(JARS)
+	$(PY) -m pytest -m soak
 
 TRIALS ?= 1000
 crash: $(VENV)/.installed $(JARS)

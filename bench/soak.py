@@ -19,8 +19,21 @@ redraws it from a CSV alone.
 The table stays fast when lookups, SSTables, fragments and manifest bytes are flat over the
 hour and disk tracks the live data (docs/bench-log/soak.md, "Soak").
 
+Under faults (``--faults RATE``): the table lives on an S3 API (moto's server, a process of its
+own) behind a fault-injecting proxy (tests/faultproxy.py, another process) that fails RATE of
+all requests, with S3's 503 SlowDown and 500 InternalError, connection resets (before and after
+the store applied the request), 409 on conditional PUTs and latency spikes; every process of
+the run (ingest, ``memwal maintain``, the probers) goes through it, and the run's own
+measurements go to moto directly. ``--broker-restart-every MIN`` also restarts the Kafka
+broker. The CSV then carries the faults injected, lookups that failed, maintenance cycles that
+failed and broker restarts, and the end of the run reports them with the failed requests the
+clients sent again (their retries).
+
 Run: ``python bench/soak.py`` (``--rate 10000 --minutes 60`` by default; needs the ``bench``
-extra for the PNG).
+extra for the PNG); under faults e.g. ``python bench/soak.py --faults 0.01 --rate 400
+--base-rows 100000 --minutes 30 --broker-restart-every 10``, and its baseline, the same on S3
+without faults, ``--s3`` instead of ``--faults 0.01`` (the S3 API on 127.0.0.1 takes far fewer
+rows/s than a local disk: pick a rate the baseline sustains).
 """
 
 from __future__ import annotations
@@ -55,8 +68,10 @@ from common import git_rev, machine, pct, read_samples, today  # noqa: E402
 from ingest import open_broker  # noqa: E402
 from keepup import SCHEMA, base_table, disk_bytes, read_probes  # noqa: E402
 
-from memwal import Table, readers  # noqa: E402
+from memwal import Table, paths, readers  # noqa: E402
+from memwal.io import FileIO, file_io_for  # noqa: E402
 from memwal.maintenance import MaintenanceConfig  # noqa: E402
+from memwal.metrics import MaintenanceMetrics  # noqa: E402
 from memwal.streaming import SinkOptions, ingest, local_session  # noqa: E402
 
 #: CSV columns, in order; the PNG draws them in panels of like units.
@@ -64,6 +79,8 @@ COLUMNS = [
     "t_s", "rows_per_s", "backlog", "uncompacted_sstables", "base_fragments", "manifest_bytes", "disk_bytes",
     "live_bytes", "index_bytes", "live_rows", "lookup_p50_ms", "lookup_p99_ms", "lookups", "scan_rows_per_s", "freshness_s", "query_restarts", "produce_failed",
     "maintain_rss_bytes", "prober_rss_bytes", "small_base_fragments",
+    # under --faults / --broker-restart-every (cumulative but for lookup_errors, per sample)
+    "faults_injected", "retried_requests", "lookup_errors", "maintain_cycles", "maintain_failures", "broker_restarts",
 ]
 #: The control prober's lookups by kind (its CSV's ``which``) -> the prefix of their columns.
 CONTROL_KINDS = {"memwal": "control_memwal", "lance": "control_lance", "inline": "inline_refresh"}
@@ -249,16 +266,8 @@ def read_scans(path: str) -> list[tuple[float, float, int, float]]:
     return read_samples(path, float, float, int, float)
 
 
-def newest_manifest_bytes(uri: str) -> int:
-    d = os.path.join(uri, "_versions")
-    sizes = []
-    for n in os.listdir(d):
-        if n.endswith(".manifest"):
-            try:
-                st = os.stat(os.path.join(d, n))
-                sizes.append((st.st_mtime, st.st_size))
-            except FileNotFoundError:
-                pass  # cleaned while we listed
+def newest_manifest_bytes(uri: str, io: FileIO) -> int:
+    sizes = [(f.mtime, f.size) for f in io.list_prefix(paths.join(uri, "_versions")) if f.path.endswith(".manifest")]
     return max(sizes)[1] if sizes else 0
 
 
@@ -267,17 +276,89 @@ def index_bytes(ds: lance.LanceDataset) -> int:
     return sum(d.total_size_bytes or 0 for d in ds.describe_indices() if d.name != "__lance_mem_wal")
 
 
-def live_bytes(ds: lance.LanceDataset) -> int:
+def live_bytes(ds: lance.LanceDataset, uri: str, io: FileIO) -> int:
     """Bytes of the data files the base table's current version reads: the live data, plus the
     rows its deletion files hide (what compaction of the base has not yet dropped)."""
-    total = 0
-    for frag in ds.get_fragments():
-        for f in frag.data_files():
+    sizes = {f.path: f.size for f in io.list_prefix(paths.join(uri, "data"))}
+    # a file a newer version's compaction removed while we looked counts 0
+    return sum(sizes.get(f.path, 0) for frag in ds.get_fragments() for f in frag.data_files())
+
+
+class FaultyStore:
+    """``--faults``: moto's S3 server and the fault proxy in front of it, each a process of its
+    own (in the driver they would take the GIL from the ingest), stopped by :meth:`stop`."""
+
+    BUCKET = "soak"
+
+    def __init__(self, work: str, rate: float, seed: int = 1) -> None:
+        from memwal.streaming.local_broker import free_port
+
+        self.work = work
+        port = free_port()
+        self.moto_endpoint = f"http://127.0.0.1:{port}"
+        self.moto = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                                     stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "moto.log"), "w"))
+        deadline = time.monotonic() + 60
+        while True:
             try:
-                total += os.stat(os.path.join(ds.uri, "data", f.path)).st_size
-            except FileNotFoundError:
-                pass  # a newer version's compaction removed it while we looked
-    return total
+                import urllib.request
+
+                urllib.request.urlopen(self.moto_endpoint, timeout=1)
+                break
+            except OSError:
+                assert self.moto.poll() is None and time.monotonic() < deadline, "moto_server did not start"
+                time.sleep(0.2)
+        import boto3
+
+        boto3.client("s3", endpoint_url=self.moto_endpoint, aws_access_key_id="soak", aws_secret_access_key="soak",
+                     region_name="us-east-1").create_bucket(Bucket=self.BUCKET)
+        tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+        self.stats_path = os.path.join(work, "proxy.json")
+        self.proxy = subprocess.Popen(
+            [sys.executable, os.path.join(tests, "faultproxy.py"), "--upstream", self.moto_endpoint, "--rate", str(rate),
+             "--seed", str(seed), "--stats", self.stats_path],
+            stdout=subprocess.PIPE, stderr=open(os.path.join(work, "proxy.log"), "w"), text=True,
+        )
+        self.endpoint = self.proxy.stdout.readline().strip()
+        assert self.endpoint.startswith("http://"), "the fault proxy did not start"
+
+    def uri(self, name: str) -> str:
+        return f"s3://{self.BUCKET}/{name}"
+
+    def options(self, endpoint: str) -> dict[str, str]:
+        return {"aws_access_key_id": "soak", "aws_secret_access_key": "soak", "aws_region": "us-east-1",
+                "aws_endpoint": endpoint, "allow_http": "true"}
+
+    def direct(self) -> dict[str, str]:
+        """Options that reach moto without faults: the run's own measurements."""
+        return self.options(self.moto_endpoint)
+
+    def environment(self) -> dict[str, str]:
+        """The AWS_* variables every process of the run inherits: through the proxy."""
+        return {"AWS_ACCESS_KEY_ID": "soak", "AWS_SECRET_ACCESS_KEY": "soak", "AWS_REGION": "us-east-1",
+                "AWS_ENDPOINT_URL": self.endpoint, "AWS_ALLOW_HTTP": "true"}
+
+    def stats(self) -> dict:
+        try:
+            with open(self.stats_path) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return {}
+
+    def stop(self) -> None:
+        for p in (self.proxy, self.moto):
+            if p.poll() is None:
+                p.terminate()
+                p.wait(30)
+
+
+def maintenance_totals(uri: str, io: FileIO) -> tuple[int, int]:
+    """(cycles, failed cycles) the maintenance service published so far."""
+    try:
+        m = MaintenanceMetrics.from_json(io.read(paths.maintenance_metrics(uri)))
+    except (OSError, ValueError):
+        return 0, 0
+    return m.totals.cycles, m.totals.failures
 
 
 def plot(csv_path: str, png_path: str, title: str = "") -> None:
@@ -501,6 +582,25 @@ def summarize(csv_path: str, window_s: float = 600, trend_s: float = 1800, perio
     return out
 
 
+def print_fault_report(proxied: dict, csv_path: str, query_restarts: int, broker_restarts: int) -> None:
+    """What the faults did: injected by kind, the clients' repeated writes, and what failed above
+    the retries (lookups, maintenance cycles, ingest queries)."""
+    with open(csv_path) as f:
+        rows = list(csv.DictReader(f))
+    lookups = sum(int(r["lookups"] or 0) for r in rows)
+    errors = sum(int(r["lookup_errors"] or 0) for r in rows)
+    last = rows[-1] if rows else {}
+    injected = proxied.get("injected", {})
+    requests = sum(proxied.get("requests", {}).values())
+    failed = sum(n for k, n in injected.items() if not k.startswith("delay"))
+    print(f"\nfaults: {sum(injected.values()):,} injected into {requests:,} requests to the store "
+          f"({', '.join(f'{n} {k}' for k, n in sorted(injected.items(), key=lambda kv: -kv[1])) or 'none'}); "
+          f"the clients sent {proxied.get('retried', 0):,} of the {failed:,} failed requests again", flush=True)
+    print(f"above the retries: {errors:,} of {lookups:,} lookups failed; {last.get('maintain_failures', 0)} of "
+          f"{last.get('maintain_cycles', 0)} maintenance cycles failed; {query_restarts} ingest query restart(s); "
+          f"{broker_restarts} broker restart(s)", flush=True)
+
+
 def print_summary(s: dict[str, float], window_min: float = 10, trend_min: float = 30) -> None:
     if not s:
         return
@@ -553,6 +653,12 @@ def main() -> None:
     p.add_argument("--no-compare", action="store_true", help="skip the end-of-run lookup comparison with a fresh Lance table")
     p.add_argument("--compare", metavar="TABLE", help="only compare TABLE's lookups (a finished run's, in --workdir/t) "
                    "with fresh Lance tables of its rows and of its first --base-rows keys")
+    p.add_argument("--faults", type=float, default=0.0, metavar="RATE",
+                   help="put the table on an S3 API behind a proxy failing RATE of all requests (0.01: 1%%; see the docstring)")
+    p.add_argument("--s3", action="store_true",
+                   help="the table on the S3 API behind the proxy even without --faults: the baseline of a faults run")
+    p.add_argument("--broker-restart-every", type=float, default=0.0, metavar="MIN",
+                   help="restart the Kafka broker (5 s down) every MIN minutes")
     args = p.parse_args()
     if args.plot:
         plot(args.plot, args.png)
@@ -570,13 +676,22 @@ def main() -> None:
     # and the PNG drawn, rather than left running with the broker.
     signal.signal(signal.SIGTERM, interrupt)
     work = args.workdir or tempfile.mkdtemp(prefix="memwal-bench-soak-")
-    title = f"soak: {args.rate:,} rows/s, {args.base_rows:,}-row base, {args.kafka_source} source, {args.prober_refresh} refresh; {today()}, commit {git_rev()}"
+    faults = (f", faults {args.faults:.2%} of requests" if args.faults else ", on S3 (moto), no faults" if args.s3 else "") + (
+        f", broker restarted every {args.broker_restart_every:g} min" if args.broker_restart_every else "")
+    title = (f"soak: {args.rate:,} rows/s, {args.base_rows:,}-row base, {args.kafka_source} source, {args.prober_refresh} refresh"
+             f"{faults}; {today()}, commit {git_rev()}")
     print(f"{title}\n{machine()}", flush=True)
-    maintain = prober = control = None
+    maintain = prober = control = store = None
     try:
-        uri = os.path.join(work, "t")
+        store = FaultyStore(work, args.faults) if args.faults or args.s3 else None
+        uri = store.uri("t") if store else os.path.join(work, "t")
+        direct = store.direct() if store else None  # the run's own measurements: no faults
+        io = file_io_for(uri, direct)
         base = base_table(args.base_rows)
-        Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)", initial_data=base).close()
+        Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)", initial_data=base, storage_options=direct).close()
+        if store:
+            os.environ.update(store.environment())  # every process from here on: through the faults
+            args.no_compare = True  # it reads a local table
         control_csv = os.path.join(work, "control.csv")
         if not args.no_control:
             Table.create(os.path.join(work, "static"), SCHEMA, ["id"], "bucket(id, 4)", initial_data=base).close()
@@ -611,7 +726,8 @@ def main() -> None:
                           args.prober_refresh == "background"),
                     daemon=True)
                 control.start()
-            table = Table.open(uri)
+            table = Table.open(uri, direct)
+            restarts, restarted_at = 0, time.time()
             waited = time.time()
             while job.rows() == 0 and time.time() - waited < 300 and job.alive():
                 time.sleep(1)  # the clock starts with the query's first micro-batch
@@ -632,15 +748,18 @@ def main() -> None:
                     pending = 0
                     while time.time() < end:
                         pending = max(pending, sum(s.pending_sstables for s in table.status().shards))
-                        time.sleep(1)
+                        time.sleep(5 if store else 1)  # a status costs dozens of requests on S3
                     now = time.time()
                     rows = job.rows()
-                    took = [s for at, s, _ in read_probes(lookups_csv) if last_t <= at < now]
+                    probed = [(s, hit) for at, s, hit in read_probes(lookups_csv) if last_t <= at < now]
+                    took = [s for s, _ in probed]
                     ctl = read_control(control_csv) if control is not None else []
                     ctl_took = {w: [s for at, which, s in ctl if which == w and last_t <= at < now] for w in CONTROL_KINDS}
                     scans = [s for s in read_scans(scans_csv) if last_t <= s[0] < now]
-                    ds = lance.dataset(uri)
+                    ds = lance.dataset(uri, storage_options=direct)
                     frags = [f.metadata for f in ds.get_fragments()]
+                    cycles, cycle_failures = maintenance_totals(uri, io)
+                    proxied = store.stats() if store else {}
                     scan = scans[-1] if scans else None
                     r = {
                         "t_s": round(now - start, 1),
@@ -651,9 +770,9 @@ def main() -> None:
                         # what base-file compaction owes; the others are full (the count of
                         # those grows with the rows, one per target_rows_per_fragment)
                         "small_base_fragments": sum(f.num_rows < MaintenanceConfig.small_fragment_rows for f in frags),
-                        "manifest_bytes": newest_manifest_bytes(uri),
-                        "disk_bytes": disk_bytes(uri),
-                        "live_bytes": live_bytes(ds),
+                        "manifest_bytes": newest_manifest_bytes(uri, io),
+                        "disk_bytes": io.tree_size(uri),
+                        "live_bytes": live_bytes(ds, uri, io),
                         "index_bytes": index_bytes(ds),
                         "live_rows": scan[2] if scan else "",
                         "lookup_p50_ms": round(pct(took, 50) * 1000, 2),
@@ -668,6 +787,12 @@ def main() -> None:
                         "prober_rss_bytes": rss_bytes(prober.pid),
                         **{f"{CONTROL_KINDS[w]}_p{q}_ms": round(pct(v, q) * 1000, 2) if v else ""
                            for w, v in ctl_took.items() for q in (50, 99)},
+                        "faults_injected": sum(proxied.get("injected", {}).values()),
+                        "retried_requests": proxied.get("retried", 0),
+                        "lookup_errors": sum(1 for _, hit in probed if not hit),  # every probed key exists
+                        "maintain_cycles": cycles,
+                        "maintain_failures": cycle_failures,
+                        "broker_restarts": restarts,
                     }
                     writer.writerow(r)
                     print(f"{r['t_s'] / 60:5.1f} {r['rows_per_s']:8,} {r['backlog']:8,} {pending:8} {r['base_fragments']:6} "
@@ -685,6 +810,11 @@ def main() -> None:
                               f"stacks in {dump_stall(work, (now - start) / 60)}", flush=True)
                         dumped = True
                     last_rows, last_t = rows, now
+                    if args.broker_restart_every and now - restarted_at >= args.broker_restart_every * 60:
+                        t0 = time.monotonic()
+                        broker.restart(down_seconds=5.0)  # same ports and data
+                        restarts, restarted_at = restarts + 1, time.time()
+                        print(f"restarted the broker ({time.monotonic() - t0:.0f} s down)", flush=True)
             except KeyboardInterrupt:
                 print("interrupted; drawing what was sampled", flush=True)
             out.close()
@@ -695,6 +825,8 @@ def main() -> None:
             totals = job.job.sink.totals()  # the last query's (a restart starts them again)
             print(f"shard writers: {int(totals.get('writer_opens', 0)):,} opens and {int(totals.get('fenced_retries', 0)):,} "
                   f"fenced retries in {int(totals.get('batches', 0)):,} micro-batches", flush=True)
+            if store or args.broker_restart_every:
+                print_fault_report(store.stats() if store else {}, args.csv, job.restarts, restarts)
             job.stop()
             producer.join(60)
         spark.stop()
@@ -709,6 +841,8 @@ def main() -> None:
         if maintain is not None:
             maintain.terminate()
             maintain.wait(60)
+        if store is not None:
+            store.stop()
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
     plot(args.csv, args.png, title)

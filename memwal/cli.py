@@ -1,9 +1,12 @@
 """The ``memwal`` command line: a thin layer over the library.
 
-Exit codes (decided in one place, :func:`exit_code`): 0 success; 1 "not found" (``get`` of
-an absent key); 2 usage or input error (what the user typed or passed: arguments, keys,
-files, a table URI with no table); 3 anything else, reported as one line
-``memwal: error: <reason>`` with a hint to re-run with ``--debug`` for the traceback.
+Exit codes (decided in one place, :data:`EXIT_CODES` read by :func:`exit_code`): 0 success;
+1 "not found" (``get`` of an absent key); 2 usage or input error (what the user typed or
+passed: arguments, keys, files, a table URI with no table); 4 another process did something
+first (a writer claimed the shard, a lease is held: retry); 5 the object store kept failing
+past its retry bounds (5xx, resets, timeouts: retry once it recovers); 3 anything else (a full
+disk, a damaged table, ...), reported as one line ``memwal: error: <reason>`` with a hint to
+re-run with ``--debug`` for the traceback.
 
 Defaults of options that configure the library are read from its config dataclasses
 (``WriterConfig``, ``MaintenanceConfig``, ``GcConfig``, ...), never copied here.
@@ -26,6 +29,7 @@ from memwal.commands import (  # noqa: E402
     EXIT_CONFLICT,
     EXIT_ERROR,
     EXIT_OK,
+    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     cmd_check,
     cmd_delete,
@@ -50,6 +54,7 @@ from memwal.errors import (  # noqa: E402
     PrimaryKeyError,
     SchemaMismatchError,
     ShardingSpecError,
+    StorageUnavailableError,
     TableExistsError,
     TableNotFoundError,
     UnknownColumnError,
@@ -79,9 +84,17 @@ _INPUT_ERRORS: tuple[type[BaseException], ...] = (
 DEBUG_HINT = "memwal: re-run with --debug to see the traceback"
 
 
+#: Loggers that stay at WARNING however verbose the command: py4j's DEBUG log is every call the
+#: driver makes into Spark's JVM, arguments included, and so the credentials memwal hands to
+#: Spark's Hadoop settings for an s3a:// checkpoint.
+_QUIET_LOGGERS = ("py4j",)
+
+
 def _setup_logging(verbosity: int) -> None:
     level = logging.WARNING - 10 * verbosity
     logging.basicConfig(level=max(level, logging.DEBUG), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in _QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _durability_flag(s: argparse.ArgumentParser, default: str | None = None, what: str = "durability of this command's writes") -> None:
@@ -334,6 +347,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="drain a shard's collected SSTables at most every S seconds (each drain fences its writer once; default %(default)s)")
     s.add_argument("--flush-stranded-after", type=float, default=maintenance.flush_stranded_after_seconds, metavar="S",
         help="flush writes left unflushed S seconds by a crashed or idle writer (default %(default)s)")
+    s.add_argument("--break-lease", action="append", metavar="SHARD|all",
+        help="end the writer lease of SHARD (or of every shard) now, so the writes of a writer known to be dead are "
+        "flushed without waiting for its lease (60s) to run out; a writer that is alive after all is fenced and reopens. "
+        "A lease naming a process of this host that is gone needs no breaking; repeatable")
     s.add_argument("--no-compact", action="store_true")
     s.add_argument("--no-indexes", action="store_true")
     s.add_argument("--no-gc", action="store_true")
@@ -367,12 +384,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: Error classes -> exit code, first match wins; what matches none exits with EXIT_ERROR. A Lance
+#: error is matched as the memwal error it is (:func:`memwal.lance_errors.classify`).
+EXIT_CODES: tuple[tuple[tuple[type[BaseException], ...], int], ...] = (
+    (_INPUT_ERRORS, EXIT_USAGE),
+    ((ConcurrencyError,), EXIT_CONFLICT),
+    ((StorageUnavailableError,), EXIT_UNAVAILABLE),
+)
+
+
 def exit_code(exc: BaseException) -> int:
-    """The exit code for an error that ended a command: the one place that maps classes to codes."""
-    if isinstance(exc, _INPUT_ERRORS):
-        return EXIT_USAGE
-    known = exc if isinstance(exc, MemwalError) else classify(exc)
-    return EXIT_CONFLICT if isinstance(known, ConcurrencyError) else EXIT_ERROR
+    """The exit code for an error that ended a command (:data:`EXIT_CODES`)."""
+    known = exc if isinstance(exc, MemwalError) else (classify(exc) or exc)
+    for classes, code in EXIT_CODES:
+        if isinstance(exc, classes) or isinstance(known, classes):
+            return code
+    return EXIT_ERROR
 
 
 def error_line(exc: BaseException) -> str:

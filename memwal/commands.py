@@ -42,6 +42,7 @@ EXIT_NOT_FOUND = 1
 EXIT_USAGE = 2
 EXIT_ERROR = 3
 EXIT_CONFLICT = 4
+EXIT_UNAVAILABLE = 5
 
 #: How often long-running commands log progress.
 PROGRESS_SECONDS = 5.0
@@ -378,6 +379,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         ),
     )
     service = Maintenance(_state(args), config)
+    _break_leases(service, args.break_lease or [])
     server = _metrics_server(args, args.uri)
     if server is not None:
         from memwal.observe.maintenance import MaintenanceObserver
@@ -424,6 +426,25 @@ def _metrics_server(args: argparse.Namespace, uri: str):
     server = MetricsServer(registry, args.metrics_port)
     print(f"memwal: metrics on {server.url}", file=sys.stderr, flush=True)
     return server
+
+
+def _break_leases(service: Any, which: list[str]) -> None:
+    """``--break-lease SHARD|all``: end writer leases now, with a warning naming each holder."""
+    if not which:
+        return
+    shards = service.state.manifests.list_shards()
+    wanted = shards if "all" in which else which
+    for shard_id in wanted:
+        if shard_id not in shards:
+            raise InvalidArgumentError(f"--break-lease {shard_id}: no such shard (`memwal status` lists them)")
+        ended = service.writers.break_lease(shard_id)
+        if ended is not None:
+            print(
+                f"memwal: warning: ended the writer lease of shard {shard_id} held by {ended.owner} "
+                f"({ended.expires_at - time.time():.0f}s before it expired); if that writer is alive, "
+                "it is fenced by the flush and reopens (nothing is lost)",
+                file=sys.stderr,
+            )
 
 
 def _adaptive_sizing(args: argparse.Namespace):

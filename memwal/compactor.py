@@ -58,7 +58,7 @@ import pyarrow.compute as pc
 from memwal import paths
 from memwal.errors import ConcurrencyError, StaleCompactionError, TableDamagedError
 from memwal.failpoints import failpoint
-from memwal.lance_errors import classify, is_commit_conflict, is_stale_compaction
+from memwal.lance_errors import classify, is_commit_conflict, is_stale_compaction, is_store_unavailable, repeat_unavailable
 from memwal.lsm import newest_across
 from memwal.manifest import SsTable
 from memwal.schema import TOMBSTONE
@@ -240,9 +240,13 @@ class Compactor:
         """One upsert of ``rows`` carrying the marker of every plan's last generation."""
         markers = [m for p in plans for m in self._marker(p.shard_id, p.last_generation)]
         try:
-            self.state.dataset().merge_insert(list(self.state.primary_key)).when_matched_update_all().when_not_matched_insert_all().mark_sstables_as_compacted(
-                markers
-            ).execute(rows)
+            # Repeated when the store failed the commit: if it landed after all, the repeat's
+            # marker is stale (a lost race, handled by the caller), else it commits now.
+            repeat_unavailable(
+                lambda: self.state.dataset().merge_insert(list(self.state.primary_key)).when_matched_update_all()
+                .when_not_matched_insert_all().mark_sstables_as_compacted(markers).execute(rows),
+                self.state.storage.retry, "a compaction commit",
+            )
         except (OSError, ValueError) as e:
             if is_stale_compaction(e):
                 runs = ", ".join(f"shard {p.shard_id} up to generation {p.last_generation}" for p in plans)
@@ -334,7 +338,13 @@ class Compactor:
                     raise StaleCompactionError(
                         f"shard {plan.shard_id}: generation {marker} was compacted by another compactor"
                     ) from e
-                if not is_commit_conflict(e):
+                if is_store_unavailable(e):
+                    # Landed or not, the next attempt reads afresh: a marker that landed is seen
+                    # there (a stale plan), a delete that landed is deleted again (idempotent).
+                    if attempt == self.max_attempts - 1:
+                        known = classify(e)
+                        raise (known or e) from e
+                elif not is_commit_conflict(e):
                     raise
                 time.sleep(min(0.05 * 2**attempt, 1.0))
         raise StaleCompactionError(

@@ -115,6 +115,27 @@ class WalGapError(TableDamagedError):
     """
 
 
+class StorageError(MemwalError, OSError):
+    """The table's storage failed an operation for a reason of its own (not a race with another
+    process, not a damaged file): the object store, or the local disk.
+
+    Also an :class:`OSError`, which is what it honestly is, so code that treats storage
+    failures as ``OSError`` keeps working. Nothing acknowledged is lost by it: a write that
+    raises it was not acknowledged, and what it may have left half-done (a file no manifest
+    names) is never read and is collected as garbage."""
+
+
+class StorageUnavailableError(StorageError):
+    """The object store kept failing a request past the retry bounds
+    (:class:`~memwal.storage.RetryPolicy`): 500/503 ``SlowDown`` answers, connection resets,
+    timeouts. Transient: the operation can be run again once the store recovers."""
+
+
+class StorageFullError(StorageError):
+    """No space left on the device that holds the table (or a write larger than the file size
+    limit). What was written before stays readable; free space and run the operation again."""
+
+
 class InputFileError(MemwalError):
     """A file given as input (to ``put``, ``delete`` or ``init``) cannot be read: a directory,
     an unknown extension, a damaged body. Nothing was written from it."""

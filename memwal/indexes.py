@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Collection, Sequence
 
 import lance
 
+from memwal.lance_errors import repeat_unavailable
 from memwal.manifest import MEM_WAL_INDEX_NAME, MemWalIndex
 
 if TYPE_CHECKING:
@@ -232,7 +233,12 @@ class IndexMaintainer:
             covered = set().union(*(ids for _, ids in segments))
             new_rows = sum(n for fid, n in rows.items() if fid not in covered)
             merged[name] = self.policy.to_merge([rows for rows, _ in segments], new_rows)
-            ds.optimize.optimize_indices(index_names=[name], num_indices_to_merge=merged[name])
+            # A catch-up that failed on the store is done again: one that landed only leaves
+            # a repeat with nothing new to index.
+            repeat_unavailable(
+                lambda n=name, m=merged[name]: self.state.dataset().optimize.optimize_indices(index_names=[n], num_indices_to_merge=m),
+                self.state.storage.retry, f"the catch-up of index {name}",
+            )
             ds = self.state.dataset()
         self.seconds += time.perf_counter() - t0
         log.info("caught up base indexes of %s in %.2fs (segments merged: %s)", self.state.uri,

@@ -16,18 +16,23 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import threading
+import time
 import uuid
-from collections.abc import Mapping
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import obstore
-from obstore.exceptions import AlreadyExistsError, NotFoundError, UnknownConfigurationKeyError
+from obstore.exceptions import AlreadyExistsError, GenericError, NotFoundError, UnknownConfigurationKeyError
 from obstore.store import MemoryStore, from_url
 
+from memwal.errors import StorageFullError, StorageUnavailableError
 from memwal.paths import normalize_uri
 from memwal.storage import StorageConfig, StorageOptionError, UnsupportedSchemeError
+
+T = TypeVar("T")
 
 # Schemes served by ObjectStoreFileIO (those Lance reads and writes, plus memory for tests).
 OBJECT_STORE_SCHEMES = frozenset({"s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "adl", "memory"})
@@ -131,30 +136,36 @@ class LocalFileIO:
             return []
 
     def write_if_absent(self, path: str, data: bytes) -> bool:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            # link() fails when the target exists, so two racing writers cannot both win,
-            # and a reader never sees a half-written file.
-            os.link(tmp, path)
-            return True
-        except OSError as e:
-            if e.errno == errno.EEXIST:
-                return False
-            raise
-        finally:
-            os.unlink(tmp)
+        with _disk_errors(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                # link() fails when the target exists, so two racing writers cannot both win,
+                # and a reader never sees a half-written file.
+                os.link(tmp, path)
+                return True
+            except OSError as e:
+                if e.errno == errno.EEXIST:
+                    return False
+                raise
+            finally:
+                _unlink_quietly(tmp)  # also a partial one (a full disk): never left beside the manifests
 
     def write(self, path: str, data: bytes) -> None:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        with _disk_errors(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, path)
+            except BaseException:
+                _unlink_quietly(tmp)
+                raise
 
     def remove(self, path: str) -> None:
         try:
@@ -220,6 +231,35 @@ class LocalFileIO:
                 os.close(fd)
 
 
+#: errno values of a write that found no room: the device is full, the user's quota is used up, or the
+#: file outgrew the process's size limit (RLIMIT_FSIZE).
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+class _disk_errors:
+    """Turns a local write's "no room" OSError into :class:`StorageFullError` naming the path."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if isinstance(exc, OSError) and not isinstance(exc, StorageFullError) and exc.errno in _NO_ROOM:
+            raise StorageFullError(
+                exc.errno, f"no room to write {self.path} ({os.strerror(exc.errno)}); free space and retry"
+            ) from exc
+        return False
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 # One MemoryStore per process and bucket name: two FileIOs on memory://b/... see the same objects, as
 # two clients of one bucket do. It is not Lance's memory store, so it serves memwal-only tests.
 _MEMORY_STORES: dict[str, Any] = {}
@@ -249,6 +289,15 @@ class ObjectStoreFileIO:
     credential lookup. ``write_if_absent`` is a conditional PUT (``If-None-Match: *`` on S3), the same
     primitive Lance commits its own manifests with, so exactly one of several racing writers creates an
     object. A plain PUT replaces an object atomically, which is all ``write`` promises.
+
+    Failures of the store: obstore's client retries each request within the table's
+    :class:`~memwal.storage.RetryPolicy`, but not a conditional PUT or a delete that was reset or
+    timed out; those are repeated here (``operation_retries``). A conditional PUT whose earlier
+    attempt may have landed is settled by reading the object back: the same bytes are this
+    writer's own. S3's 409 ``ConditionalRequestConflict`` (another conditional write of the key in
+    flight; obstore calls it "already exists") is retried too, never taken for "exists". What
+    still fails raises :class:`~memwal.errors.StorageUnavailableError`, one line naming the
+    operation and path.
 
     Picklable: the clients are rebuilt on the other side from the config.
     """
@@ -289,10 +338,26 @@ class ObjectStoreFileIO:
         scheme, bucket, key = split_uri(path)
         return self._store(scheme, bucket), key
 
+    def _attempts(self, what: str, path: str, fn: Callable[[], T], *, repeat: bool) -> T:
+        """``fn()``; a failure of the store (obstore's ``GenericError``: 5xx past the client's
+        retries, a reset, a timeout) is repeated up to ``operation_retries`` times when
+        ``repeat`` (requests the client does not retry itself), then raised as
+        :class:`StorageUnavailableError`."""
+        policy = self.storage.retry
+        attempt = 0
+        while True:
+            try:
+                return fn()
+            except GenericError as e:
+                if not repeat or attempt >= policy.operation_retries:
+                    raise _unavailable(what, path, e, attempt) from e
+            attempt += 1
+            time.sleep(policy.backoff(attempt))
+
     def read(self, path: str) -> bytes:
         store, key = self._locate(path)
         try:
-            return bytes(obstore.get(store, key).bytes())
+            return self._attempts("read", path, lambda: bytes(obstore.get(store, key).bytes()), repeat=False)
         except _not_found_errors() as e:
             raise FileNotFoundError(errno.ENOENT, "no such object", path) from e
 
@@ -300,7 +365,7 @@ class ObjectStoreFileIO:
         """Whether an object exists at ``path`` (one HEAD). A prefix with objects under it is not one."""
         store, key = self._locate(path)
         try:
-            obstore.head(store, key)
+            self._attempts("check", path, lambda: obstore.head(store, key), repeat=False)
             return True
         except _not_found_errors():
             return False
@@ -312,39 +377,51 @@ class ObjectStoreFileIO:
         store, key = self._locate(path)
         # The delimiter listing returns the objects directly under the prefix and the "subdirectories"
         # (common prefixes), i.e. what os.listdir returns, in one paginated request sequence.
-        listing = obstore.list_with_delimiter(store, key or None)
+        listing = self._attempts("list", path, lambda: obstore.list_with_delimiter(store, key or None), repeat=False)
         names = {p.rsplit("/", 1)[-1] for p in listing["common_prefixes"]}
         names.update(m["path"].rsplit("/", 1)[-1] for m in listing["objects"])
         return sorted(names)
 
     def write_if_absent(self, path: str, data: bytes) -> bool:
         store, key = self._locate(path)
-        try:
-            obstore.put(store, key, data, mode="create")
-            return True
-        except AlreadyExistsError:
-            return False
+        policy = self.storage.retry
+        maybe_landed = False  # an earlier attempt failed after it may have reached the store
+        attempt = 0
+        while True:
+            try:
+                obstore.put(store, key, data, mode="create")
+                return True
+            except AlreadyExistsError as e:
+                if not _is_conflict(e):
+                    if not maybe_landed:
+                        return False
+                    try:  # the object exists: this writer's own, if it holds these bytes
+                        return self.read(path) == data
+                    except FileNotFoundError:
+                        pass  # removed meanwhile: try again
+                error: Exception = e
+            except GenericError as e:
+                maybe_landed = True
+                error = e
+            if attempt >= policy.operation_retries:
+                raise _unavailable("conditional write", path, error, attempt) from error
+            attempt += 1
+            time.sleep(policy.backoff(attempt))
 
     def write(self, path: str, data: bytes) -> None:
         store, key = self._locate(path)
-        obstore.put(store, key, data)
+        self._attempts("write", path, lambda: obstore.put(store, key, data), repeat=False)
 
     def remove(self, path: str) -> None:
         store, key = self._locate(path)
-        _delete_key(store, key)
+        self._attempts("delete", path, lambda: _delete_key(store, key), repeat=True)
 
     def remove_tree(self, path: str) -> None:
         store, key = self._locate(path)
-        keys = [m["path"] for m in self._list(store, key)]
+        keys = [m["path"] for m in self._list(store, key, path)]
         for i in range(0, len(keys), _DELETE_BATCH):
             batch = keys[i : i + _DELETE_BATCH]
-            try:
-                obstore.delete(store, batch)
-            except _not_found_errors():
-                # Some stores fail a bulk delete when a key went away concurrently (e.g. another GC);
-                # one by one, each missing key is simply skipped.
-                for k in batch:
-                    _delete_key(store, k)
+            self._attempts("delete under", path, lambda b=batch: _delete_keys(store, b), repeat=True)
 
     def tree_size(self, path: str) -> int:
         return sum(info.size for info in self.list_prefix(path))
@@ -352,7 +429,7 @@ class ObjectStoreFileIO:
     def stat(self, path: str) -> tuple[int, float]:
         store, key = self._locate(path)
         try:
-            meta = obstore.head(store, key)
+            meta = self._attempts("check", path, lambda: obstore.head(store, key), repeat=False)
         except _not_found_errors() as e:
             raise FileNotFoundError(errno.ENOENT, "no such object", path) from e
         return int(meta["size"]), meta["last_modified"].timestamp()
@@ -366,18 +443,16 @@ class ObjectStoreFileIO:
     def list_prefix(self, prefix: str) -> list[ObjectInfo]:
         store, key = self._locate(prefix)
         skip = len(key) + 1 if key else 0
-        out = [ObjectInfo(m["path"][skip:], int(m["size"]), m["last_modified"].timestamp()) for m in self._list(store, key)]
+        out = [ObjectInfo(m["path"][skip:], int(m["size"]), m["last_modified"].timestamp()) for m in self._list(store, key, prefix)]
         return sorted(out)
 
     def sync(self, paths: list[str], directory: str | None = None) -> None:
         """Nothing to do: an object store acknowledges a PUT only once the object is durably stored."""
 
-    @staticmethod
-    def _list(store: Any, key: str) -> list[dict[str, Any]]:
+    def _list(self, store: Any, key: str, path: str) -> list[dict[str, Any]]:
         """Every object under ``key`` taken as a directory (object_store prefixes match whole path
         segments, so ``t`` never matches ``t_dead_letters/...``)."""
-
-        return [meta for batch in obstore.list(store, key or None) for meta in batch]
+        return self._attempts("list", path, lambda: [meta for batch in obstore.list(store, key or None) for meta in batch], repeat=False)
 
 
 def _delete_key(store: Any, key: str) -> None:
@@ -385,6 +460,32 @@ def _delete_key(store: Any, key: str) -> None:
         obstore.delete(store, key)
     except _not_found_errors():
         pass  # S3 says nothing about a missing key; other stores raise. Both mean "gone".
+
+
+def _delete_keys(store: Any, keys: list[str]) -> None:
+    try:
+        obstore.delete(store, keys)
+    except _not_found_errors():
+        # Some stores fail a bulk delete when a key went away concurrently (e.g. another GC);
+        # one by one, each missing key is simply skipped.
+        for k in keys:
+            _delete_key(store, k)
+
+
+#: obstore's "already exists" for S3's 409 ConditionalRequestConflict: another conditional write of the
+#: key was in flight; nothing is known about the object yet (412 is the answer for "it exists").
+_CONFLICT = re.compile(r"status code: 409\b")
+
+
+def _is_conflict(exc: BaseException) -> bool:
+    return _CONFLICT.search(str(exc)) is not None
+
+
+def _unavailable(what: str, path: str, exc: BaseException, repeats: int) -> StorageUnavailableError:
+    """One line: the operation, the path, the store's reason (its first line, without obstore's debug dump)."""
+    reason = " ".join(str(exc).splitlines()[0].split()) if str(exc) else type(exc).__name__
+    again = f" (repeated {repeats} time{'s' if repeats != 1 else ''})" if repeats else ""
+    return StorageUnavailableError(f"object store failed: {what} {path}{again}: {reason}")
 
 
 def _not_found_errors() -> tuple[type[BaseException], ...]:

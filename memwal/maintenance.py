@@ -33,7 +33,7 @@ from memwal.compactor import CompactionResult, Compactor
 from memwal.errors import TableDamagedError, WalGapError
 from memwal.gc import GarbageCollector, GcConfig
 from memwal.indexes import IndexMaintainer, index_lag, index_segments
-from memwal.lance_errors import lance_message
+from memwal.lance_errors import lance_message, memwal_errors, storage_failure
 from memwal.metadata import Bounds
 from memwal.metrics import CycleReport, MaintenanceMetrics, MaintenanceTotals, ShardDamage
 from memwal.snapshot import ShardState, Snapshot
@@ -163,8 +163,14 @@ class Maintenance:
 
         Damaged shards are skipped and reported (see the module docstring); after the cycle's
         report is published (and kept in :attr:`last_report`), the first one's
-        :class:`TableDamagedError` is raised.
+        :class:`TableDamagedError` is raised. A failure of the storage itself (the object store
+        past its retries, a full disk) is no damage: it ends the cycle with memwal's error for
+        it (:class:`~memwal.errors.StorageError`), and the service's next cycle starts over.
         """
+        with memwal_errors():
+            return self._cycle(fold_now)
+
+    def _cycle(self, fold_now: bool) -> CycleReport:
         started_at = time.time()
         t0 = time.perf_counter()
         self.last_report = None
@@ -173,6 +179,11 @@ class Maintenance:
 
         def damaged(stage: str) -> Callable[[str, Exception], None]:
             def record(shard_id: str, e: Exception) -> None:
+                failed = storage_failure(e)
+                if failed is not None:  # the store, not the shard: end the cycle
+                    if failed is e:
+                        raise e
+                    raise failed from e
                 error = e if isinstance(e, TableDamagedError) else self._diagnose(shard_id, e)
                 log.error("maintenance skips shard %s (%s): %s", shard_id, stage, error)
                 damage.setdefault(shard_id, (ShardDamage(shard_id, stage, " ".join(str(error).split())), error))
@@ -378,8 +389,12 @@ class Maintenance:
                     done += 1
             except ViewBusyError as e:
                 log.info("view %s: %s", name, e)
-            except Exception:  # noqa: BLE001 - one broken view must not stop maintenance
-                log.exception("refreshing view %s failed", name)
+            except Exception as e:  # noqa: BLE001 - one broken view must not stop maintenance
+                failed = storage_failure(e)
+                if failed is None:
+                    log.exception("refreshing view %s failed", name)
+                else:  # the store's failure, not the view's: one line; the next cycle refreshes it
+                    log.warning("refreshing view %s failed: %s", name, failed)
         return done
 
     def _publish(self, report: CycleReport) -> None:

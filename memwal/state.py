@@ -26,6 +26,7 @@ from memwal import paths
 from memwal.cache import LanceCaches
 from memwal.errors import TableDamagedError, TableNotFoundError
 from memwal.io import FileIO, file_io_for
+from memwal.lance_errors import memwal_errors
 from memwal.manifest import ManifestStore, ShardManifest
 from memwal.metadata import CONFIG_KEY, TableMetadata
 from memwal.schema import primary_key_of, user_schema
@@ -94,6 +95,7 @@ class TableState:
         )
 
     @classmethod
+    @memwal_errors()
     def load(cls, uri: str, storage_options: "Mapping[str, str] | StorageConfig | None" = None) -> "TableState":
         """Read the state of the memwal table at ``uri``; TableNotFoundError if there is none.
 

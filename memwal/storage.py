@@ -13,7 +13,8 @@ environment ``AWS_ENDPOINT`` instead of sitting next to it with Lance choosing b
 
 The resolved options are rendered twice: for Lance (:meth:`StorageConfig.lance_options`, passed to every
 ``lance.dataset``/``write_dataset``/MemWAL call) and for obstore (:meth:`StorageConfig.obstore_kwargs`, used by
-memwal's own object-store file operations), so both talk to the same store with the same credentials. Because the
+memwal's own object-store file operations), so both talk to the same store with the same credentials and the
+same retry bounds (:class:`RetryPolicy`, the one place they are set). Because the
 environment is read once, into the handle, a process that receives the handle (a Spark executor) does not need
 the driver's environment.
 """
@@ -120,6 +121,77 @@ _STORE_KEY_PREFIX: Final[Mapping[str, str]] = {
     "adl": "azure_",
 }
 
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Every retry of an object-store request, bounded, in one place.
+
+    Two layers retry. Rust's ``object_store`` (inside Lance, and inside obstore, which memwal's
+    own :class:`~memwal.io.ObjectStoreFileIO` uses) retries one HTTP request: 5xx answers
+    (500 ``InternalError``, 503 ``SlowDown``) always, connection resets and timeouts only for
+    requests it knows to be idempotent (GET, HEAD, LIST, plain PUT), with exponential backoff
+    (0.1 s doubling to 15 s, jittered), up to ``max_retries`` times within
+    ``retry_timeout_seconds``. It does not retry a conditional PUT (``If-None-Match: *``, how
+    Lance commits manifests and WAL entries and memwal commits shard manifests) that was reset
+    or timed out, nor a bulk delete, and it reports S3's 409 ``ConditionalRequestConflict`` as
+    "already exists". memwal retries those itself, ``operation_retries`` times: its own
+    conditional PUTs (an unknown outcome is settled by reading the object back), bulk deletes,
+    and a writer's put, delete or flush (the writer is reopened, which replays its WAL, and the
+    write repeated: upserts and deletes are idempotent). Past these bounds an operation raises
+    :class:`~memwal.errors.StorageUnavailableError`.
+
+    Without settings of their own, Lance would retry 3 times and obstore 10: the policy gives
+    both the same numbers. Each field is set by a storage option (explicit ones win; see
+    :data:`RETRY_OPTION_KEYS`), so one ``--storage-option client_max_retries=5`` changes Lance's
+    and memwal's clients alike.
+    """
+
+    #: object_store: retries of one request ...
+    max_retries: int = 10
+    #: ... within this many seconds of its first attempt.
+    retry_timeout_seconds: int = 60
+    #: object_store: a request that has not completed in this long fails (and is retried if idempotent).
+    request_timeout: str = "30s"
+    connect_timeout: str = "5s"
+    #: memwal: repeats of an operation the client did not retry (see above).
+    operation_retries: int = 3
+    #: memwal: the first pause between repeats, doubled each time up to ``max_backoff_seconds``.
+    backoff_seconds: float = 0.2
+    max_backoff_seconds: float = 5.0
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> "RetryPolicy":
+        """The policy with the storage options' settings over the defaults."""
+        given: dict[str, Any] = {}
+        for key, (name, kind) in RETRY_OPTION_KEYS.items():
+            if key in options:
+                given[name] = _int_option(options, key) if kind is int else str(options[key])
+        return cls(**given)
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait before repeat ``attempt`` (1-based) of an operation."""
+        return min(self.backoff_seconds * 2 ** (attempt - 1), self.max_backoff_seconds)
+
+    def client_options(self) -> dict[str, str]:
+        """The policy as Lance storage options (object_store's spelling)."""
+        return {
+            "client_max_retries": str(self.max_retries),
+            "client_retry_timeout": str(self.retry_timeout_seconds),
+            "timeout": self.request_timeout,
+            "connect_timeout": self.connect_timeout,
+        }
+
+
+#: Storage option -> (:class:`RetryPolicy` field, type). ``memwal_operation_retries`` is memwal's own:
+#: obstore never sees it, Lance ignores it.
+RETRY_OPTION_KEYS: Final[Mapping[str, tuple[str, type]]] = {
+    "client_max_retries": ("max_retries", int),
+    "client_retry_timeout": ("retry_timeout_seconds", int),
+    "timeout": ("request_timeout", str),
+    "connect_timeout": ("connect_timeout", str),
+    "memwal_operation_retries": ("operation_retries", int),
+}
+
+
 # Parts of a key that mark its value as a secret, never shown in a repr or an error message.
 _SECRET_MARKERS: Final = ("secret", "key", "token", "password", "credential", "service_account", "sas")
 
@@ -200,20 +272,29 @@ class StorageConfig:
     def get(self, key: str, default: str | None = None) -> str | None:
         return self.options.get(canonical_key(key), default)
 
-    def lance_options(self) -> dict[str, str] | None:
-        """``storage_options=`` for every Lance call; None when empty (Lance's own defaults)."""
-        return self.options or None
+    @property
+    def retry(self) -> RetryPolicy:
+        """The retry bounds of this table's object-store requests (Lance's and memwal's)."""
+        return RetryPolicy.from_options(self.options)
+
+    def lance_options(self) -> dict[str, str]:
+        """``storage_options=`` for every Lance call: the options, with the retry policy's
+        client settings where the options do not set them (local paths ignore them). memwal's
+        own settings ride along (Lance ignores keys it does not know), so code handed only
+        these options still finds the policy (``RetryPolicy.from_options``)."""
+        return {**self.retry.client_options(), **self.options}
 
     def obstore_kwargs(self, scheme: str) -> dict[str, Any]:
         """Keyword arguments for ``obstore.store.from_url`` on a ``scheme://`` URL.
 
         Only the settings of that scheme's store (``aws_*`` for s3, ``google_*`` for gs, ``azure_*`` for
         az/abfs) go to ``config``, because obstore rejects another store's keys; HTTP settings go to
-        ``client_options``; Lance's retry settings become obstore's ``retry_config``. Lance-only keys that
-        obstore has no equivalent for are left out.
+        ``client_options``; the retry policy (:attr:`retry`) becomes obstore's ``retry_config``, and its
+        timeouts ``client_options``, as for Lance. Lance-only keys that obstore has no equivalent for are
+        left out.
         """
         prefix = _STORE_KEY_PREFIX.get(scheme.lower())
-        options = self.options
+        options = self.lance_options()  # the retry policy's client settings included
         config = {k: v for k, v in options.items() if prefix and k.startswith(prefix)}
         client = {k: v for k, v in options.items() if k in CLIENT_OPTION_KEYS}
         kwargs: dict[str, Any] = {}
@@ -221,13 +302,11 @@ class StorageConfig:
             kwargs["config"] = config
         if client:
             kwargs["client_options"] = client
-        retry: dict[str, Any] = {}
-        if "client_max_retries" in options:
-            retry["max_retries"] = _int_option(options, "client_max_retries")
-        if "client_retry_timeout" in options:
-            retry["retry_timeout"] = datetime.timedelta(seconds=_int_option(options, "client_retry_timeout"))
-        if retry:
-            kwargs["retry_config"] = retry
+        policy = self.retry
+        kwargs["retry_config"] = {
+            "max_retries": policy.max_retries,
+            "retry_timeout": datetime.timedelta(seconds=policy.retry_timeout_seconds),
+        }
         return kwargs
 
     def hadoop_s3a_settings(self) -> dict[str, str]:

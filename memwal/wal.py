@@ -10,9 +10,10 @@ ones are cached until a flush covers them.
 The same reading tells maintenance which shards hold acknowledged writes that no writer
 is going to flush (their writer crashed or went idle), see ``Table.flush_stranded``.
 
-A missing entry with later entries after it is corruption, never a state Lance leaves:
-positions are taken in order with put-if-not-exists, and GC removes only entries at or
-below the flushed position. Everything that replays (these readers, and Lance's writer
+A missing entry with later entries after it is corruption: positions are taken in order
+with put-if-not-exists, and GC removes only entries at or below the flushed position. (On S3
+Lance can skip a position when a conditional PUT is answered 409; the writer fills it before it
+acknowledges the write, :func:`fill_skipped`.) Everything that replays (these readers, and Lance's writer
 when it claims a shard) stops at the first missing position, so the acknowledged writes
 beyond a gap would be dropped without a word by the next flush. :func:`check_contiguous`
 finds such a gap with one listing of the shard's ``wal/`` directory and raises
@@ -119,6 +120,47 @@ def first_unreadable_entry(io: FileIO, table_uri: str, shard_id: str, after: int
         except UNREADABLE_ENTRY as exc:
             return unreadable_entry_error(shard_id, pos, path, len(data), exc)
     return None
+
+
+def fill_skipped(io: FileIO, table_uri: str, shard_id: str, after: int) -> tuple[int, list[int]]:
+    """Fill the positions a writer skipped above ``after`` with empty entries; return the highest
+    position on disk and the positions filled.
+
+    S3 answers a conditional PUT with 409 ConditionalRequestConflict while another conditional
+    write of the key is in flight; object_store reports that as "already exists", and Lance's
+    WAL append, meeting "already exists" at a position it has not tried before, takes the
+    position for occupied and appends at the next one. The skipped position stays empty, and
+    every replay stops there, before the acknowledged entries after it. Called by the writer
+    right after its own write returned (so a hole below its entry is a position it skipped,
+    not an entry that went missing), once the hole outlasts :data:`GAP_RECHECK_SECONDS`. The
+    filler is what a fence sentinel is (no rows; the writer epoch of the entry after it), put
+    if absent: should a write of that position still land first, it stays.
+    """
+    positions = wal_positions(io, table_uri, shard_id, after)
+    for pause in GAP_RECHECK_SECONDS:
+        if first_missing(after, positions) is None:
+            return (positions[-1] if positions else after), []
+        time.sleep(pause)
+        positions = wal_positions(io, table_uri, shard_id, after)
+    present = set(positions)
+    filled = []
+    for pos in range(after + 1, positions[-1] + 1 if positions else after + 1):
+        if pos in present:
+            continue
+        following = next(p for p in positions if p > pos)
+        epoch = WalEntry.parse(following, io.read(paths.wal_entry_path(table_uri, shard_id, following))).writer_epoch
+        if io.write_if_absent(paths.wal_entry_path(table_uri, shard_id, pos), _filler(epoch)):
+            filled.append(pos)
+    return (positions[-1] if positions else after), filled
+
+
+def _filler(writer_epoch: int) -> bytes:
+    """An empty WAL entry in the form of Lance's fence sentinel (no columns, no batches)."""
+    sink = pa.BufferOutputStream()
+    schema = pa.schema([], metadata={"fence_sentinel": "true", "writer_epoch": str(writer_epoch)})
+    with pa.ipc.new_stream(sink, schema):
+        pass
+    return sink.getvalue().to_pybytes()
 
 
 @dataclass(frozen=True)

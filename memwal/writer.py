@@ -8,13 +8,17 @@ retries the write. A second fence means another process keeps claiming the shard
 memwal reports as :class:`FencedError` rather than fighting over it.
 
 Each open writer holds a *lease* on its shard, ``{table}/_memwal/writers/{shard}.json``
-(owner, expiry), written when it claims the shard and renewed by its writes at most every
-``renew_seconds``; flushing or closing the writer ends it. Maintenance's stranded-write
-flush skips a shard whose lease is live: the writer is alive, merely idle, and fencing it
-would only make it reopen (and, with short settings, fight maintenance over the shard).
-A writer whose process died stops renewing, so its lease expires after ``lease_seconds``
-and its writes are flushed. The lease is advisory (Lance's epochs still decide who owns a
-shard); it also tells a fenced writer who claimed the shard last.
+(owner ``host:pid:token``, expiry), written when it claims the shard and renewed by its writes
+at most every ``renew_seconds``; flushing or closing the writer ends it. Maintenance's
+stranded-write flush skips a shard whose lease is live: the writer is alive, merely idle, and
+fencing it would only make it reopen (and, with short settings, fight maintenance over the
+shard). A writer whose process died stops renewing, so its lease expires after
+``lease_seconds`` and its writes are flushed; until then eventual readers do not see them.
+Sooner when the lease names a process of this host that is gone (:meth:`WriterLease.holder_gone`),
+or when an operator ends the lease (:meth:`ShardWriterPool.break_lease`, ``memwal maintain
+--break-lease``). The lease is advisory (Lance's epochs still decide who owns a shard), so
+ending the lease of a writer that is alive after all costs it one reopen, never a write; it
+also tells a fenced writer who claimed the shard last.
 
 Before it claims a shard the pool checks that the shard's unflushed WAL has no gap: Lance's
 replay stops at the first missing entry and the writer would then flush (and so drop) only
@@ -34,6 +38,13 @@ table. The compacted generation only grows, so a stale one overestimates: while 
 is below the slowdown bound no storage is read at all, and only near the bounds is it
 re-read (at most every ``recheck_seconds``). Between the bounds a write is delayed; at the
 stop bound it waits for compaction, then raises :class:`WriteStalledError`.
+
+A put, delete or flush that fails on storage (the object store past its client's retries, a
+reset conditional PUT, a full disk) discards the shard's writer: one whose WAL append failed is
+never written through again, and reopening it replays whatever landed. A transient failure
+(:class:`~memwal.errors.StorageUnavailableError`) is then repeated, at most the table's
+``RetryPolicy.operation_retries`` times (upserts and deletes are idempotent, so a repeat of a
+write that did land changes nothing); anything else is raised as memwal's error for it.
 
 With ``durability="fsync"`` (:class:`~memwal.metadata.WriterConfig`) a put or delete returns
 only after the WAL entries it wrote, and the WAL directory, are fsynced (:meth:`FileIO.sync`):
@@ -60,15 +71,23 @@ import lance.mem_wal
 import pyarrow as pa
 
 from memwal import paths
-from memwal.errors import FencedError, TableDamagedError, WriteStalledError
+from memwal.errors import (
+    FencedError,
+    MemwalError,
+    StorageError,
+    StorageUnavailableError,
+    TableDamagedError,
+    WriteStalledError,
+)
 from memwal.failpoints import failpoint
-from memwal.lance_errors import is_claim_race, is_fenced, is_wal_unreadable
+from memwal.lance_errors import classify, is_claim_race, is_fenced, is_wal_unreadable
 from memwal.manifest import ShardManifest
 from memwal.metadata import Bounds, WriterConfig
 from memwal.routing import RoutedBatch
 from memwal.sharding import ShardValues, field_entries
 from memwal.state import TableState
-from memwal.wal import WalTailReader, check_contiguous, first_unreadable_entry, wal_positions
+from memwal.io import uri_scheme
+from memwal.wal import WalTailReader, check_contiguous, fill_skipped, first_unreadable_entry, wal_positions
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +108,14 @@ def _owner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+def _owner_process(owner: str) -> tuple[str | None, int | None]:
+    """(host, pid) named by a lease owner ``host:pid:token`` (maintenance's read "maintenance host:pid:token")."""
+    parts = owner.rsplit(" ", 1)[-1].rsplit(":", 2)
+    if len(parts) != 3 or not parts[1].isdigit():
+        return None, None
+    return parts[0], int(parts[1])
+
+
 @dataclass(frozen=True)
 class WriterLease:
     """Who writes a shard, until when (seconds since the epoch). Live while ``expires_at`` is ahead."""
@@ -98,6 +125,29 @@ class WriterLease:
 
     def live(self, now: float | None = None) -> bool:
         return self.expires_at > (time.time() if now is None else now)
+
+    def holder_gone(self) -> bool:
+        """True if the lease names a process of this host that no longer runs (or is a zombie).
+
+        Only ever True for this host's processes: elsewhere nothing is known, and the lease
+        runs out. A reused pid looks alive (the lease then runs out too). A writer on another
+        host with this host's name, in another pid namespace, may be taken for gone: it is
+        fenced by the flush and reopens, which costs it a claim and loses nothing.
+        """
+        host, pid = _owner_process(self.owner)
+        if host != socket.gethostname() or pid is None:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False  # another user's live process
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:  # a killed child its parent has not reaped
+                return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+        except (OSError, IndexError):
+            return False
 
     def to_json(self) -> bytes:
         return json.dumps({"owner": self.owner, "expires_at": self.expires_at}).encode()
@@ -135,6 +185,10 @@ class WriterStats:
     slowdowns: int = 0
     stalls: int = 0
     stall_seconds: float = 0.0
+    #: writes and flushes repeated after a transient storage failure (the writer reopened)
+    storage_retries: int = 0
+    #: WAL positions a write skipped on S3 (a 409), filled (:meth:`ShardWriterPool._fill_skipped`)
+    wal_holes_filled: int = 0
 
     def snapshot(self) -> dict[str, float]:
         return dict(self.__dict__)
@@ -182,6 +236,8 @@ class ShardWriterPool:
     durability: str | None = None
     #: Per shard, the highest WAL position this pool has fsynced (durability "fsync").
     _synced: dict[str, int] = field(default_factory=dict, repr=False)
+    #: Per shard, the WAL position up to which this pool found no hole (on S3: :meth:`_fill_skipped`).
+    _contiguous: dict[str, int] = field(default_factory=dict, repr=False)
     _dirs_synced: set[str] = field(default_factory=set, repr=False)
 
     @property
@@ -236,9 +292,10 @@ class ShardWriterPool:
         except (FileNotFoundError, OSError):
             return None
 
-    def _write_lease(self, shard_id: str, expires_at: float) -> None:
+    def _write_lease(self, shard_id: str, expires_at: float, owner: str | None = None) -> None:
         try:
-            self.state.io.write(paths.writer_lease(self.state.uri, shard_id), WriterLease(self.owner, expires_at).to_json())
+            lease = WriterLease(owner or self.owner, expires_at)
+            self.state.io.write(paths.writer_lease(self.state.uri, shard_id), lease.to_json())
         except OSError as e:  # advisory: never fail a write over it
             log.warning("could not write the writer lease of shard %s: %s", shard_id, e)
 
@@ -255,6 +312,17 @@ class ShardWriterPool:
         if held is not None and held.owner == self.owner and held.live():
             self._write_lease(shard_id, time.time())
 
+    def break_lease(self, shard_id: str) -> WriterLease | None:
+        """End another writer's live lease on the shard now; returns the lease it ended (None:
+        none was live). For an operator who knows the writer is dead: its writes become flushable
+        at once instead of when the lease runs out. A writer that is alive after all renews the
+        lease at its next write, or is fenced by the flush and reopens: nothing is lost."""
+        held = self.lease(shard_id)
+        if held is None or not held.live() or held.owner == self.owner:
+            return None
+        self._write_lease(shard_id, time.time(), owner=held.owner)
+        return held
+
     def _claimer(self, shard_id: str) -> str | None:
         """Who claimed the shard last, if another pool's lease says so."""
         held = self.lease(shard_id)
@@ -268,8 +336,23 @@ class ShardWriterPool:
         m = manifests.read_shard(shard_id, version) if version is not None else None
         if m is None:
             return 0
-        check_contiguous(self.state.io, self.state.uri, shard_id, m.replay_after_wal_entry_position)
+        positions = check_contiguous(self.state.io, self.state.uri, shard_id, m.replay_after_wal_entry_position)
+        self._contiguous[shard_id] = positions[-1] if positions else m.replay_after_wal_entry_position
         return m.replay_after_wal_entry_position
+
+    def _fill_skipped(self, shard_id: str) -> None:
+        """On S3, after a write returned: fill the WAL positions it skipped (a 409 taken for an
+        occupied position, see :func:`memwal.wal.fill_skipped`) before it is acknowledged.
+        One listing of the shard's WAL per write."""
+        if uri_scheme(self.state.uri) not in ("s3", "s3a"):
+            return
+        top, filled = fill_skipped(self.state.io, self.state.uri, shard_id, self._contiguous.get(shard_id, 0))
+        self._contiguous[shard_id] = top
+        if filled:
+            self._count(shard_id, wal_holes_filled=len(filled))
+            log.warning("shard %s: the writer skipped WAL position(s) %s (S3 answered 409 to a conditional PUT); "
+                        "filled them with empty entries so replay goes on to the acknowledged writes after them",
+                        shard_id, ", ".join(map(str, filled)))
 
     # -- durability -------------------------------------------------------------------------------
 
@@ -335,9 +418,11 @@ class ShardWriterPool:
             except OSError as e:
                 if is_wal_unreadable(e):
                     raise self._unreadable_wal(shard_id) from e
-                # Lance gives up when another claim (a writer, or a GC drain) commits the same
-                # manifest version first; the spec says to reload and claim again.
-                if not is_claim_race(e):
+                # Lance gives up when another claim (a writer, a GC drain, maintenance flushing a
+                # dead writer's shard) commits the same manifest version first, or claims the
+                # shard while this open replays its WAL ("fenced during open"); the spec says to
+                # reload and claim again.
+                if not (is_claim_race(e) or is_fenced(e)):
                     raise
                 if attempt == _CLAIM_ATTEMPTS - 1:
                     claimer = self._claimer(shard_id)
@@ -478,22 +563,57 @@ class ShardWriterPool:
     def put(self, shard_id: str, rows: pa.Table, *, retry_fenced: bool = True) -> None:
         """Upsert ``rows`` (already conformed to the table schema) into ``shard_id``."""
         for part in split_rows(rows, self.config.max_memtable_rows):
-            self._admit(shard_id)
-            self._run(shard_id, lambda w, p=part: w.put(p), "put", retry_fenced)
-            if self.fsync:
-                self._sync_wal(shard_id)
+            self._on_storage(shard_id, lambda p=part: self._apply(shard_id, lambda w: w.put(p), "put", retry_fenced), retry_fenced)
             self._count(shard_id, puts=1, rows_put=part.num_rows)
         self._renew(shard_id)
 
     def delete(self, shard_id: str, keys: pa.Table, *, retry_fenced: bool = True) -> None:
         """Delete ``keys`` (primary-key columns only) from ``shard_id``."""
         for part in split_rows(keys, self.config.max_memtable_rows):
-            self._admit(shard_id)
-            self._run(shard_id, lambda w, p=part: w.delete(p), "delete", retry_fenced)
-            if self.fsync:
-                self._sync_wal(shard_id)
+            self._on_storage(shard_id, lambda p=part: self._apply(shard_id, lambda w: w.delete(p), "delete", retry_fenced), retry_fenced)
             self._count(shard_id, deletes=1, rows_deleted=part.num_rows)
         self._renew(shard_id)
+
+    def _apply(self, shard_id: str, op: Callable[[lance.mem_wal.ShardWriter], None], what: str, retry_fenced: bool) -> None:
+        """One slice of a put or delete: back-pressure, the write, its fsync."""
+        self._admit(shard_id)
+        self._run(shard_id, op, what, retry_fenced)
+        self._fill_skipped(shard_id)
+        if self.fsync:
+            self._sync_wal(shard_id)
+
+    def _on_storage(self, shard_id: str, fn: Callable[[], None], repeat: bool) -> None:
+        """Run ``fn``, one write into the shard. When storage fails it, discard the shard's writer
+        (see the module docstring), and repeat a transient failure up to ``operation_retries``
+        times when ``repeat`` (not for a write decided from what was stored: a new claim may let
+        another writer's newer write in between, so its caller decides again). Raises memwal's
+        error for the failure (:func:`memwal.lance_errors.classify`), or the original one."""
+        policy = self.state.storage.retry
+        attempt = 0
+        while True:
+            try:
+                fn()
+                return
+            except MemwalError as e:
+                if not isinstance(e, StorageError):
+                    raise
+                known: MemwalError | None = e
+                cause: Exception = e
+            except OSError as e:
+                known, cause = classify(e), e
+            with self._lock(shard_id):
+                self._discard(shard_id)
+            if known is None:
+                raise cause
+            if not (repeat and isinstance(known, StorageUnavailableError)) or attempt >= policy.operation_retries:
+                if known is cause:
+                    raise known
+                raise known from cause
+            attempt += 1
+            self._count(shard_id, storage_retries=1)
+            log.warning("shard %s: a write failed on storage (%s); repeating it (%d of %d)", shard_id, known, attempt,
+                        policy.operation_retries)
+            time.sleep(policy.backoff(attempt))
 
     def flush(self, shard_ids: list[str] | None = None) -> None:
         """Close writers, which flushes their MemTables to SSTables; they reopen on next use.
@@ -514,7 +634,8 @@ class ShardWriterPool:
                         continue
                     except OSError as e:
                         if not is_fenced(e):
-                            raise
+                            self._reflush(shard_id, e)
+                            continue
                     self._count(shard_id, fenced_retries=1)
                     log.info("writer of shard %s was fenced before its flush; reopening to flush", shard_id)
                     try:
@@ -523,10 +644,38 @@ class ShardWriterPool:
                             self._sync_flushed(shard_id)
                     except OSError as e:
                         if not is_fenced(e):
-                            raise
+                            self._reflush(shard_id, e)  # the storage failed the new writer's flush
+                            continue
                         raise _keeps_claiming(shard_id, "flush", self._claimer(shard_id)) from e
                 finally:
                     self._release(shard_id)
+
+    def _reflush(self, shard_id: str, failure: OSError) -> None:
+        """A flush failed on storage: its MemTable's rows are in the WAL, so a writer opened
+        anew replays them, and closing it flushes them. Repeated while the failure is transient,
+        at most ``operation_retries`` times; otherwise memwal's error for it is raised."""
+        policy = self.state.storage.retry
+        for attempt in range(1, policy.operation_retries + 2):
+            known = failure if isinstance(failure, MemwalError) else classify(failure)
+            if not isinstance(known, StorageUnavailableError) or attempt > policy.operation_retries:
+                if known is None:
+                    raise failure
+                if known is failure:
+                    raise known
+                raise known from failure
+            self._count(shard_id, storage_retries=1)
+            log.warning("shard %s: a flush failed on storage (%s); flushing again (%d of %d)", shard_id, known, attempt,
+                        policy.operation_retries)
+            time.sleep(policy.backoff(attempt))
+            try:
+                self._open(shard_id).close()
+                if self.fsync:
+                    self._sync_flushed(shard_id)
+                return
+            except OSError as e:
+                if is_fenced(e):
+                    raise _keeps_claiming(shard_id, "flush", self._claimer(shard_id)) from e
+                failure = e
 
     def claim_and_flush(self, shard_id: str) -> None:
         """Open a writer on the shard (replaying its unflushed WAL) and close it (flushing)."""
@@ -564,7 +713,7 @@ class ShardWriterPool:
 
         With ``skip_live_writers`` (what maintenance does) a shard whose writer holds a live
         lease is skipped: its writer is alive, merely idle, and will flush itself (see the
-        module docstring). Without it every such shard is flushed now, as a stopped ingest
+        module docstring); unless the lease names a process of this host that is gone. Without it every such shard is flushed now, as a stopped ingest
         query wants for the writers its tasks left behind.
 
         A shard whose WAL has a gap is never flushed (that would drop the entries after the
@@ -590,8 +739,11 @@ class ShardWriterPool:
                     continue
                 held = self.lease(shard_id) if skip_live_writers else None
                 if held is not None and held.owner != self.owner and held.live(now):
-                    log.info("shard %s has unflushed writes of a live writer (%s); leaving them to it", shard_id, held.owner)
-                    continue
+                    if not held.holder_gone():
+                        log.info("shard %s has unflushed writes of a live writer (%s); leaving them to it", shard_id, held.owner)
+                        continue
+                    log.warning("shard %s: its writer %s is gone (no such process on this host); flushing its writes "
+                                "without waiting for its lease", shard_id, held.owner)
                 log.info("flushing stranded WAL entries of shard %s", shard_id)
                 try:
                     self.claim_and_flush(shard_id)

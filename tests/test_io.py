@@ -17,6 +17,7 @@ from memwal import paths
 from memwal.io import FileIO, LocalFileIO, ObjectInfo, ObjectStoreFileIO, file_io_for, split_uri
 from memwal.storage import (
     ENVIRONMENT_VARIABLES,
+    RetryPolicy,
     StorageConfig,
     StorageOptionError,
     UnsupportedSchemeError,
@@ -64,9 +65,11 @@ def test_explicit_options_win_over_the_environment_key_by_key():
 def test_resolve_reads_os_environ_by_default(monkeypatch):
     for var, _ in ENVIRONMENT_VARIABLES:
         monkeypatch.delenv(var, raising=False)
-    assert StorageConfig.resolve().lance_options() is None
+    assert StorageConfig.resolve().options == {}
+    retry = RetryPolicy().client_options()
+    assert StorageConfig.resolve().lance_options() == retry  # the retry bounds go to Lance even without options
     monkeypatch.setenv("AWS_REGION", "ap-south-1")
-    assert StorageConfig.resolve().lance_options() == {"aws_region": "ap-south-1"}
+    assert StorageConfig.resolve().lance_options() == {**retry, "aws_region": "ap-south-1"}
     assert StorageConfig.resolve({"aws_region": "x"}, environ={}).options == {"aws_region": "x"}
 
 
@@ -113,7 +116,7 @@ def test_obstore_rendering_gives_each_store_only_its_own_keys():
     )
     s3 = cfg.obstore_kwargs("s3")
     assert s3["config"] == {"aws_endpoint": "http://127.0.0.1:9", "aws_region": "us-east-1"}
-    assert s3["client_options"] == {"allow_http": "true", "connect_timeout": "5s"}
+    assert s3["client_options"] == {"allow_http": "true", "connect_timeout": "5s", "timeout": RetryPolicy.request_timeout}
     assert s3["retry_config"]["max_retries"] == 3 and s3["retry_config"]["retry_timeout"].total_seconds() == 20
     assert cfg.obstore_kwargs("gs")["config"] == {"google_service_account": "/sa.json"}
     assert cfg.obstore_kwargs("az")["config"] == {"azure_storage_account_name": "acct"}
@@ -338,3 +341,26 @@ def test_lance_on_s3_with_explicit_options_only(s3_server, s3_uri, monkeypatch):
     cfg = StorageConfig.from_args([f"{k}={v}" for k, v in s3_server.storage_options().items()])
     assert cfg.options == s3_server.storage_options()
     _round_trip(s3_uri, cfg)
+
+
+def test_the_retry_policy_is_one_place_for_lance_and_obstore():
+    """Lance and memwal's own obstore client get the same bounds; a storage option changes both,
+    and memwal's own setting never reaches obstore (which would refuse it)."""
+    cfg = StorageConfig.resolve(
+        {"client_max_retries": "2", "client_retry_timeout": "7", "timeout": "3s", "memwal_operation_retries": "5"},
+        environ={},
+    )
+    policy = cfg.retry
+    assert (policy.max_retries, policy.retry_timeout_seconds, policy.request_timeout, policy.operation_retries) == (2, 7, "3s", 5)
+    lance = cfg.lance_options()
+    assert lance["client_max_retries"] == "2" and lance["client_retry_timeout"] == "7" and lance["timeout"] == "3s"
+    assert RetryPolicy.from_options(lance) == policy  # what is handed only Lance's options still finds it
+    s3 = cfg.obstore_kwargs("s3")
+    assert s3["retry_config"]["max_retries"] == 2 and s3["retry_config"]["retry_timeout"].total_seconds() == 7
+    assert s3["client_options"]["timeout"] == "3s" and "memwal_operation_retries" not in str(s3)
+    defaults = RetryPolicy()
+    assert StorageConfig.resolve(environ={}).retry == defaults
+    assert [defaults.backoff(n) for n in (1, 2, 3)] == [defaults.backoff_seconds * k for k in (1, 2, 4)]
+    assert defaults.backoff(100) == defaults.max_backoff_seconds
+    with pytest.raises(StorageOptionError, match="memwal_operation_retries"):
+        assert StorageConfig.resolve({"memwal_operation_retries": "x"}, environ={}).retry is None

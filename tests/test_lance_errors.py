@@ -152,3 +152,78 @@ def test_only_lance_exception_types_are_classified():
     assert_only(exc, None)
     assert lance_errors.classify(exc) is None
     assert lance_errors.classify(pa.ArrowInvalid("bad")) is None
+
+
+# -- failures of the storage itself ---------------------------------------------------------------
+
+CHECKS_STORAGE = {"store_unavailable": lance_errors.is_store_unavailable, "no_room": lance_errors.is_no_room}
+
+#: Run in a child: writes fail with EFBIG past a 256 KB file size limit (RLIMIT_FSIZE; SIGXFSZ
+#: ignored, so the write returns the error instead of killing the process). Prints what a plain
+#: dataset write and a MemWAL put raised. No privilege needed, unlike a full tmpfs.
+_NO_ROOM_CHILD = """
+import json, resource, signal, sys
+import pyarrow as pa, lance
+from memwal.table import Table
+from helpers import PEOPLE
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+big = pa.table({"id": list(range(20000)), "name": [("x%07d" % i) * 40 for i in range(20000)], "score": [0.5] * 20000}, schema=PEOPLE)
+t = Table.create(sys.argv[1] + "/t", PEOPLE, ["id"], "unsharded")
+resource.setrlimit(resource.RLIMIT_FSIZE, (256_000, 256_000))
+out = {}
+for name, fn in (("dataset", lambda: lance.write_dataset(big, sys.argv[1] + "/plain")),
+                 ("memwal put", lambda: t.write(big))):
+    try:
+        fn()
+        out[name] = None
+    except BaseException as e:
+        out[name] = [type(e).__name__, str(e), getattr(e, "errno", None)]
+print(json.dumps(out))
+"""
+
+
+def test_a_write_with_no_room_is_storage_full(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from memwal.errors import StorageFullError
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.path.dirname(here)])}
+    p = subprocess.run([sys.executable, "-c", _NO_ROOM_CHILD, str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    kind, text, _code = got["dataset"]
+    exc = OSError(text) if kind == "OSError" else RuntimeError(text)
+    assert lance_errors.is_no_room(exc) and not lance_errors.is_store_unavailable(exc), text
+    assert isinstance(lance_errors.classify(exc), StorageFullError)
+    assert_clean(str(lance_errors.classify(exc)))
+    # through the writer pool: memwal's error (Lance words it "Writer fenced (persistence failure)")
+    kind, text, code = got["memwal put"]
+    assert (kind, code) == ("StorageFullError", 27), (kind, text)  # EFBIG: over the file size limit
+
+
+def test_a_store_that_keeps_failing_is_unavailable(s3_server):
+    from faultproxy import Fault, rule, start_proxy
+
+    from memwal.errors import StorageUnavailableError
+
+    uri = s3_server.fresh_uri("plain")
+    opts = {**s3_server.storage_options(), "client_max_retries": "1"}
+    lance.write_dataset(people(range(10)), uri, storage_options=opts)
+    with start_proxy(s3_server.endpoint) as proxy:
+        proxied = {**opts, "aws_endpoint": proxy.endpoint}
+        for fault in (Fault.slow_down(), Fault.internal_error(), Fault.reset()):
+            with proxy.faults(rule(fault, "PUT")):
+                exc = raised(lambda: lance.write_dataset(people([11]), uri, mode="append", storage_options=proxied))
+            assert {n for n, check in CHECKS_STORAGE.items() if check(exc)} == {"store_unavailable"}, str(exc)
+            assert_only(exc, None)  # nor fenced, nor a conflict
+            memwal_error = lance_errors.classify(exc)
+            assert isinstance(memwal_error, StorageUnavailableError)
+            assert_clean(str(memwal_error))
+            assert "<?xml" not in str(memwal_error)
+        with proxy.faults(rule(Fault("status", 403, "AccessDenied"), "GET")):
+            exc = raised(lambda: lance.dataset(uri, storage_options=proxied).to_table())
+        assert lance_errors.classify(exc) is None  # a 4xx is no outage: left as it is

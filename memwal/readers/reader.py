@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from memwal.errors import InvalidArgumentError
+from memwal.lance_errors import memwal_errors
 from memwal.readers import sstables, text, timetravel
 from memwal.readers.config import ReadConfig
 from memwal.readers.keys import keys_table, typed_key
@@ -185,6 +186,7 @@ class Reader:
             snap, tail = self._view([shard_id])
         return self._points.one(key, shard_id, out_schema, snap, tail)
 
+    @memwal_errors()
     def get(self, key: Any, columns: Sequence[str] | None = None) -> dict[str, Any] | None:
         """The live row with primary key ``key`` (scalar, tuple or dict), or None.
 
@@ -194,6 +196,7 @@ class Reader:
         t = self._lookup(typed_key(key, self.state.primary_key, self.state.schema), self._planner.output_schema(columns))
         return first_row(t) if t.num_rows else None
 
+    @memwal_errors()
     def get_many(self, keys: Iterable[Any], columns: Sequence[str] | None = None) -> pa.Table:
         """The live rows of ``keys`` (absent keys are left out), as one Arrow table."""
         kt = keys_table(keys, self.state.primary_key, self.state.schema)
@@ -255,6 +258,7 @@ class Reader:
             return schema, batches
         return schema, (b.select(out) for b in batches)
 
+    @memwal_errors()
     def scan(
         self,
         columns: Sequence[str] | None = None,
@@ -290,6 +294,7 @@ class Reader:
         other engines' users look for."""
         return self.to_batches(columns, where)
 
+    @memwal_errors()
     def count(self, where: str | None = None) -> int:
         """Number of live rows matching ``where``."""
         snap, tail = self._pruned_view(where)
@@ -299,6 +304,7 @@ class Reader:
 
     # -- vector search (memwal.readers.vector_search) --------------------------------------------
 
+    @memwal_errors()
     def search(
         self,
         vector: Sequence[float] | np.ndarray,
@@ -330,6 +336,7 @@ class Reader:
 
     # -- full-text search (memwal.readers.text) --------------------------------------------------
 
+    @memwal_errors()
     def text_search(
         self,
         query: str,

@@ -108,9 +108,12 @@ class AdaptiveSizing:
 def decision_of(latest_offset: str | Mapping[str, Any] | None) -> SizeDecision | None:
     """The decision a micro-batch's progress carries (``progress.sources[i].latestOffset``),
     None when the source sized it with a fixed bound."""
-    if latest_offset is None:
+    if not latest_offset:
         return None
-    doc = json.loads(latest_offset) if isinstance(latest_offset, str) else latest_offset
+    try:
+        doc = json.loads(latest_offset) if isinstance(latest_offset, str) else latest_offset
+    except ValueError:  # not a document (seen while the broker restarted): no decision to read
+        return None
     d = doc.get(PROGRESS_KEY) if isinstance(doc, Mapping) else None
     if not d:
         return None

@@ -27,6 +27,7 @@ their changes.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -37,6 +38,7 @@ import pyarrow as pa
 from memwal import lance_errors
 from memwal.sqltext import sql_literal
 from memwal.state import TableState
+from memwal.storage import RetryPolicy
 from memwal.views import aggregates, changes
 from memwal.views.definition import ViewDefinition
 from memwal.views.errors import ViewBusyError
@@ -275,12 +277,33 @@ def commit(
     latest = lance.dataset(uri, storage_options=storage_options).version
     if latest != view.version:
         raise ViewBusyError(f"view {name} changed while refreshing (v{view.version} -> v{latest}); rerun the refresh")
-    try:
-        lance.LanceDataset.commit(uri, txn, read_version=view.version, max_retries=0, storage_options=storage_options)
-    except (OSError, RuntimeError, ValueError) as e:  # Lance's untyped errors, classified below
-        if lance_errors.is_commit_conflict(e):
-            raise ViewBusyError(f"view {name} changed while refreshing (a concurrent commit); rerun the refresh") from None
-        raise
+    policy = RetryPolicy.from_options(storage_options or {})
+    for attempt in range(policy.operation_retries + 1):
+        try:
+            lance.LanceDataset.commit(uri, txn, read_version=view.version, max_retries=0, storage_options=storage_options)
+            return
+        except (OSError, RuntimeError, ValueError) as e:  # Lance's untyped errors, classified below
+            unknown = lance_errors.is_store_unavailable(e)  # the commit may or may not have landed
+            if not (unknown or lance_errors.is_commit_conflict(e)):
+                raise
+            latest = lance.dataset(uri, storage_options=storage_options)
+            if unknown and latest.version == view.version + 1 and _carries(latest, record):
+                return  # it landed; only the answer was lost
+            # Nothing landed: the store failed the manifest PUT, or answered S3's 409
+            # ConditionalRequestConflict, which Lance takes for "that version exists".
+            if latest.version != view.version:
+                raise ViewBusyError(f"view {name} changed while refreshing (a concurrent commit); rerun the refresh") from None
+            if attempt == policy.operation_retries:
+                if unknown:
+                    raise
+                raise ViewBusyError(f"view {name}: its commit kept conflicting with nothing; rerun the refresh") from None
+            time.sleep(policy.backoff(attempt + 1))
+
+
+def _carries(view: lance.LanceDataset, record: RefreshRecord) -> bool:
+    """Whether the view's latest commit is the refresh ``record`` (its transaction properties)."""
+    txn = view.read_transaction(view.version)
+    return txn is not None and dict(txn.transaction_properties or {}) == record.to_properties()
 
 
 def index_key(view: lance.LanceDataset, column: str, slack_rows: int) -> None:

@@ -21,6 +21,7 @@ from memwal import paths
 from memwal.failpoints import failpoint
 from memwal.holds import write_hold
 from memwal.io import file_io_for
+from memwal.lance_errors import memwal_errors
 from memwal.state import TableState
 from memwal.views import refresh as refreshing
 from memwal.views.changes import with_source_key
@@ -173,6 +174,7 @@ class View:
     def _udfs_current(self, last: RefreshRecord) -> bool:
         return all(last.udf_versions.get(u.name) == u.identity() for u in self.definition.udfs)
 
+    @memwal_errors()
     def refresh(
         self,
         src_version: int | None = None,
