@@ -282,3 +282,32 @@ def test_a_position_taken_between_the_two_passes_of_a_compaction_keeps_its_delet
     updated = sorted(k for p in two_pass for k in p.live.column("order_id").to_pylist())
     pre = got.filter(pa.compute.equal(got.column(feed.CHANGE_TYPE), feed.UPDATE_PREIMAGE))
     assert sorted(pre.column("order_id").to_pylist()) == updated
+
+
+def test_the_command_line_prints_changes_resumes_and_commits_a_consumer(table_uri, capsys):
+    import json
+
+    from memwal import cli
+
+    t = create(table_uri)
+    v0 = t.dataset().version
+    t.write(pa.Table.from_pylist([order_row(1, 1, 1), order_row(2, 1, 2)], schema=SCHEMA))
+    t.flush()
+    assert cli.main(["changes", table_uri, "--since", str(v0), "--json", "--consumer", "audit"]) == 0
+    out = capsys.readouterr()
+    rows = [json.loads(line) for line in out.out.splitlines()]
+    assert sorted((r["order_id"], r[feed.CHANGE_TYPE]) for r in rows) == [(1, "insert"), (2, "insert")]
+    position = out.err.split("next position: ", 1)[1].strip()
+    t.write(pa.Table.from_pylist([order_row(1, 1, 5)], schema=SCHEMA))
+    t.flush()
+    # the consumer resumes where it committed; a printed position resumes the same
+    assert cli.main(["changes", table_uri, "--consumer", "audit", "--json"]) == 0
+    by_consumer = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert cli.main(["changes", table_uri, "--since", position, "--json"]) == 0
+    by_position = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r[feed.CHANGE_TYPE] for r in by_consumer] == ["update_preimage", "update_postimage"]
+    assert by_position == by_consumer
+    assert cli.main(["changes", table_uri, "--consumer", "audit"]) == 0
+    assert "(0 rows)" in capsys.readouterr().out
+    assert cli.main(["changes", table_uri]) == 2  # neither --since nor a committed consumer
+    capsys.readouterr()
