@@ -31,6 +31,7 @@ from memwal.commands import (  # noqa: E402
     EXIT_OK,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
+    cmd_changes,
     cmd_check,
     cmd_delete,
     cmd_get,
@@ -189,6 +190,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--version", type=int, help="the same as --as-of VERSION")
     s.add_argument("--explain", action="store_true", help="print which shards and SSTables the scan reads")
     s.set_defaults(func=cmd_scan)
+
+    s = sub.add_parser("changes", help="print the table's change feed",
+        description="Print every change committed after a position, per shard in generation order: the table's columns plus "
+        "_change_type (insert, update_preimage, update_postimage, delete), _shard, _generation and _commit_time. A key "
+        "written several times within one flushed generation shows its net change; unflushed writes are not in the feed. "
+        "The position after the last change is printed to stderr, to pass back as --since.")
+    s.add_argument("uri", metavar="URI")
+    s.add_argument("--since", metavar="VERSION|earliest|POSITION",
+        help="the changes after this base version, the oldest still kept ('earliest'), or a position printed by a previous run")
+    s.add_argument("--until", type=int, metavar="VERSION", help="stop at what this base version had folded (default: the last flush)")
+    s.add_argument("--columns", metavar="A,B", help="the table's columns to print (the primary key always)")
+    s.add_argument("--json", action="store_true", help="one JSON object per change")
+    s.add_argument("--consumer", metavar="NAME",
+        help="a registered consumer: start where it last committed (without --since) and commit the new position; "
+        "GC keeps what it has not read (GcConfig.feed_retention_seconds)")
+    s.add_argument("--no-commit", action="store_true", help="with --consumer: read without committing")
+    s.set_defaults(func=cmd_changes)
 
     s = sub.add_parser("status",
         help="show shards, WAL and SSTables",

@@ -28,7 +28,7 @@ from memwal.jsonvalues import row_to_json
 from memwal.maintenance import MaintenanceConfig
 from memwal.metadata import IndexConfig, WriterConfig
 from memwal.progress import Progress as ProgressRecord, ProgressCallback, notify
-from memwal.render import render_check, render_plan, render_repair, render_row_stream, render_rows, render_status
+from memwal.render import render_check, render_plan, render_position, render_repair, render_row_stream, render_rows, render_status
 from memwal.state import TableState
 from memwal.storage import StorageConfig
 from memwal.status import table_status
@@ -290,6 +290,51 @@ def cmd_scan(args: argparse.Namespace) -> int:
     else:
         for text in render_row_stream(slices, batches.schema):
             out.write(text + "\n")
+    return 0
+
+
+def _since(text: str) -> Any:
+    """``--since``: a base version, ``earliest``, or a position as ``memwal changes`` printed it."""
+    from memwal.feed import Position
+
+    text = text.strip()
+    if text.startswith("{"):
+        try:
+            return Position.from_json(json.loads(text))
+        except json.JSONDecodeError:
+            raise InvalidArgumentError(f"--since {text!r}: not a position (JSON)") from None
+    if text.isdigit() or text in ("earliest", "latest"):
+        return int(text) if text.isdigit() else text
+    raise InvalidArgumentError(f"--since {text!r}: a base version, 'earliest', 'latest' or a position printed by memwal changes")
+
+
+def cmd_changes(args: argparse.Namespace) -> int:
+    from memwal import feed
+
+    state = _state(args)
+    consumer = feed.Consumer(state, args.consumer) if args.consumer else None
+    if args.since is not None:
+        start = feed.resolve_start(state, _since(args.since))
+    elif consumer is not None and consumer.position() is not None:
+        start = consumer.position()
+    else:
+        raise InvalidArgumentError("give --since (a base version, 'earliest' or a position), or a --consumer that has committed")
+    end = feed.end_at(state, args.until)
+    reader = feed.FeedReader(state, start, _columns(args.columns))
+    batches = (b for g in reader.generations(end) for b in g.rows.to_batches())
+    slices = (batch.slice(i, PRINT_ROWS) for batch in batches for i in range(0, batch.num_rows, PRINT_ROWS))
+    out = sys.stdout
+    if args.json:
+        for part in slices:
+            out.write("".join(row_to_json(row) + "\n" for row in part.to_pylist()))
+    else:
+        for text in render_row_stream(slices, reader.schema):
+            out.write(text + "\n")
+    out.flush()
+    after = reader.end_position(end)
+    if consumer is not None and not args.no_commit:
+        after = consumer.commit(after)
+    print(render_position(after), file=sys.stderr)
     return 0
 
 

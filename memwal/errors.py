@@ -151,3 +151,13 @@ class StateNotRetainedError(InvalidArgumentError):
     """A time-travel read asked for a table state that garbage collection no longer keeps
     (older than ``GcConfig.time_travel_seconds``), or that never existed; the message names
     the oldest state that can be read."""
+
+
+class ChangesCollectedError(StateNotRetainedError):
+    """A change-feed read asked for changes garbage collection no longer keeps (or from a
+    base version that never existed). :attr:`oldest` is the oldest position still readable
+    (None if it could not be determined), also named in the message."""
+
+    def __init__(self, message: str, oldest: object | None = None) -> None:
+        super().__init__(message)
+        self.oldest = oldest

@@ -3,7 +3,9 @@
 Per shard, GC removes
 
 1. **SSTables** that are compacted, covered by every base index (``index_catchup``) and
-   consumed by every view fed by compaction (its hold, :mod:`memwal.holds`), judged at a
+   consumed by every view fed by compaction and every registered change-feed consumer
+   that committed within ``feed_retention_seconds`` (their holds, :mod:`memwal.holds`;
+   an expired consumer's hold and anchor tag are removed), judged at a
    base version at least ``reader_grace_seconds`` old, so a reader that pinned a snapshot
    shortly before keeps finding the SSTables it was told to read -- or at least
    ``time_travel_seconds`` old, so a time-travel reader finds the SSTables of any state
@@ -98,7 +100,7 @@ import pyarrow as pa
 
 from memwal import paths
 from memwal.errors import CommitConflictError, ConcurrencyError, MemwalError
-from memwal.holds import held_through, view_holds
+from memwal.holds import FEED_TAG_PREFIX, feed_holds, held_through, view_holds
 from memwal.indexes import base_indexes, covered_generation
 from memwal.lance_errors import is_not_found
 from memwal.manifest import MemWalIndex, ShardManifest
@@ -139,6 +141,10 @@ class GcConfig:
     #: the newest shard manifest at least this old. Must exceed the writers' ``max_idle_seconds``
     #: (``ShardWriterPool``, 120 s) plus the longest a WAL append may stall; see the module doc.
     wal_retention_seconds: float = 600.0
+    #: A registered change-feed consumer (:mod:`memwal.feed`) holds the SSTables and the base
+    #: version it has yet to read for at most this long after its last commit; then GC
+    #: releases its hold, and its next read raises ``ChangesCollectedError``.
+    feed_retention_seconds: float = 7 * 24 * 3600.0
 
 
 @dataclass
@@ -294,6 +300,10 @@ class GarbageCollector:
         index = self.state.manifests.mem_wal_index(version) if version is not None else None
         indexes = base_indexes(latest)
         holds = view_holds(self.state.io, self.state.uri)  # read after the index: holds only move up
+        feeds, expired = feed_holds(self.state.io, self.state.uri, time.time(), self.config.feed_retention_seconds)
+        holds += feeds
+        for name in expired:
+            self._release_feed(latest, name)
         results = []
         for shard_id in self.state.manifests.list_shards() if shard_ids is None else shard_ids:
             try:
@@ -307,6 +317,14 @@ class GarbageCollector:
             if r.sstables_removed or r.wal_entries_removed or r.manifests_removed or r.orphans_removed:
                 results.append(r)
         return results
+
+    def _release_feed(self, latest: lance.LanceDataset, name: str) -> None:
+        """Drop an expired change-feed consumer: its anchor tag, then its hold."""
+        tag = FEED_TAG_PREFIX + name
+        if tag in latest.tags.list():
+            latest.tags.delete(tag)
+        self.state.io.remove(paths.feed_hold(self.state.uri, name))
+        log.warning("change-feed consumer %r did not commit for %.0fs: its hold is released", name, self.config.feed_retention_seconds)
 
     def _safe_dataset(self, version: int) -> lance.LanceDataset:
         """The base at ``version`` (opened once per version: it is read for its fragments only)."""

@@ -11,15 +11,25 @@ hold only after the commit that consumed the generations (a crash in between lea
 older, lower hold: GC keeps more than needed, never less). A shard absent from a hold is
 held at generation 0 (nothing of it consumed). Holds are small JSON files, one per
 consumer, found by listing; a consumer that goes away takes its file with it.
+
+Two kinds of consumer hold: materialized views (their file inside the view's directory) and
+registered readers of the change feed (:mod:`memwal.feed`; ``_memwal/feeds/{name}.json``),
+whose hold also records their position and when they last committed it. A feed hold older
+than ``GcConfig.feed_retention_seconds`` no longer holds anything: a consumer gone for good
+cannot keep the change log forever (it then gets a clear error naming the oldest position).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 from memwal import paths
 from memwal.io import FileIO
+
+#: the Lance tag that keeps a feed consumer's anchor base version through version cleanup
+FEED_TAG_PREFIX = "memwal-feed-"
 
 
 def write_hold(io: FileIO, path: str, consumed: Mapping[str, int]) -> None:
@@ -49,3 +59,45 @@ def held_through(holds: list[dict[str, int]], shard_id: str, limit: int) -> int:
     for hold in holds:
         limit = min(limit, hold.get(shard_id, 0))
     return limit
+
+
+@dataclass(frozen=True)
+class FeedHold:
+    """A registered change-feed consumer's hold."""
+
+    #: per shard, the generation its anchor version had folded: GC keeps what is above
+    consumed: Mapping[str, int]
+    #: its committed position (:class:`memwal.feed.Position` as JSON)
+    position: Mapping[str, Any]
+    #: when it was committed (seconds since the epoch)
+    committed_at: float
+
+
+def write_feed_hold(io: FileIO, path: str, hold: FeedHold) -> None:
+    body = {"consumed": dict(hold.consumed), "position": dict(hold.position), "committed_at": hold.committed_at}
+    io.write(path, json.dumps(body, sort_keys=True).encode())
+
+
+def read_feed_hold(io: FileIO, path: str) -> FeedHold | None:
+    try:
+        d = json.loads(io.read(path))
+    except FileNotFoundError:
+        return None
+    return FeedHold({str(k): int(v) for k, v in d["consumed"].items()}, d["position"], float(d["committed_at"]))
+
+
+def feed_holds(io: FileIO, table: str, now: float, retention_seconds: float) -> tuple[list[dict[str, int]], list[str]]:
+    """The holds of the table's feed consumers that committed within ``retention_seconds``,
+    and the names of those that did not (expired: they hold nothing)."""
+    live, expired = [], []
+    for name in io.list_dir(paths.feeds_dir(table)):
+        if not name.endswith(".json"):
+            continue
+        hold = read_feed_hold(io, paths.join(paths.feeds_dir(table), name))
+        if hold is None:
+            continue
+        if now - hold.committed_at > retention_seconds:
+            expired.append(name.removesuffix(".json"))
+        else:
+            live.append(dict(hold.consumed))
+    return live, expired

@@ -14,6 +14,7 @@ memwal's own files live next to Lance's, never inside Lance's directories::
     {table}/_memwal/maintenance.json                  the maintenance service's last metrics
     {table}/_memwal/views/{name}/                     materialized view metadata
     {table}/_memwal/views/{name}/_memwal_hold.json    generations the view still has to read (GC keeps them)
+    {table}/_memwal/feeds/{name}.json                 a change-feed consumer's position and hold
     {table}/_memwal/quarantine/{stamp}/...            files ``memwal repair`` moved aside
     {table}/_memwal/upgrade/{stamp}/                  ``memwal upgrade``: its marker, the new base
                                                       while built, the old base after (until purged)
@@ -173,6 +174,15 @@ def view_hold(table: str, name: str) -> str:
     """A view's change-log hold (see :mod:`memwal.holds`); inside the view's directory, so
     dropping the view releases it."""
     return join(view_meta_dir(table, name), "_memwal_hold.json")
+
+
+def feeds_dir(table: str) -> str:
+    return join(table, MEMWAL_META_DIR, "feeds")
+
+
+def feed_hold(table: str, name: str) -> str:
+    """A registered change-feed consumer's position and hold (see :mod:`memwal.holds`)."""
+    return join(feeds_dir(table), f"{name}.json")
 
 
 def deleted_sequences_table(table: str) -> str:

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Iterator
 import pyarrow as pa
 
 from memwal.check import CheckReport, Damage
+from memwal.feed import Position
 from memwal.health import HealthReport
 from memwal.jsonvalues import jsonable
 from memwal.metrics import CycleReport, MaintenanceMetrics
@@ -62,6 +63,11 @@ def render_row_stream(batches: Iterable[pa.RecordBatch], schema: pa.Schema | Non
         fmt = "  ".join(f"{{:<{len(n)}}}" for n in names)
         yield "\n".join([fmt.format(*names), fmt.format(*("-" * len(n) for n in names))])
     yield _row_count(count)
+
+
+def render_position(position: Position) -> str:
+    """Where a change-feed read ended, as the line to pass back to ``memwal changes --since``."""
+    return f"next position: {json.dumps(position.to_json(), sort_keys=True)}"
 
 
 def render_plan(plan: ReadPlan) -> str:

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
+from memwal import feed
 from memwal.errors import InvalidArgumentError
 from memwal.lance_errors import memwal_errors
 from memwal.readers import sstables, text, timetravel
@@ -293,6 +294,36 @@ class Reader:
         ``polars.from_arrow(...)``, DataFusion's ``from_arrow``); :meth:`to_batches` with a name
         other engines' users look for."""
         return self.to_batches(columns, where)
+
+    @memwal_errors()
+    def changes(
+        self,
+        since: "feed.Position | int | str",
+        until: int | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> pa.Table:
+        """The table's change feed (:mod:`memwal.feed`): every change after ``since`` (a base
+        version, a :class:`~memwal.feed.Position`, or ``"earliest"``) up to base version
+        ``until`` or the last flush, as rows of the table's columns with ``_change_type``
+        (insert, update_preimage, update_postimage, delete), ``_shard``, ``_generation`` and
+        ``_commit_time``; per shard in generation order, each generation's net change per
+        key. Raises :class:`~memwal.errors.ChangesCollectedError` for changes GC collected."""
+        return pa.Table.from_batches(list(self.change_batches(since, until, columns)), self.change_schema(columns))
+
+    def change_schema(self, columns: Sequence[str] | None = None) -> pa.Schema:
+        return feed.FeedReader(self.state, feed.Position(0), columns).schema
+
+    def change_batches(
+        self,
+        since: "feed.Position | int | str",
+        until: int | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> Iterator[pa.RecordBatch]:
+        """:meth:`changes` as record batches, one generation at a time (read as consumed)."""
+        start = feed.resolve_start(self.state, since)
+        end = feed.end_at(self.state, until)
+        for g in feed.FeedReader(self.state, start, columns).generations(end):
+            yield from g.rows.to_batches()
 
     @memwal_errors()
     def count(self, where: str | None = None) -> int:

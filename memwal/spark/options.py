@@ -68,6 +68,16 @@ class FormatOptions:
     #: Base rows per read task (the base's fragments are grouped up to this many rows).
     rows_per_partition: int = 1_000_000
 
+    # -- the change feed (memwal.feed) ----------------------------------------------------------
+    #: Read the table's changes (rows with _change_type, _shard, _generation, _commit_time).
+    read_change_feed: bool = False
+    #: Changes after this base version, "earliest" (the oldest still kept) or "latest".
+    starting_version: str | None = None
+    #: A batch read stops at what this base version had folded (default: the last flush).
+    ending_version: int | None = None
+    #: A stream registered as this feed consumer: GC keeps what it has not read.
+    consumer: str | None = None
+
     # -- writes -----------------------------------------------------------------------------------
     #: "upsert": rows replace their keys' rows; "delete": the keys of the rows are deleted.
     operation: str = "upsert"
@@ -115,9 +125,9 @@ class FormatOptions:
             f = names.get(key.replace("_", ""))
             if f is None or f.name in ("path", "storage"):
                 continue  # options of Spark's own (checkpointLocation, ...) and unknown keys
-            if f.name in ("version", "rows_per_partition", "max_row_bytes"):
+            if f.name in ("version", "rows_per_partition", "max_row_bytes", "ending_version"):
                 out[f.name] = _int(key, text)
-            elif f.name in ("drop_stale",):
+            elif f.name in ("drop_stale", "read_change_feed"):
                 out[f.name] = _bool(key, text)
             elif f.name == "flush_interval_seconds":
                 out[f.name] = None if text.strip().lower() in ("none", "") else _float(key, text)
@@ -157,5 +167,10 @@ class FormatOptions:
             raise InvalidArgumentError("option dropStale needs a sequenceColumn")
         if self.operation == "delete" and self.merge == "partial":
             raise InvalidArgumentError("option merge=partial goes with upserts, not operation=delete")
+        sv = self.starting_version
+        if sv is not None and not (sv.strip().isdigit() or sv.strip() in ("earliest", "latest")):
+            raise InvalidArgumentError(f"option startingVersion={sv!r}: a base version, earliest or latest")
+        if (sv is not None or self.ending_version is not None or self.consumer) and not self.read_change_feed:
+            raise InvalidArgumentError("options startingVersion, endingVersion and consumer go with readChangeFeed=true")
         if self.rows_per_partition < 1:
             raise InvalidArgumentError("option rowsPerPartition must be at least 1")

@@ -5,7 +5,10 @@ with memwal) names :class:`MemwalDataSource` its ``DefaultSource``, and Spark re
 data sources of every ``pyspark_*`` module on the Python path when a session first asks for
 one. ``spark.read.format("memwal").load(uri)`` reads (:mod:`memwal.spark.scan`);
 ``df.write.format("memwal").mode("append").save(uri)`` and ``df.writeStream.format("memwal")
-...start(uri)`` write (:mod:`memwal.spark.write`). Options: :class:`memwal.spark.options.FormatOptions`.
+...start(uri)`` write (:mod:`memwal.spark.write`); with ``option("readChangeFeed", "true")``,
+``read`` and ``readStream`` read the table's change feed (:mod:`memwal.spark.changes`), and the
+writer takes change rows back (``_change_type``: preimages dropped, deletes deleted). Options:
+:class:`memwal.spark.options.FormatOptions`.
 """
 
 from __future__ import annotations
@@ -38,18 +41,36 @@ class MemwalDataSource(DataSource):
         """The table's columns (the write schema; a read returns them, or those asked for)."""
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        return from_arrow_schema(self._state().schema)
+        state = self._state()
+        if self.opts.read_change_feed:
+            from memwal.feed import feed_schema
+
+            return from_arrow_schema(feed_schema(state.schema))
+        return from_arrow_schema(state.schema)
 
     def reader(self, schema: Any) -> Any:
         from memwal.spark.scan import PushdownScanReader, ScanReader, pushdown_enabled
 
         state = self._state()
+        if self.opts.read_change_feed:
+            from memwal.spark.changes import ChangeFeedBatchReader
+
+            return ChangeFeedBatchReader(state.uri, self.opts, schema)
         columns = [f.name for f in schema.fields]
         unknown = [c for c in columns if c not in state.schema.names]
         if unknown:
             raise InvalidArgumentError(f"no column(s) {unknown} in {state.uri}; its columns are {state.schema.names}")
         cls = PushdownScanReader if pushdown_enabled() else ScanReader
         return cls(state.uri, self.opts, schema)
+
+    def streamReader(self, schema: Any) -> Any:  # noqa: N802 - Spark's name
+        from memwal.spark.changes import ChangeFeedStreamReader
+
+        if not self.opts.read_change_feed:
+            raise InvalidArgumentError(
+                "readStream.format('memwal') streams the table's change feed: set option('readChangeFeed', 'true')"
+            )
+        return ChangeFeedStreamReader(self._state().uri, self.opts, schema)
 
     def _writer_args(self, schema: Any, *, streaming: bool) -> tuple[str, FormatOptions, Any]:
         from memwal.spark.write import sink_options

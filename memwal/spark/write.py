@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
 from memwal.errors import InvalidArgumentError
+from memwal.feed import CHANGE_TYPE
 from memwal.spark.options import FormatOptions
 from memwal.streaming.exchange import PART, SHARD, SHARDS_KEY, from_payload, to_payload
 from memwal.streaming.options import SinkOptions
@@ -69,6 +70,8 @@ def sink_options(opts: FormatOptions, columns: list[str], table_columns: list[st
         op_field: str | None = _OPERATION
     elif kafka:
         op_field = opts.op_field
+    elif CHANGE_TYPE in columns and CHANGE_TYPE not in table_columns:
+        op_field = CHANGE_TYPE  # change-feed rows (feed_rows): each row says what it was
     else:
         # A column naming the operation, if the DataFrame has one that is not the table's.
         op_field = opts.op_field if opts.op_field in columns and opts.op_field not in table_columns else None
@@ -86,6 +89,19 @@ def sink_options(opts: FormatOptions, columns: list[str], table_columns: list[st
         durability=opts.durability,
         writer_process=streaming,
     )
+
+
+def feed_rows(data: pa.Table) -> pa.Table:
+    """Change-feed rows (:mod:`memwal.feed`) as writes: preimages dropped, inserts and
+    postimages upserted, deletes deleted; the feed's other columns dropped. A feed read
+    straight into ``format('memwal')`` so makes a copy of the table."""
+    from memwal.feed import DELETE, FEED_COLUMNS, UPDATE_PREIMAGE
+
+    kind = data.column(CHANGE_TYPE)
+    data = data.filter(pc.not_equal(kind, UPDATE_PREIMAGE))
+    ops = pc.if_else(pc.equal(data.column(CHANGE_TYPE), DELETE), "delete", "upsert")
+    data = data.drop_columns([c for c in FEED_COLUMNS if c in data.column_names])
+    return data.append_column(CHANGE_TYPE, ops)
 
 
 @dataclass
@@ -124,6 +140,8 @@ def prepare_task(uri: str, opts: FormatOptions, sink: SinkOptions, batches: Iter
         if batch.num_rows == 0:
             continue
         data = pa.Table.from_batches([batch])
+        if sink.op_field == CHANGE_TYPE:
+            data = feed_rows(data)
         if sink.op_field == _OPERATION:
             data = data.append_column(_OPERATION, pa.array(["delete"] * data.num_rows, pa.string()))
         p = prepare.prepare(state, data, task, first, 1)
