@@ -521,7 +521,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         # '' on the command line: records carry no operation field (all upserts)
         **({} if args.op_field is None else {"op_field": args.op_field or None}),
     )
-    spark = local_session(**_given(cores=args.cores), master=args.master)
+    # An ingest query runs for minutes to days: the full JIT (session.LONG_RUNNING_LAUNCH).
+    spark = local_session(**_given(cores=args.cores), master=args.master, fast_start=False)
     server = _metrics_server(args, args.table)
     observers: list[Any] = []
     if server is not None:
