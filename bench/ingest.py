@@ -178,13 +178,15 @@ def run_naive(spark, broker, topic: str, uri: str, ckpt: str, batch: int, availa
 
 
 #: The memwal sink's layouts ``--axes --variants`` can run side by side in each cell (each
-#: against the same cell's naive sink): ingest's default; Spark's one read task per
-#: topic-partition (the layout before read tasks were merged); the executor's writer process
-#: (which runs a small micro-batch's prepare and write in one stage).
+#: against the same cell's naive sink): ingest's default (the executor's writer process, which
+#: runs a small micro-batch's prepare and write in one stage, and Spark's topic-partitions
+#: merged into one wave of read tasks); writes in the Python workers, in two stages (the
+#: default before); Spark's one read task per topic-partition, also in two stages (the layout
+#: before both).
 VARIANTS = {
     "default": {},
-    "task-per-partition": {"min_records_per_read_task": None},
-    "writer-process": {"writer_process": True},
+    "no-writer-process": {"writer_process": False},
+    "task-per-partition": {"writer_process": False, "min_records_per_read_task": None},
 }
 
 
@@ -430,7 +432,8 @@ def run_freshness_only(args) -> dict:
                 for source in args.kafka_sources:
                     def run(topic, stop, started, source=source):
                         return run_memwal(spark, broker, topic, uri, os.path.join(work, f"ckpt-{topic}"), args.batch_rows, None, False, stop, started,
-                                          kafka_source=source, writer_process=args.writer_process, single_stage_max_rows=args.single_stage_max_rows)
+                                          kafka_source=source, single_stage_max_rows=args.single_stage_max_rows,
+                                          **({} if args.writer_process is None else {"writer_process": args.writer_process}))
 
                     f = freshness(broker, f"memwal-{source}", run, "strong", uri, args.freshness_rate, args.freshness_seconds, args.base_rows)
                     rows.append(print_freshness(f"memwal, {source} source, strong reader", f, args.freshness_rate, verdict=True))
@@ -736,7 +739,8 @@ def main() -> None:
     p.add_argument("--plot", help="--axes: draw rows/s against both axes into this PNG")
     p.add_argument("--catch-up-only", action="store_true", help="--axes: only the backlog catch-up")
     p.add_argument("--value-format", choices=("json", "avro"), default="json", help="--axes: the catch-up records' value format")
-    p.add_argument("--writer-process", action="store_true", help="--freshness-only: the sink's writer process (SinkOptions.writer_process)")
+    p.add_argument("--writer-process", action=argparse.BooleanOptionalAction, default=None,
+                   help="--freshness-only: the sink's writer process (SinkOptions.writer_process; default: on)")
     p.add_argument("--single-stage-max-rows", type=int, default=SinkOptions.single_stage_max_rows,
                    help="--freshness-only: SinkOptions.single_stage_max_rows (0: always two stages)")
     p.add_argument("--freshness-only", action="store_true",
