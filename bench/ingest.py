@@ -691,22 +691,25 @@ def plot(result: dict, path: str) -> None:
             if variant == "default":
                 b.plot(xs, [c["naive_rows_per_s"] for c in mine], "s" + mark, alpha=0.6, label=f"naive, {source}, batch {size:,}")
     for ax, label in ((a, "micro-batch (records)"), (b, "base table (rows)")):
-        ax.set_xscale("log")
         ax.set_xlabel(label)
-        ax.legend(fontsize=6)
+        if cells:  # a catch-up-only run draws the profile alone
+            ax.set_xscale("log")
+            ax.legend(fontsize=6)
     a.set_ylabel("rows/s (in the sink)")
     # The profile: one stacked bar per memwal cell and catch-up, ms per micro-batch.
     bars = [(f"{c.get('kafka_source', 'python')}\n{c.get('variant', 'default')}\n{c['batch_rows'] // 1000}k, base {c['base_rows'] / 1e6:g}M",
              c["breakdown"]) for c in cells if c.get("breakdown")]
     bars += [(f"{cu['kafka_source']}\ncatch-up\n{cu['breakdown']['rows'] // 1000}k/batch", cu["breakdown"])
              for cu in result.get("catch_up") or [] if cu.get("breakdown")]
+    # Shares, so 10k micro-batches and catch-ups compare on one axis; each bar's ms below it.
+    totals = [sum(bd.get(p, 0.0) for ps in PROFILE_GROUPS.values() for p in ps) or 1.0 for _, bd in bars]
     bottoms = [0.0] * len(bars)
     for group, phases in PROFILE_GROUPS.items():
-        heights = [sum(bd.get(p, 0.0) for p in phases) for _, bd in bars]
+        heights = [100 * sum(bd.get(p, 0.0) for p in phases) / t for (_, bd), t in zip(bars, totals)]
         prof.bar(range(len(bars)), heights, bottom=bottoms, label=group)
         bottoms = [x + h for x, h in zip(bottoms, heights)]
-    prof.set_xticks(range(len(bars)), [label for label, _ in bars], fontsize=6)
-    prof.set_ylabel("ms per micro-batch (mean, first left out)")
+    prof.set_xticks(range(len(bars)), [f"{label}\n{t:,.0f} ms" for (label, _), t in zip(bars, totals)], fontsize=6)
+    prof.set_ylabel("% of a micro-batch (mean, first left out)")
     prof.legend(fontsize=6)
     title = "bench/ingest.py --axes (2 cores)"
     for cu in result.get("catch_up") or []:
@@ -767,7 +770,7 @@ def main() -> None:
             with open_broker(os.path.join(work, "broker")) as broker:
                 results["axes"] = run_axes(args, spark, broker, work)
             spark.stop()
-        if args.plot and results["axes"]["cells"]:
+        if args.plot and (results["axes"]["cells"] or results["axes"]["catch_up"]):
             plot(results["axes"], args.plot)
         report(results, args.json)
         return
