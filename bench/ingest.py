@@ -65,6 +65,7 @@ from probe_reader import ProbeReader  # noqa: E402
 from memwal import Table, WriterConfig, readers  # noqa: E402
 from memwal.streaming import SinkOptions, ingest, kafka_stream, local_session  # noqa: E402
 from memwal.streaming.adaptive import AdaptiveSizing  # noqa: E402
+from memwal.streaming.ingest import MIN_ROWS_PER_TASK  # noqa: E402
 from memwal.streaming.local_broker import start_local_broker  # noqa: E402
 
 PROBE = -1
@@ -98,7 +99,30 @@ class NaiveSink:
     def __init__(self, uri: str) -> None:
         self.uri = uri
         self.durations: list[float] = []
+        #: Per micro-batch with rows: seconds in Spark's job (Kafka read and from_json in the
+        #: JVM, rows to Arrow) and in the dedup + merge_insert (the write).
+        self.job_seconds: list[float] = []
+        self.write_seconds: list[float] = []
+        #: The query's progress (Spark's durations per micro-batch), set when it ends.
+        self.progress: list[dict] = []
         self.rows = 0
+
+    def profile(self, skip: int = 1) -> dict[str, float]:
+        """Mean ms per micro-batch with rows (the first ``skip`` left out): Spark's planning,
+        the job reading and decoding, the write, Spark's offset and commit logs."""
+        ps = [p for p in self.progress if p.get("numInputRows")][skip:]
+        jobs, writes = self.job_seconds[skip:], self.write_seconds[skip:]
+        if not ps or not jobs:
+            return {}
+
+        def mean(xs):
+            return sum(xs) / len(xs)
+
+        d = [p["durationMs"] for p in ps]
+        return {"total_ms": mean([x.get("triggerExecution", 0) for x in d]),
+                "planning_ms": mean([x.get("latestOffset", 0) + x.get("getBatch", 0) + x.get("queryPlanning", 0) for x in d]),
+                "read_decode_ms": 1000 * mean(jobs), "write_ms": 1000 * mean(writes),
+                "commit_ms": mean([x.get("walCommit", 0) + x.get("commitOffsets", 0) for x in d])}
 
     def __call__(self, df, batch_id: int) -> None:
         from pyspark.sql import functions as F
@@ -118,6 +142,7 @@ class NaiveSink:
             .select("r.*", "partition", "offset")
             .toArrow()
         )
+        t1 = time.perf_counter()
         if data.num_rows:
             from memwal.lsm import newest_per_key  # a user would write this dedup by hand
 
@@ -126,7 +151,10 @@ class NaiveSink:
             data = pa.table({"id": data["id"], "val": data["val"], "name": data["name"], "vec": vec}, schema=SCHEMA)
             lance.dataset(self.uri).merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(data)
             self.rows += data.num_rows
-            self.durations.append(time.perf_counter() - t0)
+            t2 = time.perf_counter()
+            self.durations.append(t2 - t0)
+            self.job_seconds.append(t1 - t0)
+            self.write_seconds.append(t2 - t1)
 
 
 def run_naive(spark, broker, topic: str, uri: str, ckpt: str, batch: int, available_now: bool = True, stop: threading.Event | None = None,
@@ -144,11 +172,26 @@ def run_naive(spark, broker, topic: str, uri: str, ckpt: str, batch: int, availa
     else:
         stop.wait()
         q.stop()
-    return sink, time.perf_counter() - t0
+    elapsed = time.perf_counter() - t0
+    sink.progress = [json.loads(p.json) if hasattr(p, "json") else dict(p) for p in q.recentProgress]
+    return sink, elapsed
+
+
+#: The memwal sink's layouts ``--axes --variants`` can run side by side in each cell (each
+#: against the same cell's naive sink): ingest's default (the executor's writer process, which
+#: runs a small micro-batch's prepare and write in one stage, and Spark's topic-partitions
+#: merged into one wave of read tasks); writes in the Python workers, in two stages (the
+#: default before); Spark's one read task per topic-partition, also in two stages (the layout
+#: before both).
+VARIANTS = {
+    "default": {},
+    "no-writer-process": {"writer_process": False},
+    "task-per-partition": {"writer_process": False, "min_records_per_read_task": None},
+}
 
 
 def run_memwal(spark, broker, topic: str, uri: str, ckpt: str, batch: int, tasks: int | None, available_now: bool = True, stop: threading.Event | None = None,
-               started: list | None = None, kafka_source: str = "spark", **sink_options):
+               started: list | None = None, kafka_source: str = "spark", min_records_per_read_task: int | None = MIN_ROWS_PER_TASK, **sink_options):
     job = ingest(
         spark,
         bootstrap=broker.bootstrap,
@@ -156,6 +199,7 @@ def run_memwal(spark, broker, topic: str, uri: str, ckpt: str, batch: int, tasks
         table_uri=uri,
         checkpoint=ckpt,
         kafka_source=kafka_source,
+        min_records_per_read_task=min_records_per_read_task,
         available_now=available_now,
         max_offsets_per_trigger=batch,
         options=SinkOptions(source="kafka-json", op_field=None, max_write_tasks=tasks, **sink_options),
@@ -373,7 +417,7 @@ def run_freshness_only(args) -> dict:
     """Phase 2 alone: a memwal table of ``--base-rows`` rows, the ingest query at
     ``--freshness-rate``, a strong reader in another process."""
     with work_dir(args.workdir, "memwal-bench-freshness-") as work:
-        spark = local_session(app="memwal-bench")
+        spark = local_session(app="memwal-bench", fast_start=not args.full_jit)
         spark.sparkContext.setLogLevel("ERROR")
         try:
             with open_broker(os.path.join(work, "broker")) as broker:
@@ -388,7 +432,8 @@ def run_freshness_only(args) -> dict:
                 for source in args.kafka_sources:
                     def run(topic, stop, started, source=source):
                         return run_memwal(spark, broker, topic, uri, os.path.join(work, f"ckpt-{topic}"), args.batch_rows, None, False, stop, started,
-                                          kafka_source=source, writer_process=args.writer_process, single_stage_max_rows=args.single_stage_max_rows)
+                                          kafka_source=source, single_stage_max_rows=args.single_stage_max_rows,
+                                          **({} if args.writer_process is None else {"writer_process": args.writer_process}))
 
                     f = freshness(broker, f"memwal-{source}", run, "strong", uri, args.freshness_rate, args.freshness_seconds, args.base_rows)
                     rows.append(print_freshness(f"memwal, {source} source, strong reader", f, args.freshness_rate, verdict=True))
@@ -515,27 +560,33 @@ def run_axes(args, spark, broker, work: str) -> dict:
             for source in args.kafka_sources:
                 cell = os.path.join(work, f"{topic}-{source}")
                 naive_uri = _copy(naive_base, cell + "-naive")
-                mem_uri = _copy(mem_base, cell + "-memwal")
                 naive, _ = run_naive(spark, broker, topic, naive_uri, cell + "-ckpt-naive", size, kafka_source=source)
-                job, _ = run_memwal(spark, broker, topic, mem_uri, cell + "-ckpt-memwal", size, None, kafka_source=source)
                 # steady-state rate: the first batch of each (JVM/worker warm-up) left out
                 nd = naive.durations[1:]
-                md = [r.seconds for r in job.sink.reports][1:]
                 naive_rate = size * len(nd) / sum(nd)
-                mem_rate = sum(r.rows for r in job.sink.reports[1:]) / sum(md)
-                print(f"base {n:>10,}  batch {size:>7,}  {source:6} source: naive {naive_rate:9,.0f} rows/s  memwal {mem_rate:9,.0f} rows/s  "
-                      f"x{mem_rate / naive_rate:.2f}  ({sent:,} records)")
-                timings = [job.listener.timings[b] for b in sorted(job.listener.timings)]
-                breakdown = print_breakdown("memwal per batch", timings)
-                totals = job.sink.totals()
-                print(f"  writers: {int(totals['writer_opens'])} open(s), {int(totals['fenced_retries'])} fenced retr(ies) in {int(totals['batches'])} batches")
-                out["cells"].append({"base_rows": n, "batch_rows": size, "kafka_source": source, "naive_rows_per_s": naive_rate,
-                                     "memwal_rows_per_s": mem_rate, "x_naive": mem_rate / naive_rate, "breakdown": breakdown,
-                                     "writer_opens": totals["writer_opens"], "fenced_retries": totals["fenced_retries"]})
+                naive_profile = naive.profile(1)
+                print(f"base {n:>10,}  batch {size:>7,}  {source:6} source: naive {naive_rate:9,.0f} rows/s  ({sent:,} records)")
+                print("  naive per batch: " + "  ".join(f"{k} {v:.0f}" for k, v in naive_profile.items()))
                 import shutil
 
-                for d in (naive_uri, mem_uri):
-                    shutil.rmtree(d, ignore_errors=True)
+                shutil.rmtree(naive_uri, ignore_errors=True)
+                for variant in args.variants:
+                    mem_uri = _copy(mem_base, cell + f"-memwal-{variant}")
+                    job, _ = run_memwal(spark, broker, topic, mem_uri, cell + f"-ckpt-memwal-{variant}", size, None, kafka_source=source,
+                                        **VARIANTS[variant])
+                    md = [r.seconds for r in job.sink.reports][1:]
+                    mem_rate = sum(r.rows for r in job.sink.reports[1:]) / sum(md)
+                    print(f"  memwal ({variant}): {mem_rate:9,.0f} rows/s  x{mem_rate / naive_rate:.2f} naive")
+                    timings = [job.listener.timings[b] for b in sorted(job.listener.timings)]
+                    breakdown = print_breakdown(f"memwal ({variant}) per batch", timings)
+                    totals = job.sink.totals()
+                    print(f"  writers: {int(totals['writer_opens'])} open(s), {int(totals['fenced_retries'])} fenced retr(ies) "
+                          f"in {int(totals['batches'])} batches")
+                    out["cells"].append({"base_rows": n, "batch_rows": size, "kafka_source": source, "variant": variant, "naive_rows_per_s": naive_rate,
+                                         "memwal_rows_per_s": mem_rate, "x_naive": mem_rate / naive_rate, "breakdown": breakdown,
+                                         "naive_profile": naive_profile,
+                                         "writer_opens": totals["writer_opens"], "fenced_retries": totals["fenced_retries"]})
+                    shutil.rmtree(mem_uri, ignore_errors=True)
     if args.backlog_records:
         for source in args.kafka_sources:
             out["catch_up"].append(catch_up(args, spark, broker, work, source))
@@ -598,35 +649,69 @@ def broker_topics(broker) -> set[str]:
     return set(AdminClient(broker.client_config()).list_topics(timeout=10).topics)
 
 
+#: The per-micro-batch profile's phases as the plot stacks them (BatchTiming's, grouped).
+PROFILE_GROUPS = {
+    "planning": ("planning_ms",),
+    "read": ("read_ms",),
+    "decode": ("decode_ms",),
+    "exchange": ("exchange_ms",),
+    "write": ("write_ms",),
+    "Spark job, driver": ("job_other_ms", "sink_driver_ms", "other_ms"),
+    "commit": ("commit_ms",),
+}
+
+
 def plot(result: dict, path: str) -> None:
-    """rows/s against micro-batch size and against base size, one line per base (or batch
-    size), sink and Kafka source; the catch-ups in the title."""
+    """Left: rows/s against micro-batch size and against base size, one line per base (or
+    batch size), sink, Kafka source and layout; right: the per-micro-batch profile (read,
+    decode, write, commit...) of every memwal cell and catch-up, stacked, the Kafka sources
+    side by side; the catch-ups' rates in the title."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     cells = result["cells"]
-    sources = sorted({c.get("kafka_source", "python") for c in cells})
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.6))
-    for source in sources:
+    series = sorted({(c.get("kafka_source", "python"), c.get("variant", "default")) for c in cells})
+    fig, (a, b, prof) = plt.subplots(1, 3, figsize=(18, 5.2), gridspec_kw={"width_ratios": [1, 1, 1.3]})
+    for source, variant in series:
         mark = "-" if source == "spark" else ":"
-        for n in sorted({c["base_rows"] for c in cells}):
-            mine = sorted((c for c in cells if c["base_rows"] == n and c.get("kafka_source", "python") == source), key=lambda c: c["batch_rows"])
+        tag = source if variant == "default" else f"{source}, {variant}"
+        mine_all = [c for c in cells if c.get("kafka_source", "python") == source and c.get("variant", "default") == variant]
+        for n in sorted({c["base_rows"] for c in mine_all}):
+            mine = sorted((c for c in mine_all if c["base_rows"] == n), key=lambda c: c["batch_rows"])
             xs = [c["batch_rows"] for c in mine]
-            a.plot(xs, [c["memwal_rows_per_s"] for c in mine], "o" + mark, label=f"memwal, {source}, base {n:,}")
-            a.plot(xs, [c["naive_rows_per_s"] for c in mine], "s" + mark, alpha=0.6, label=f"naive, {source}, base {n:,}")
-        for size in sorted({c["batch_rows"] for c in cells}):
-            mine = sorted((c for c in cells if c["batch_rows"] == size and c.get("kafka_source", "python") == source), key=lambda c: c["base_rows"])
+            a.plot(xs, [c["memwal_rows_per_s"] for c in mine], "o" + mark, label=f"memwal, {tag}, base {n:,}")
+            if variant == "default":
+                a.plot(xs, [c["naive_rows_per_s"] for c in mine], "s" + mark, alpha=0.6, label=f"naive, {source}, base {n:,}")
+        for size in sorted({c["batch_rows"] for c in mine_all}):
+            mine = sorted((c for c in mine_all if c["batch_rows"] == size), key=lambda c: c["base_rows"])
             xs = [c["base_rows"] for c in mine]
-            b.plot(xs, [c["memwal_rows_per_s"] for c in mine], "o" + mark, label=f"memwal, {source}, batch {size:,}")
-            b.plot(xs, [c["naive_rows_per_s"] for c in mine], "s" + mark, alpha=0.6, label=f"naive, {source}, batch {size:,}")
+            b.plot(xs, [c["memwal_rows_per_s"] for c in mine], "o" + mark, label=f"memwal, {tag}, batch {size:,}")
+            if variant == "default":
+                b.plot(xs, [c["naive_rows_per_s"] for c in mine], "s" + mark, alpha=0.6, label=f"naive, {source}, batch {size:,}")
     for ax, label in ((a, "micro-batch (records)"), (b, "base table (rows)")):
-        ax.set_xscale("log")
         ax.set_xlabel(label)
-        ax.legend(fontsize=6)
+        if cells:  # a catch-up-only run draws the profile alone
+            ax.set_xscale("log")
+            ax.legend(fontsize=6)
     a.set_ylabel("rows/s (in the sink)")
-    title = "bench/ingest.py --axes (2 shared cores)"
+    # The profile: one stacked bar per memwal cell and catch-up, ms per micro-batch.
+    bars = [(f"{c.get('kafka_source', 'python')}\n{c.get('variant', 'default')}\n{c['batch_rows'] // 1000}k, base {c['base_rows'] / 1e6:g}M",
+             c["breakdown"]) for c in cells if c.get("breakdown")]
+    bars += [(f"{cu['kafka_source']}\ncatch-up\n{cu['breakdown']['rows'] // 1000}k/batch", cu["breakdown"])
+             for cu in result.get("catch_up") or [] if cu.get("breakdown")]
+    # Shares, so 10k micro-batches and catch-ups compare on one axis; each bar's ms below it.
+    totals = [sum(bd.get(p, 0.0) for ps in PROFILE_GROUPS.values() for p in ps) or 1.0 for _, bd in bars]
+    bottoms = [0.0] * len(bars)
+    for group, phases in PROFILE_GROUPS.items():
+        heights = [100 * sum(bd.get(p, 0.0) for p in phases) / t for (_, bd), t in zip(bars, totals)]
+        prof.bar(range(len(bars)), heights, bottom=bottoms, label=group)
+        bottoms = [x + h for x, h in zip(bottoms, heights)]
+    prof.set_xticks(range(len(bars)), [f"{label}\n{t:,.0f} ms" for (label, _), t in zip(bars, totals)], fontsize=6)
+    prof.set_ylabel("% of a micro-batch (mean, first left out)")
+    prof.legend(fontsize=6)
+    title = "bench/ingest.py --axes (2 cores)"
     for cu in result.get("catch_up") or []:
         title += f"; catch-up ({cu['kafka_source']}) {cu['spark_rows_per_s']:,.0f} rows/s"
     fig.suptitle(title, fontsize=9)
@@ -657,11 +742,16 @@ def main() -> None:
     p.add_argument("--plot", help="--axes: draw rows/s against both axes into this PNG")
     p.add_argument("--catch-up-only", action="store_true", help="--axes: only the backlog catch-up")
     p.add_argument("--value-format", choices=("json", "avro"), default="json", help="--axes: the catch-up records' value format")
-    p.add_argument("--writer-process", action="store_true", help="--freshness-only: the sink's writer process (SinkOptions.writer_process)")
+    p.add_argument("--writer-process", action=argparse.BooleanOptionalAction, default=None,
+                   help="--freshness-only: the sink's writer process (SinkOptions.writer_process; default: on)")
     p.add_argument("--single-stage-max-rows", type=int, default=SinkOptions.single_stage_max_rows,
                    help="--freshness-only: SinkOptions.single_stage_max_rows (0: always two stages)")
     p.add_argument("--freshness-only", action="store_true",
                    help="only phase 2 for memwal's strong reader, on a table of --base-rows rows, with the targets' verdict")
+    p.add_argument("--variants", type=lambda v: v.split(","), default=["default"],
+                   help=f"--axes: the memwal sink's layouts to run in each cell, each against the naive sink ({', '.join(VARIANTS)})")
+    p.add_argument("--fast-start-jvm", dest="full_jit", action="store_false",
+                   help="launch the driver JVM as tests do (C1 JIT only) instead of as memwal ingest does (the full JIT)")
     p.add_argument("--kafka-sources", type=lambda v: v.split(","), default=["spark", "python"],
                    help="the Kafka sources to run, each against the naive sink on the same source: spark (Spark's connector), python (memwal's)")
     args = p.parse_args()
@@ -675,12 +765,12 @@ def main() -> None:
         logging.basicConfig(level=logging.WARNING)
         results = {"date": today(), "machine": machine(), "commit": git_rev(), "args": vars(args)}
         with work_dir(args.workdir, "memwal-bench-ingest-") as work:
-            spark = local_session(app="memwal-bench")
+            spark = local_session(app="memwal-bench", fast_start=not args.full_jit)
             spark.sparkContext.setLogLevel("ERROR")
             with open_broker(os.path.join(work, "broker")) as broker:
                 results["axes"] = run_axes(args, spark, broker, work)
             spark.stop()
-        if args.plot and results["axes"]["cells"]:
+        if args.plot and (results["axes"]["cells"] or results["axes"]["catch_up"]):
             plot(results["axes"], args.plot)
         report(results, args.json)
         return
@@ -696,7 +786,7 @@ def main() -> None:
         report(results, args.json)
         return
     with work_dir(args.workdir, "memwal-bench-ingest-") as work:
-        spark = local_session(app="memwal-bench")
+        spark = local_session(app="memwal-bench", fast_start=not args.full_jit)
         spark.sparkContext.setLogLevel("ERROR")
         with open_broker(os.path.join(work, "broker")) as broker:
             t0 = time.perf_counter()

@@ -648,7 +648,8 @@ def main() -> None:
                    help="the Kafka source: Spark's connector (default) or memwal's Python source")
     p.add_argument("--prober-refresh", choices=("background", "inline"), default="background",
                    help="how the probers' readers refresh: on a thread of their own (refresh_in_background) or in the lookup that finds the snapshot stale")
-    p.add_argument("--writer-process", action="store_true", help="the sink's writer process (SinkOptions.writer_process)")
+    p.add_argument("--writer-process", action=argparse.BooleanOptionalAction, default=SinkOptions.writer_process,
+                   help="the sink's writer process (SinkOptions.writer_process; on by default)")
     p.add_argument("--no-control", action="store_true", help="skip the control prober (lookups of static tables beside the run)")
     p.add_argument("--no-compare", action="store_true", help="skip the end-of-run lookup comparison with a fresh Lance table")
     p.add_argument("--compare", metavar="TABLE", help="only compare TABLE's lookups (a finished run's, in --workdir/t) "

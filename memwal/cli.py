@@ -297,9 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
         "PYSPARK_SUBMIT_ARGS or spark-defaults.conf name, else local[--cores]")
     s.add_argument("--cores", type=int, help="cores of the default local[N] master (default: the local session's)")
     s.add_argument("--maintain", action="store_true", help="also run the maintenance service in this process")
-    s.add_argument("--writer-process", action="store_true",
+    s.add_argument("--writer-process", action=argparse.BooleanOptionalAction, default=None,
         help="write shards through one writer process per executor (kept across tasks and Python workers: shards are not "
-        "claimed again when a task moves to another worker)")
+        "claimed again when a task moves to another worker; the default), or in the Python workers (--no-writer-process)")
     _durability_flag(s)
     _metrics_port(s)
     s.set_defaults(func=cmd_ingest)

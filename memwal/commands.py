@@ -516,12 +516,12 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         drop_stale_across_batches=args.drop_stale,
         merge=args.merge,
         durability=args.durability,
-        writer_process=args.writer_process,
-        **_given(flush_interval_seconds=args.flush_interval, max_write_tasks=args.max_write_tasks),
+        **_given(flush_interval_seconds=args.flush_interval, max_write_tasks=args.max_write_tasks, writer_process=args.writer_process),
         # '' on the command line: records carry no operation field (all upserts)
         **({} if args.op_field is None else {"op_field": args.op_field or None}),
     )
-    spark = local_session(**_given(cores=args.cores), master=args.master)
+    # An ingest query runs for minutes to days: the full JIT (session.LONG_RUNNING_LAUNCH).
+    spark = local_session(**_given(cores=args.cores), master=args.master, fast_start=False)
     server = _metrics_server(args, args.table)
     observers: list[Any] = []
     if server is not None:

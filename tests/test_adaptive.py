@@ -114,3 +114,30 @@ def test_a_backlog_drains_in_bounded_batches_then_steady_ones(spark, kafka, tmp_
         else:
             model[row["id"]] = row
     assert approx(table_rows(uri, "strong")) == approx(model)
+
+
+@given(bound=st.one_of(st.none(), st.integers(0, 10_000_000)), min_rows=st.one_of(st.none(), st.integers(1, 1_000_000)), slots=st.integers(1, 64))
+def test_read_tasks_of_spark_kafka_micro_batches(bound, min_rows, slots):
+    """Spark's source's partitions are merged into one wave of tasks (at most the slots), each
+    with at least ``min_rows`` of the bound when the bound allows; None leaves Spark's plan."""
+    from memwal.streaming.ingest import read_tasks
+
+    tasks = read_tasks(bound, min_rows, slots)
+    if min_rows is None:
+        assert tasks is None
+        return
+    assert 1 <= tasks <= slots
+    if bound:
+        assert (tasks - 1) * min_rows < bound  # no task more than the bound needs
+        assert tasks == slots or tasks * min_rows >= bound  # fewer than the slots only when each task is full enough
+    else:
+        assert tasks == slots
+
+
+def test_read_tasks_examples():
+    from memwal.streaming.ingest import MIN_ROWS_PER_TASK, read_tasks
+
+    assert read_tasks(10_000, MIN_ROWS_PER_TASK, 2) == 1  # a steady micro-batch: one Python task
+    assert read_tasks(400_000, MIN_ROWS_PER_TASK, 2) == 2  # a catch-up's: every slot
+    assert read_tasks(None, MIN_ROWS_PER_TASK, 2) == 2
+    assert read_tasks(10_000, None, 2) is None

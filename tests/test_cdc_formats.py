@@ -532,7 +532,7 @@ def test_a_delete_keeps_its_sequence_for_the_next_writer(tmp_path):
     uri = str(tmp_path / "t")
     Table.create(uri, SCHEMA, ["id"], "bucket(id, 2)").close()
     options = SinkOptions(source="columns", sequence_field="pos", drop_stale_across_batches=True, max_write_tasks=1,
-                          flush_interval_seconds=None)
+                          flush_interval_seconds=None, writer_process=False)
 
     def run(batch_id: int, rows: list[dict]) -> list[dict]:
         data = pa.Table.from_pylist(rows, schema=SCHEMA.append(pa.field("op", pa.string())))
@@ -567,7 +567,7 @@ def test_a_worker_whose_shard_another_worker_wrote_does_not_trust_what_it_rememb
     uri = str(tmp_path / "t")
     Table.create(uri, SCHEMA, ["id"], "unsharded").close()
     options = SinkOptions(source="columns", sequence_field="pos", drop_stale_across_batches=True, max_write_tasks=1,
-                          flush_interval_seconds=None)
+                          flush_interval_seconds=None, writer_process=False)
     workers = [WorkerCache(), WorkerCache()]
 
     def run(worker: int, batch_id: int, rows: list[dict]) -> int:
@@ -605,7 +605,7 @@ def test_a_write_task_fenced_after_deciding_decides_again(tmp_path, monkeypatch)
     uri = str(tmp_path / "t")
     Table.create(uri, SCHEMA, ["id"], "unsharded").close()
     options = SinkOptions(source="columns", sequence_field="pos", drop_stale_across_batches=True, max_write_tasks=1,
-                          flush_interval_seconds=None)
+                          flush_interval_seconds=None, writer_process=False)
     sink.MemwalSink(uri, options)  # the driver creates the deleted-sequences table
     workers = [WorkerCache(), WorkerCache()]
     stale: dict[int, int] = {}

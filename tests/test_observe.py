@@ -283,10 +283,10 @@ def test_the_sink_stages_carry_kafka_timestamps_and_never_a_tables_own_timestamp
         return pa.Table.from_batches(list(Write(uri, options, batch_id, dead_letter_uri(uri))(iter(exchange)))).to_pylist()
 
     try:
-        rows = summaries(SinkOptions(source="kafka-json", max_write_tasks=1, flush_interval_seconds=None), kafka, 0)
+        rows = summaries(SinkOptions(source="kafka-json", max_write_tasks=1, flush_interval_seconds=None, writer_process=False), kafka, 0)
         assert sum(r["rows"] for r in rows) == 20
         assert [(r["min_timestamp_ms"], r["max_timestamp_ms"]) for r in rows if r["min_timestamp_ms"] is not None] == [(t0, t0 + 19_000)]
-        rows = summaries(SinkOptions(source="columns", max_write_tasks=1, flush_interval_seconds=None), own, 1)
+        rows = summaries(SinkOptions(source="columns", max_write_tasks=1, flush_interval_seconds=None, writer_process=False), own, 1)
         assert sum(r["rows"] for r in rows) == 20
         assert all(r["min_timestamp_ms"] is None and r["max_timestamp_ms"] is None for r in rows)
     finally:

@@ -307,7 +307,7 @@ def test_sink_stages_fold_json_records_and_a_replayed_batch_changes_nothing(tabl
 
     with Table.create(table_uri, SCHEMA, PK, "bucket(id, 2)") as t:
         t.write([{"id": i, "name": f"n{i}", "score": float(i), "vec": [1.0, 1.0]} for i in range(3)])
-    options = SinkOptions(source="kafka-json", merge="partial", max_write_tasks=1, flush_interval_seconds=None)
+    options = SinkOptions(source="kafka-json", merge="partial", max_write_tasks=1, flush_interval_seconds=None, writer_process=False)
     first = _kafka_batch([
         {"id": 0, "score": 5.0}, {"id": 1, "name": None}, {"id": 1, "vec": [3.0, 3.0]},
         {"id": 2, "op": "delete"}, {"id": 2, "score": 2.5}, {"id": 7, "name": "new"}, {"name": "no key"},

@@ -190,7 +190,7 @@ def test_a_task_writing_several_shards_counts_each_writer_open_once(tmp_path):
     the overlapping differences of a pool-wide counter."""
     uri = str(tmp_path / "t")
     Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)").close()
-    options = SinkOptions(source="columns", max_write_tasks=1, flush_interval_seconds=None)
+    options = SinkOptions(source="columns", max_write_tasks=1, flush_interval_seconds=None, writer_process=False)
     rows = pa.table({"id": list(range(400)), "name": [f"n{i}" for i in range(400)],
                      "score": [float(i) for i in range(400)], "vec": [[1.0, 2.0, 3.0, 4.0]] * 400}).cast(SCHEMA)
     exchange = list(Prepare(uri, options)(iter(rows.to_batches())))

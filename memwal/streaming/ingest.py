@@ -220,6 +220,17 @@ def choose_kafka_source(spark, requested: str | None = None) -> str:
     return "python"
 
 
+def read_tasks(bound: int | None, min_rows_per_task: int | None, slots: int) -> int | None:
+    """How many read tasks a micro-batch of Spark's Kafka source is merged into: enough for
+    each to get ``min_rows_per_task`` of a ``bound``-record micro-batch, at most ``slots``
+    (one wave). None: not merged (one task per topic-partition, Spark's own plan)."""
+    if min_rows_per_task is None:
+        return None
+    if not bound:
+        return max(1, slots)
+    return max(1, min(slots, -(-bound // max(1, min_rows_per_task))))
+
+
 def kafka_stream(spark, bootstrap: str, topic: str, *, starting_offsets: str = "earliest",
                  max_offsets_per_trigger: int | None = None, kafka_options: dict[str, str] | None = None,
                  prepare_for: MemwalSink | None = None, min_records_per_read_task: int | None = MIN_ROWS_PER_TASK,
@@ -231,8 +242,9 @@ def kafka_stream(spark, bootstrap: str, topic: str, *, starting_offsets: str = "
 
     With ``prepare_for``, the DataFrame holds that sink's prepared rows, ready for
     ``foreachBatch(sink)``: Spark's source feeds them through the prepare stage
-    (``mapInArrow``); memwal's own source runs it inside its read tasks, which it groups so
-    each gets at least ``min_records_per_read_task`` records of the micro-batch.
+    (``mapInArrow``) in the tasks of :func:`read_tasks` (each topic-partition's records
+    merged so a task gets at least ``min_records_per_read_task`` of a micro-batch's bound);
+    memwal's own source runs it inside its read tasks, which it groups the same way.
     ``kafka_options`` are the consumer's settings (``kafka.`` prefixed or not): the Java
     client's names for Spark's source, librdkafka's for memwal's (most are the same).
     With ``adaptive``, micro-batches are sized by that policy (memwal.streaming.adaptive):
@@ -252,10 +264,21 @@ def kafka_stream(spark, bootstrap: str, topic: str, *, starting_offsets: str = "
         )
         if limit:
             reader = reader.option("maxOffsetsPerTrigger", str(limit))
+        if prepare_for is not None and min_records_per_read_task is not None:
+            # A large micro-batch's topic-partitions are split into ranges of this size, so
+            # the merge into read tasks below shares them out evenly (three partitions in
+            # two tasks would give one task twice the other's records).
+            reader = reader.option("maxRecordsPerPartition", str(min_records_per_read_task))
         for k, v in (kafka_options or {}).items():
             reader = reader.option(k if k.startswith("kafka.") else f"kafka.{k}", v)
         df = reader.load()
-        return prepare_for.prepare(df) if prepare_for is not None else df
+        if prepare_for is None:
+            return df
+        tasks = read_tasks(limit, min_records_per_read_task, default_parallelism(spark))
+        # Spark's source plans one task per topic-partition; merged (no shuffle) into fewer,
+        # each starts one Python worker for the prepare stage, not one per partition, and
+        # three partitions on two slots no longer take two waves.
+        return prepare_for.prepare(df.coalesce(tasks) if tasks is not None else df)
     # memwal is installed where the Python workers run, so the source is imported there
     # rather than shipped by value (which would also defeat its consumer reuse).
     register(spark, ship_by_value=False)
@@ -298,6 +321,7 @@ def ingest(
     adaptive: AdaptiveSizing | None = None,
     kafka_source: str | None = None,
     observers: Sequence[BatchObserver] = (),
+    min_records_per_read_task: int | None = MIN_ROWS_PER_TASK,
 ) -> IngestJob:
     """Start a query reading records from ``topic`` into the memwal table at ``table_uri``.
 
@@ -320,6 +344,9 @@ def ingest(
     ``observers`` are called on the driver with every micro-batch's
     :class:`~memwal.streaming.progress.BatchProgress` (e.g.
     :class:`memwal.observe.ingest.IngestMetrics` for Prometheus), from the first batch on.
+
+    ``min_records_per_read_task``: the records a read task gets at least (see
+    :func:`kafka_stream`; None: one read task per topic-partition).
     """
     options = options or SinkOptions(source="kafka-json")
     if options.source != "kafka-json":
@@ -349,6 +376,7 @@ def ingest(
         prepare_for=sink,
         adaptive=adaptive,
         kafka_source=source,
+        min_records_per_read_task=min_records_per_read_task,
     )
     writer = (
         sink.observe(stream)

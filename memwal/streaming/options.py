@@ -56,8 +56,11 @@ class SinkOptions:
     durability: str | None = None
     #: Write shards through the executor's writer process (:mod:`memwal.streaming.writer_process`)
     #: instead of in the Python worker: a task moving between workers does not claim its
-    #: shards again. Off by default (opt-in while it is measured).
-    writer_process: bool = False
+    #: shards again, and a small micro-batch with one write task runs in one stage
+    #: (``single_stage_max_rows``). On by default: measured faster per micro-batch with two
+    #: write tasks (docs/bench-log/writer-process.md) and on Spark's Kafka connector with one
+    #: (docs/bench-log/ingest.md, "Spark's Kafka connector").
+    writer_process: bool = True
     #: With ``writer_process``: seconds without writes after which a writer process it starts
     #: exits (None: its default, or ``$MEMWAL_WRITER_PROCESS_IDLE_SECONDS``).
     writer_process_idle_seconds: float | None = None

@@ -39,6 +39,16 @@ LAUNCH_DEFAULTS: Final[Mapping[str, str]] = {
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
 }
 
+#: The launch settings of a long-running driver (``memwal ingest``, the benchmarks): the full
+#: JIT. On a local master the driver JVM also runs the executors' JVM work (Spark's Kafka
+#: consumer, rows to Arrow for the Python stages, the shuffle), which C1-only code runs several
+#: times slower (``from_json`` of the ingest workload 4-5x, rows to Arrow 1.5-2x, measured
+#: loaded: docs/bench-log/ingest.md, "Spark's Kafka connector"); a query running for minutes
+#: pays the slower start once.
+LONG_RUNNING_LAUNCH: Final[Mapping[str, str]] = {
+    "spark.driver.extraJavaOptions": "-XX:+UseSerialGC",
+}
+
 #: memwal's defaults for a session, applied to keys the launcher did not set.
 SESSION_DEFAULTS: Final[Mapping[str, str]] = {
     "spark.sql.shuffle.partitions": "4",
@@ -180,9 +190,14 @@ def launcher_conf(launch: Mapping[str, str] | None = None) -> dict[str, str]:
     return dict(SparkConf(loadDefaults=True).getAll())
 
 
-def local_session(app: str = "memwal", cores: int | str = 2, memory: str = "1g", master: str | None = None):
+def local_session(app: str = "memwal", cores: int | str = 2, memory: str = "1g", master: str | None = None,
+                  *, fast_start: bool = True):
     """A SparkSession for memwal: on ``master`` if given, else on the launcher's master, else
-    on ``local[cores]`` (see the module docstring for what wins)."""
+    on ``local[cores]`` (see the module docstring for what wins).
+
+    ``fast_start``: launch the driver JVM for a quick start (:data:`LAUNCH_DEFAULTS`: tests, the
+    demo, short commands); False for a long-running query (:data:`LONG_RUNNING_LAUNCH`, the full
+    JIT). Only a launch takes it: a driver JVM that exists already keeps its settings."""
     from pyspark.sql import SparkSession
 
     # Lance warns on any fork after it is imported; PySpark forks only to exec the JVM.
@@ -195,7 +210,8 @@ def local_session(app: str = "memwal", cores: int | str = 2, memory: str = "1g",
     # The Python the JVM starts on the driver (a data source's lookup, planning and commit
     # workers) is named by the JVM's environment, fixed when it launches: this interpreter.
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    configured = launcher_conf({**LAUNCH_DEFAULTS, "spark.driver.memory": memory, **jar_settings(None, {})})
+    launch = LAUNCH_DEFAULTS if fast_start else LONG_RUNNING_LAUNCH
+    configured = launcher_conf({**launch, "spark.driver.memory": memory, **jar_settings(None, {})})
     chosen = resolve_master(master, configured.get("spark.master"), cores)
     if is_local_master(chosen):
         # Local executors run this interpreter (read when the SparkContext is created). On a
