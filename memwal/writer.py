@@ -7,22 +7,9 @@ are in the WAL, and the new writer replays them), so the pool reopens the shard 
 retries the write. A second fence means another process keeps claiming the shard, which
 memwal reports as :class:`FencedError` rather than fighting over it.
 
-Each open writer holds a *lease* on its shard, ``{table}/_memwal/writers/{shard}.json``
-(owner ``host:pid:token``, expiry), written when it claims the shard and renewed by its writes
-at most every ``renew_seconds``; flushing or closing the writer ends it. Maintenance's
-stranded-write flush skips a shard whose lease is live: the writer is alive, merely idle, and
-fencing it would only make it reopen (and, with short settings, fight maintenance over the
-shard). A writer whose process died stops renewing, so its lease expires after
-``lease_seconds`` and its writes are flushed; until then eventual readers do not see them.
-Sooner when the lease names a process of this host that is gone (:meth:`WriterLease.holder_gone`),
-or when an operator ends the lease (:meth:`ShardWriterPool.break_lease`, ``memwal maintain
---break-lease``). The lease is advisory (Lance's epochs still decide who owns a shard), so
-ending the lease of a writer that is alive after all costs it one reopen, never a write; it
-also tells a fenced writer who claimed the shard last.
-
-Before it claims a shard the pool checks that the shard's unflushed WAL has no gap: Lance's
-replay stops at the first missing entry and the writer would then flush (and so drop) only
-what came before it. A shard with a gap raises :class:`WalGapError` and is never opened.
+Each open writer holds a lease on its shard (:mod:`memwal.writer_lease`). Before it claims a
+shard the pool checks that the shard's unflushed WAL has no gap: Lance's replay stops at the
+first missing entry and the writer would then flush (and so drop) only what came before it. A shard with a gap raises :class:`WalGapError` and is never opened.
 
 A cached writer unused for ``max_idle_seconds`` is closed and reopened rather than written
 through. While it sat idle another pool may have claimed the shard; a stale writer finds out
@@ -56,13 +43,9 @@ likewise syncs the SSTable and shard manifest it wrote before returning.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import socket
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -87,6 +70,7 @@ from memwal.routing import RoutedBatch
 from memwal.sharding import ShardValues, field_entries
 from memwal.state import TableState
 from memwal.io import uri_scheme
+from memwal.writer_lease import WriterLease, owner_id
 from memwal.wal import WalTailReader, check_contiguous, fill_skipped, first_unreadable_entry, wal_positions
 
 log = logging.getLogger(__name__)
@@ -102,63 +86,6 @@ def _keeps_claiming(shard_id: str, what: str, claimer: str | None = None) -> Fen
         f"shard {shard_id}: {what} was fenced twice; another writer keeps claiming this shard{who} "
         "(acknowledged writes are safe in its WAL). Make sure one pipeline writes each shard"
     )
-
-
-def _owner_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-def _owner_process(owner: str) -> tuple[str | None, int | None]:
-    """(host, pid) named by a lease owner ``host:pid:token`` (maintenance's read "maintenance host:pid:token")."""
-    parts = owner.rsplit(" ", 1)[-1].rsplit(":", 2)
-    if len(parts) != 3 or not parts[1].isdigit():
-        return None, None
-    return parts[0], int(parts[1])
-
-
-@dataclass(frozen=True)
-class WriterLease:
-    """Who writes a shard, until when (seconds since the epoch). Live while ``expires_at`` is ahead."""
-
-    owner: str
-    expires_at: float
-
-    def live(self, now: float | None = None) -> bool:
-        return self.expires_at > (time.time() if now is None else now)
-
-    def holder_gone(self) -> bool:
-        """True if the lease names a process of this host that no longer runs (or is a zombie).
-
-        Only ever True for this host's processes: elsewhere nothing is known, and the lease
-        runs out. A reused pid looks alive (the lease then runs out too). A writer on another
-        host with this host's name, in another pid namespace, may be taken for gone: it is
-        fenced by the flush and reopens, which costs it a claim and loses nothing.
-        """
-        host, pid = _owner_process(self.owner)
-        if host != socket.gethostname() or pid is None:
-            return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False  # another user's live process
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:  # a killed child its parent has not reaped
-                return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
-        except (OSError, IndexError):
-            return False
-
-    def to_json(self) -> bytes:
-        return json.dumps({"owner": self.owner, "expires_at": self.expires_at}).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> "WriterLease | None":
-        try:
-            d = json.loads(data)
-            return cls(str(d["owner"]), float(d["expires_at"]))
-        except (ValueError, KeyError, TypeError):
-            return None  # advisory: an unreadable lease is no lease
 
 
 def split_rows(data: pa.Table, max_rows: int) -> list[pa.Table]:
@@ -216,7 +143,7 @@ class ShardWriterPool:
     #: ... and its writes renew it at most this often.
     renew_seconds: float = 5.0
     #: This pool's name in leases (host:pid:random).
-    owner: str = field(default_factory=_owner_id)
+    owner: str = field(default_factory=owner_id)
     #: A cached writer unused this long is reopened before its next use (must stay well below
     #: ``GcConfig.wal_retention_seconds``; see the module docstring).
     max_idle_seconds: float = 120.0
