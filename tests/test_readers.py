@@ -221,6 +221,54 @@ def test_vector_search_with_ivf_pq_equals_brute_force(table_uri):
     t.close()
 
 
+def test_strong_reads_see_each_shards_new_tail_and_a_new_base_version(table_uri):
+    """A strong reader keeps what it built from each shard's WAL tail and from the base while
+    they do not change: a write to one shard's tail, a flush, and a compaction (a new base
+    version) are each seen by the next read, whatever was reused."""
+    rng = np.random.default_rng(11)
+
+    def rows(ids):
+        return pa.table(
+            {"id": pa.array(ids, pa.int64()), "cat": ["a"] * len(ids), "body": ["x"] * len(ids),
+             "vec": pa.FixedSizeListArray.from_arrays(pa.array(rng.random(len(ids) * 4, dtype=np.float32)), 4)},
+        )
+
+    def apply(batch):
+        t.write(batch)
+        model.update({r["id"]: r for r in batch.to_pylist()})
+
+    base = rows(list(range(200)))
+    t = Table.create(table_uri, SCHEMA, ["id"], "bucket(id, 4)", initial_data=base)
+    model = {r["id"]: r for r in base.to_pylist()}
+    apply(rows(list(range(150, 260))))  # updates and new keys in every shard's tail
+    r = readers.open(table_uri, consistency="strong")
+
+    def check():
+        assert {row["id"]: row for row in r.scan().to_pylist()} == model
+        for q in rng.random((3, 4), dtype=np.float32):
+            found = r.search(q, k=10)
+            assert [round(d, 4) for d in found.column("_distance").to_pylist()] == [round(d, 4) for d in brute_knn(model, q, 10)]
+            for row in found.to_pylist():
+                assert row["vec"] == model[row["id"]]["vec"]
+
+    check()
+    check()  # the same tails and base: reused
+    for i in (3, 7, 255):  # one key at a time: one shard's tail changes
+        apply(rows([i]))
+        check()
+    t.flush()
+    check()
+    version = lance.dataset(table_uri).version
+    Compactor(t.state).run_once()
+    assert lance.dataset(table_uri).version > version
+    check()
+    apply(rows([1, 2]))
+    t.delete({"id": [4]})
+    model.pop(4)
+    check()
+    t.close()
+
+
 def test_vector_search_while_the_index_lags_behind_compaction(table_uri):
     """Rows compacted since the index last caught up are in base fragments it does not cover:
     Lance searches those exactly, beside the index."""
