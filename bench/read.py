@@ -158,14 +158,19 @@ def vector_search(work: str, rows: int, queries: int) -> dict:
     lance.dataset(plain_uri).create_index("vec", **params)
     plain = lance.dataset(plain_uri)
 
-    def measure(fn) -> dict[str, float]:
-        lat, recall = [], []
+    def measure(fns: dict) -> dict[str, dict[str, float]]:
+        # Interleaved, query by query: on a shared machine the load moves within a run, and
+        # variants measured one after the other each got a different share of it.
+        lat: dict[str, list[float]] = {name: [] for name in fns}
+        recall: dict[str, list[float]] = {name: [] for name in fns}
         for q, want in zip(qs, truth):
-            t1 = time.perf_counter()
-            got = fn(q)
-            lat.append(time.perf_counter() - t1)
-            recall.append(len(set(got) & want) / 10)
-        return {"recall_at_10": float(np.mean(recall)), "p50_ms": pct(lat, 50) * 1000, "p99_ms": pct(lat, 99) * 1000}
+            for name, fn in fns.items():
+                t1 = time.perf_counter()
+                got = fn(q)
+                lat[name].append(time.perf_counter() - t1)
+                recall[name].append(len(set(got) & want) / 10)
+        return {name: {"recall_at_10": float(np.mean(recall[name])), "p50_ms": pct(lat[name], 50) * 1000,
+                       "p99_ms": pct(lat[name], 99) * 1000} for name in fns}
 
     nearest = {"column": "vec", "k": 10, "nprobes": cfg.vector_nprobes, "refine_factor": cfg.vector_refine_factor}
     variants = {
@@ -175,7 +180,7 @@ def vector_search(work: str, rows: int, queries: int) -> dict:
     }
     for fn in variants.values():  # warm: first reads, the snapshot's SSTable vectors
         fn(qs[0])
-    got = {name: measure(fn) for name, fn in variants.items()}
+    got = measure(variants)
     snap = r.snapshot
     print(f"\nvector search on real embeddings (all-MiniLM-L6-v2, 384-d): {len(ids):,} live rows, {snap.num_live_sstables} SSTables, "
           f"a WAL tail of {len(tail)}; {params['index_type']} with {params['num_partitions']} partition(s) built in {build:.1f} s; "

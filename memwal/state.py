@@ -160,6 +160,17 @@ class TableState:
             self.uri, version=version, storage_options=self.storage_options, session=self.lance_caches.session()
         )
 
+    def latest_dataset(self, known: lance.LanceDataset | None = None) -> lance.LanceDataset:
+        """The base table at its latest version: ``known`` itself while no later version is
+        committed. A strong reader asks before every read; Lance commits version ``v + 1``
+        by creating its manifest file, so one or two existence checks answer instead of an
+        open (1-5 ms per vector search here, docs/bench-log/reads.md)."""
+        if known is not None:
+            nxt = known.version + 1
+            if not self.io.exists(paths.base_manifest_path(self.uri, nxt)) and not self.io.exists(paths.base_manifest_path_v1(self.uri, nxt)):
+                return known
+        return self.dataset()
+
     def lance_dataset(self, uri: str, version: int | None = None) -> lance.LanceDataset:
         """Any Lance dataset of this table's storage (an SSTable, a view) at ``uri``."""
         return lance.dataset(uri, version=version, storage_options=self.storage_options)

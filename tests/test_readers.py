@@ -26,7 +26,7 @@ from memwal.state import TableState
 from memwal.indexes import IndexMaintainer
 from memwal.readers.bm25 import CorpusStats, score, tokenize
 from memwal.readers import reader as reader_module
-from memwal.readers.sstables import KeySet
+from memwal.readers.sstables import KeySet, MergedKeys
 from memwal.schema import TOMBSTONE
 
 WORDS = ["lance", "spark", "kafka", "arrow", "shard", "merge", "delta", "vector"]
@@ -218,6 +218,55 @@ def test_vector_search_with_ivf_pq_equals_brute_force(table_uri):
         assert [round(d, 4) for d in found.column("_distance").to_pylist()] == [round(d, 4) for d in brute_knn(model, q, 10)]
         for row in found.to_pylist():
             assert row["vec"] == model[row["id"]]["vec"]
+    t.close()
+
+
+def test_strong_reads_see_each_shards_new_tail_and_a_new_base_version(table_uri):
+    """A strong reader keeps what it built from each shard's WAL tail and from the base while
+    they do not change: a write to one shard's tail, a flush, and a compaction (a new base
+    version) are each seen by the next read, whatever was reused."""
+    rng = np.random.default_rng(11)
+
+    def rows(ids):
+        return pa.table(
+            {"id": pa.array(ids, pa.int64()), "cat": ["a"] * len(ids), "body": ["x"] * len(ids),
+             "vec": pa.FixedSizeListArray.from_arrays(pa.array(rng.random(len(ids) * 4, dtype=np.float32)), 4)},
+        )
+
+    def apply(batch):
+        t.write(batch)
+        model.update({r["id"]: r for r in batch.to_pylist()})
+
+    base = rows(list(range(200)))
+    t = Table.create(table_uri, SCHEMA, ["id"], "bucket(id, 4)", initial_data=base)
+    model = {r["id"]: r for r in base.to_pylist()}
+    apply(rows(list(range(150, 260))))  # updates and new keys in every shard's tail
+    r = readers.open(table_uri, consistency="strong")
+
+    def check():
+        assert {row["id"]: row for row in r.scan().to_pylist()} == model
+        for q in rng.random((3, 4), dtype=np.float32):
+            found = r.search(q, k=10)
+            assert [round(d, 4) for d in found.column("_distance").to_pylist()] == [round(d, 4) for d in brute_knn(model, q, 10)]
+            for row in found.to_pylist():
+                assert row["vec"] == model[row["id"]]["vec"]
+
+    check()
+    check()  # the same tails and base: reused
+    for i in (3, 7, 255):  # one key at a time: one shard's tail changes
+        apply(rows([i]))
+        check()
+    t.flush()
+    check()
+    version = lance.dataset(table_uri).version
+    Compactor(t.state).run_once()
+    assert lance.dataset(table_uri).version > version
+    check()
+    assert r._view()[0].base_version == lance.dataset(table_uri).version  # the new base, not the one reused before
+    apply(rows([1, 2]))
+    t.delete({"id": [4]})
+    model.pop(4)
+    check()
     t.close()
 
 
@@ -480,6 +529,22 @@ def test_an_sstable_key_set_answers_as_a_dict_of_its_rows_would(rows, probes, ke
     for k in [*expected, *(cast(p) for p in probes)]:
         assert keys.tombstone(k) == expected.get(k)
         assert keys.find(k) == ((expected[k], position[k]) if k in expected else None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    levels=st.lists(st.lists(st.tuples(st.integers(-5, 20), st.booleans()), max_size=12), min_size=1, max_size=7),
+    probes=st.lists(st.integers(-8, 24), max_size=10),
+)
+def test_a_merged_key_set_answers_as_walking_the_sstables_newest_first(levels, probes):
+    """A shard's integer key sets merged into one find, for every key, what walking them
+    newest first finds: the newest SSTable holding the key, its tombstone flag and position."""
+    sets = [KeySet.of(pa.table({"id": pa.array([k for k, _ in rows], pa.int64()), TOMBSTONE: pa.array([t for _, t in rows], pa.bool_())}), ["id"])
+            for rows in levels]
+    merged = MergedKeys.of(sets)
+    for k in [*(k for rows in levels for k, _ in rows), *probes]:
+        walked = next(((i, *hit) for i, ks in enumerate(sets) if (hit := ks.find(k)) is not None), None)
+        assert merged.find(k) == walked
 
 
 def test_a_late_background_refresh_never_replaces_a_newer_snapshot(table_uri):

@@ -53,14 +53,12 @@ class PointLookups:
                     return out_schema.empty_table()
                 return hit.select(out_schema.names)
         pk = self.state.primary_key
-        wanted = lookup_key(key, pk)
-        for path, keys in self.live_keys.newest(snap, shard_id):
-            found = keys.find(wanted)
-            if found is not None:
-                tombstone, position = found
-                if tombstone:  # the newest version is a delete
-                    return out_schema.empty_table()
-                return self.cache.take(path, [position], out_schema.names)
+        found = self.live_keys.find(snap, shard_id, lookup_key(key, pk))
+        if found is not None:
+            path, tombstone, position = found
+            if tombstone:  # the newest version is a delete
+                return out_schema.empty_table()
+            return self.cache.take(path, [position], out_schema.names)
         # No SSTable holds the key: the base table's row (via its primary-key index), if any.
         predicate = " AND ".join(f"{quote_ident(c)} = {sql_literal(key[c])}" for c in pk)
         self.warm_predicate = predicate

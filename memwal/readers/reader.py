@@ -19,6 +19,7 @@ import time
 import weakref
 from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
 
+import lance
 import numpy as np
 import pyarrow as pa
 
@@ -34,7 +35,7 @@ from memwal.readers.points import first_row
 from memwal.readers.pruning import Pruning
 from memwal.readers.stream import scan_snapshot
 from memwal.readers.vector_search import VectorSearch
-from memwal.snapshot import Snapshot
+from memwal.snapshot import Snapshot, take_snapshot
 from memwal.state import TableState
 from memwal.storage import StorageConfig
 from memwal.wal import WalTailReader
@@ -81,6 +82,10 @@ class Reader:
         self._taken_at = 0.0
         self._publishing = threading.Lock()
         self._wal = WalTailReader(state.uri, state.io, state.manifests, state.primary_key)
+        #: the base table as a strong read last found it (reused while it is the latest version)
+        self._strong_base: lance.LanceDataset | None = None
+        #: the shards' WAL tails last read, and their concatenation
+        self._last_tails: tuple[list[pa.Table], pa.Table] | None = None
         #: immutable SSTable data this reader has read, bounded by ``cache_bytes``
         self.sstables = sstables.SSTableCache(cache_bytes, state.storage_options)
         #: the base table's full-text corpus statistics (BM25), per base version
@@ -164,11 +169,21 @@ class Reader:
         if self.consistency == "eventual":
             snap = self.snapshot
             return (snap.restrict(shard_ids) if shard_ids is not None else snap), None
-        snap = self.state.snapshot(shard_ids=shard_ids)
+        self._strong_base = self.state.latest_dataset(self._strong_base)
+        snap = take_snapshot(self._strong_base, self.state.manifests, shard_ids)
         tails = [t for s in snap.shards if (t := self._wal.tail(s.manifest)) is not None]
         if not tails:
             return snap, None
-        return snap, pa.concat_tables(tails, promote_options="permissive") if len(tails) > 1 else tails[0]
+        if len(tails) == 1:
+            return snap, tails[0]
+        # The shards' tails are the same tables while their entries do not change: so is their
+        # concatenation, and what a search builds from it once (vector_search.TailVectors).
+        last = self._last_tails
+        if last is not None and len(last[0]) == len(tails) and all(a is b for a, b in zip(last[0], tails)):
+            return snap, last[1]
+        merged = pa.concat_tables(tails, promote_options="permissive")
+        self._last_tails = (tails, merged)
+        return snap, merged
 
     def _pruned_view(self, where: str | None) -> tuple[Snapshot, pa.Table | None]:
         """:meth:`_view` of the shards a read filtered by ``where`` must look at."""

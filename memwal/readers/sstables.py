@@ -225,28 +225,104 @@ class LiveKeySets:
     """Each shard's live SSTables in a snapshot, newest first, with their key sets: what a
     point lookup walks, and what a vector search and a background refresh load.
 
-    Kept for the shard's state in the snapshot last asked about, so a lookup walks a list
-    instead of asking the byte-bounded cache for each SSTable's key set (~6 us each, 0.6 ms a
-    lookup at 100 SSTables). The list holds the live SSTables' key sets until the next
-    snapshot: beyond the cache's bound if that is smaller than the key sets of one shard's
-    live SSTables.
+    Kept for the shard's state in the snapshot last asked about (its manifest version and
+    where its live SSTables start, so a strong reader's new snapshot of an unchanged shard
+    finds them too), so a lookup walks a list instead of asking the byte-bounded cache for
+    each SSTable's key set (~6 us each, 0.6 ms a lookup at 100 SSTables). The list holds the
+    live SSTables' key sets until the next snapshot: beyond the cache's bound if that is
+    smaller than the key sets of one shard's live SSTables. With ``MERGED_MIN_SSTABLES`` or
+    more integer key sets, :meth:`find` searches one merged key set instead of each
+    (:class:`MergedKeys`).
     """
 
     def __init__(self, cache: SSTableCache, primary_key: Sequence[str]) -> None:
         self.cache = cache
         self.primary_key = list(primary_key)
-        #: per shard: its state in the snapshot last asked about, and its live SSTables' key sets
-        self._shards: dict[str, tuple[Any, list[tuple[str, KeySet]]]] = {}
+        #: per shard: its state's fingerprint in the snapshot last asked about, its live
+        #: SSTables' key sets, and their merged key set once a lookup asked for it
+        self._shards: dict[str, tuple[tuple, list[tuple[str, KeySet]], list["MergedKeys | None"]]] = {}
+
+    def _entry(self, snap: "Snapshot", shard_id: str) -> tuple[tuple, list[tuple[str, KeySet]], list["MergedKeys | None"]] | None:
+        state = snap.shard(shard_id)
+        if state is None:
+            return None
+        fingerprint = (snap.dataset.uri, state.manifest.version, state.compacted_generation, state.read_after)
+        cached = self._shards.get(shard_id)
+        if cached is not None and cached[0] == fingerprint:
+            return cached
+        where = [paths.sstable_path(snap.dataset.uri, shard_id, sst.path) for sst in reversed(state.live_sstables)]
+        entry = (fingerprint, [(path, self.cache.keys(path, self.primary_key)) for path in where], [None])
+        self._shards[shard_id] = entry
+        return entry
 
     def newest(self, snap: "Snapshot", shard_id: str) -> list[tuple[str, KeySet]]:
         """The shard's live SSTables in ``snap``, newest first, with their key sets."""
-        state = snap.shard(shard_id)
-        if state is None:
-            return []
-        cached = self._shards.get(shard_id)
-        if cached is not None and cached[0] is state:
-            return cached[1]
-        where = [paths.sstable_path(snap.dataset.uri, shard_id, sst.path) for sst in reversed(state.live_sstables)]
-        listed = [(path, self.cache.keys(path, self.primary_key)) for path in where]
-        self._shards[shard_id] = (state, listed)
-        return listed
+        entry = self._entry(snap, shard_id)
+        return [] if entry is None else entry[1]
+
+    def find(self, snap: "Snapshot", shard_id: str, key: Any) -> tuple[str, bool, int] | None:
+        """The newest live SSTable of the shard holding ``key`` (:func:`lookup_key`'s form):
+        its path, whether the key's version there is a tombstone, and its row's position."""
+        entry = self._entry(snap, shard_id)
+        if entry is None:
+            return None
+        listed = entry[1]
+        if len(listed) >= MERGED_MIN_SSTABLES and all(k.ints is not None for _, k in listed):
+            merged = entry[2][0]
+            if merged is None:
+                merged = entry[2][0] = MergedKeys.of([k for _, k in listed])
+            hit = merged.find(key)
+            return None if hit is None else (listed[hit[0]][0], hit[1], hit[2])
+        for path, keys in listed:
+            found = keys.find(key)
+            if found is not None:
+                return path, found[0], found[1]
+        return None
+
+
+#: A shard with at least this many live SSTables of integer keys is looked up in one merged
+#: key set (one binary search instead of one per SSTable).
+MERGED_MIN_SSTABLES = 4
+
+
+@dataclass(frozen=True)
+class MergedKeys:
+    """The integer key sets of a shard's live SSTables as one: every key once, sorted, with
+    the newest SSTable holding it (an index into the list it was made from, newest first),
+    its tombstone flag and its row's position there, as :meth:`KeySet.find` of that SSTable
+    answers (within one SSTable the later row of a key wins)."""
+
+    ints: np.ndarray
+    levels: np.ndarray
+    tombstones: np.ndarray
+    positions: np.ndarray
+
+    @classmethod
+    def of(cls, newest_first: Sequence[KeySet]) -> "MergedKeys":
+        keys, levels, tombs, positions = [], [], [], []
+        for level, ks in enumerate(newest_first):
+            assert ks.ints is not None and ks.tombstones is not None and ks.positions is not None
+            last = np.ones(len(ks.ints), dtype=bool)  # the last row of equal keys (sorted stably)
+            if len(ks.ints) > 1:
+                np.not_equal(ks.ints[1:], ks.ints[:-1], out=last[:-1])
+            keys.append(ks.ints[last])
+            levels.append(np.full(int(last.sum()), level, dtype=np.int32))
+            tombs.append(ks.tombstones[last])
+            positions.append(ks.positions[last])
+        ints = np.concatenate(keys) if keys else np.zeros(0, np.int64)
+        order = np.argsort(ints, kind="stable")  # equal keys: the newest SSTable first
+        ints = ints[order]
+        first = np.ones(len(ints), dtype=bool)
+        if len(ints) > 1:
+            np.not_equal(ints[1:], ints[:-1], out=first[1:])
+        pick = order[first]
+        return cls(ints[first], np.concatenate(levels)[pick], np.concatenate(tombs)[pick], np.concatenate(positions)[pick])
+
+    def find(self, key: Any) -> tuple[int, bool, int] | None:
+        """(the SSTable's index, is it a tombstone, its row's position), or None if absent."""
+        if not isinstance(key, int) or not -(2**63) <= key < 2**63:
+            return None
+        i = int(np.searchsorted(self.ints, key))
+        if i < len(self.ints) and self.ints[i] == key:
+            return int(self.levels[i]), bool(self.tombstones[i]), int(self.positions[i])
+        return None

@@ -24,6 +24,14 @@ def as_matrix(col: pa.ChunkedArray | pa.Array, dim: int) -> np.ndarray:
     return out
 
 
+def matvec(matrix: np.ndarray, vector: np.ndarray) -> np.ndarray:
+    """``matrix @ vector`` on the calling thread. NumPy's ``@`` hands a matrix-vector product
+    to OpenBLAS's thread pool, whose threads spin for a core: 13.7 ms against 0.3 ms
+    single-threaded for 4,700 x 384 with other work on the machine (docs/bench-log/reads.md);
+    ``einsum`` keeps it on this thread, as a reader serving concurrent searches wants."""
+    return np.einsum("ij,j->i", matrix, vector)
+
+
 def distances(matrix: np.ndarray, query: np.ndarray, metric: str) -> np.ndarray:
     """Lance's distances: squared Euclidean (``l2``), ``1 - cosine similarity``, ``1 - dot``."""
     q = query.astype(np.float32)
@@ -33,9 +41,9 @@ def distances(matrix: np.ndarray, query: np.ndarray, metric: str) -> np.ndarray:
     if metric == "cosine":
         norms = np.linalg.norm(matrix, axis=1) * np.linalg.norm(q)
         with np.errstate(invalid="ignore", divide="ignore"):
-            return 1.0 - (matrix @ q) / norms
+            return 1.0 - matvec(matrix, q) / norms
     if metric == "dot":
-        return 1.0 - matrix @ q
+        return 1.0 - matvec(matrix, q)
     raise MemwalError(f"unknown distance metric {metric!r}; use one of {METRICS}")
 
 
@@ -48,11 +56,16 @@ def vector_columns(schema: pa.Schema) -> list[str]:
     ]
 
 
-def top_k(rows: pa.Table, dist: np.ndarray, k: int) -> pa.Table:
-    """The ``k`` rows of ``rows`` nearest by ``dist`` (NaN last), nearest first, with ``_distance``."""
-    if rows.num_rows == 0:
-        return rows.append_column("_distance", pa.array([], pa.float32()))
+def top_k(rows: pa.Table, dist: np.ndarray, k: int, among: np.ndarray | None = None) -> pa.Table:
+    """The ``k`` rows of ``rows`` nearest by ``dist`` (NaN last), nearest first, with
+    ``_distance``; only rows at the positions ``among`` (sorted) when given, so a caller with
+    a mask takes k rows instead of copying every kept one first."""
+    if among is not None:
+        dist = dist[among]
+    if len(dist) == 0:
+        return rows.slice(0, 0).append_column("_distance", pa.array([], pa.float32()))
     d = np.where(np.isnan(dist), np.inf, dist)
     order = np.argpartition(d, k - 1)[:k] if len(d) > k else np.arange(len(d))
     order = order[np.argsort(d[order], kind="stable")]
-    return rows.take(pa.array(order, pa.int64())).append_column("_distance", pa.array(dist[order], pa.float32()))
+    picked = order if among is None else among[order]
+    return rows.take(pa.array(picked, pa.int64())).append_column("_distance", pa.array(dist[order], pa.float32()))
