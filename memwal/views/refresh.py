@@ -263,7 +263,8 @@ def commit(
         updated, removed = [], []
         if change.remove is not None and len(change.remove[1]):
             column, keys = change.remove
-            hits = view.to_table(columns=[column], filter=in_filter(column, keys, schema.field(column).type), with_row_address=True)
+            # row addresses only: the key's BTREE answers them without reading the rows
+            hits = view.to_table(columns=[], filter=in_filter(column, keys, schema.field(column).type), with_row_address=True)
             addrs = hits.column("_rowaddr").to_numpy()
             for frag_id in np.unique(addrs >> 32):
                 offsets = (addrs[(addrs >> 32) == frag_id] & 0xFFFFFFFF).tolist()
