@@ -316,10 +316,12 @@ def rows_by_key(ds: lance.LanceDataset, keys: pa.Table, columns: Sequence[str], 
 def read_sstable(state: TableState, shard_id: str, s: SsTable, columns: Sequence[str]) -> pa.Table:
     """One SSTable's rows (``columns`` and the tombstone flag), newest per key; a collected
     one raises :class:`ChangesCollectedError`."""
+    path = paths.sstable_path(state.uri, shard_id, s.path)
     try:
-        ds = state.sstable_dataset(paths.sstable_path(state.uri, shard_id, s.path))
+        ds = state.sstable_dataset(path)
         rows = ds.to_table(columns=[*columns, TOMBSTONE])
     except (OSError, ValueError) as e:
+        state.sstable_datasets.discard_where(lambda k: k == path)  # an opened one whose files went
         if not (is_not_found(e) or "not found" in str(e).lower()):
             raise
         raise ChangesCollectedError(
