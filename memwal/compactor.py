@@ -174,7 +174,8 @@ class Compactor:
     # -- compaction ------------------------------------------------------------------------------
 
     def _read(self, shard_id: str, s: SsTable) -> pa.Table:
-        data = self.state.lance_dataset(paths.sstable_path(self.state.uri, shard_id, s.path)).to_table()
+        # opened through the handle's cache: views refreshed next in the same process read these SSTables again
+        data = self.state.sstable_dataset(paths.sstable_path(self.state.uri, shard_id, s.path)).to_table()
         return data.select(self.state.write_schema.names + [TOMBSTONE])
 
     def _marker(self, shard_id: str, generation: int) -> list[lance.mem_wal.CompactedSsTable]:

@@ -57,7 +57,7 @@ from memwal.lance_errors import is_not_found
 from memwal.lsm import newest_across, newest_per_key
 from memwal.manifest import SsTable
 from memwal.schema import TOMBSTONE
-from memwal.sqltext import sql_literal
+from memwal.sqltext import in_filter, sql_literal
 from memwal.state import TableState
 
 CHANGE_TYPE = "_change_type"
@@ -299,8 +299,9 @@ def rows_by_key(ds: lance.LanceDataset, keys: pa.Table, columns: Sequence[str], 
     parts = []
     for start in range(0, keys.num_rows, KEYS_PER_FILTER):
         chunk = keys.slice(start, KEYS_PER_FILTER)
+        where: str | pc.Expression
         if len(pk) == 1:
-            where = f"{pk[0]} IN ({', '.join(sql_literal(v) for v in chunk.column(pk[0]).to_pylist())})"
+            where = in_filter(pk[0], chunk.column(pk[0]), ds.schema.field(pk[0]).type)
         else:
             where = " OR ".join(
                 "(" + " AND ".join(f"{c} = {sql_literal(v)}" for c, v in zip(pk, row)) + ")"
@@ -315,10 +316,12 @@ def rows_by_key(ds: lance.LanceDataset, keys: pa.Table, columns: Sequence[str], 
 def read_sstable(state: TableState, shard_id: str, s: SsTable, columns: Sequence[str]) -> pa.Table:
     """One SSTable's rows (``columns`` and the tombstone flag), newest per key; a collected
     one raises :class:`ChangesCollectedError`."""
+    path = paths.sstable_path(state.uri, shard_id, s.path)
     try:
-        ds = state.lance_dataset(paths.sstable_path(state.uri, shard_id, s.path))
+        ds = state.sstable_dataset(path)
         rows = ds.to_table(columns=[*columns, TOMBSTONE])
     except (OSError, ValueError) as e:
+        state.sstable_datasets.discard_where(lambda k: k == path)  # an opened one whose files went
         if not (is_not_found(e) or "not found" in str(e).lower()):
             raise
         raise ChangesCollectedError(

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
 from memwal.errors import PrimaryKeyError
 
@@ -42,3 +46,19 @@ def quote_ident(name: str) -> str:
     if name.isidentifier() and name.lower() == name:
         return name
     return '"' + name.replace('"', '""') + '"'
+
+
+def in_filter(column: str, values: "pa.Array | pa.ChunkedArray", column_type: "pa.DataType") -> "str | pc.Expression":
+    """A Lance filter ``column IN values``: a pyarrow expression over the array where Lance
+    takes one (it then parses no thousand literals, and the column's BTREE still answers),
+    SQL text otherwise (Lance's Substrait conversion takes no unsigned integers)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_unsigned_integer(column_type) or not (
+        pa.types.is_integer(column_type) or pa.types.is_string(column_type) or pa.types.is_large_string(column_type)
+        or pa.types.is_decimal(column_type) or pa.types.is_date(column_type) or pa.types.is_timestamp(column_type)
+    ):
+        return f"{column} IN ({', '.join(sql_literal(v) for v in values.to_pylist())})"
+    array = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    return pc.field(column).isin(array.cast(column_type))

@@ -23,7 +23,7 @@ import lance
 import pyarrow as pa
 
 from memwal import paths
-from memwal.cache import LanceCaches
+from memwal.cache import ByteLRU, LanceCaches
 from memwal.errors import TableDamagedError, TableNotFoundError
 from memwal.io import FileIO, file_io_for
 from memwal.lance_errors import memwal_errors
@@ -49,6 +49,12 @@ def table_exists(uri: str, io: FileIO | None = None) -> bool:
     return bool(io.list_dir(paths.join(uri, paths.BASE_VERSIONS_DIR)))
 
 
+#: what an opened SSTable dataset is taken to hold (its manifest and file metadata)
+SSTABLE_DATASET_BYTES = 64 << 10
+#: opened SSTable datasets a table handle keeps (about a thousand)
+SSTABLE_DATASETS_BYTES = 64 << 20
+
+
 @dataclass(frozen=True)
 class TableState:
     """An open memwal table's fixed facts, and the way to its changing ones."""
@@ -68,6 +74,12 @@ class TableState:
     storage: StorageConfig = field(default_factory=StorageConfig, repr=False, compare=False)
     #: Lance's caches, shared by every base dataset this handle opens (see :class:`LanceCaches`).
     lance_caches: LanceCaches = field(default_factory=LanceCaches, repr=False, compare=False)
+    #: Opened SSTable datasets by path. An SSTable is written once and never changed, so an
+    #: opened one stays valid; a long-lived process (a maintenance loop refreshing views)
+    #: then opens each once instead of on every read of it.
+    sstable_datasets: "ByteLRU[str, lance.LanceDataset]" = field(
+        default_factory=lambda: ByteLRU(SSTABLE_DATASETS_BYTES), repr=False, compare=False
+    )
 
     @classmethod
     def from_dataset(
@@ -171,9 +183,17 @@ class TableState:
                 return known
         return self.dataset()
 
-    def lance_dataset(self, uri: str, version: int | None = None) -> lance.LanceDataset:
-        """Any Lance dataset of this table's storage (an SSTable, a view) at ``uri``."""
-        return lance.dataset(uri, version=version, storage_options=self.storage_options)
+    def lance_dataset(self, uri: str, version: int | None = None, warm: bool = False) -> lance.LanceDataset:
+        """Any Lance dataset of this table's storage (an SSTable, a view) at ``uri``; ``warm``:
+        with this handle's Lance caches (a view looked up by its key index on every refresh)."""
+        session = self.lance_caches.session() if warm else None
+        return lance.dataset(uri, version=version, storage_options=self.storage_options, session=session)
+
+    def sstable_dataset(self, uri: str) -> lance.LanceDataset:
+        """The SSTable at ``uri``, opened once per handle (see :attr:`sstable_datasets`)."""
+        return self.sstable_datasets.get_or_load(
+            uri, lambda: lance.dataset(uri, storage_options=self.storage_options), lambda _: SSTABLE_DATASET_BYTES
+        )
 
     def snapshot(self, version: int | None = None, shard_ids: Iterable[str] | None = None) -> Snapshot:
         """What a reader must merge: the base version and every shard's uncompacted SSTables."""

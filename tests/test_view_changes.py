@@ -4,6 +4,8 @@ version (keyed by stable row id, fed by ``delta()``) still refreshing."""
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import os
 import shutil
 import subprocess
@@ -18,6 +20,7 @@ from test_views import LABEL, REGIONS, SCHEMA, change, check_groups_view, check_
 
 from memwal import Table, paths
 from memwal.compactor import Compactor
+from memwal.feed import rows_by_key
 from memwal.gc import GarbageCollector, GcConfig
 from memwal.holds import read_hold
 from memwal.indexes import IndexMaintainer
@@ -173,3 +176,24 @@ def test_table_and_views_made_by_the_previous_version_keep_refreshing(table_uri,
     assert fresh.refresh().mode == "incremental" and rows.refresh().mode == "incremental"
     got = sorted((r["name"], r["s2"]) for r in fresh.to_table().to_pylist())
     assert got == sorted((r["name"], r["s2"]) for r in rows.to_table().to_pylist())
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        pa.array(range(0, 600, 3), pa.int64()),
+        pa.array(range(0, 600, 3), pa.uint64()),  # no Substrait form: filtered as SQL text
+        pa.array([f"k-{i:05d}'" for i in range(0, 600, 3)], pa.string()),
+        pa.array([decimal.Decimal(i) / 100 for i in range(0, 600, 3)], pa.decimal128(12, 2)),
+        pa.array([datetime.date(2020, 1, 1) + datetime.timedelta(days=i) for i in range(0, 600, 3)], pa.date32()),
+    ],
+    ids=["int64", "uint64", "string", "decimal", "date"],
+)
+def test_rows_by_key_finds_exactly_the_keys_rows_for_every_key_type(tmp_path, keys):
+    table = pa.table({"k": keys, "v": pa.array(range(len(keys)), pa.int64())})
+    ds = lance.write_dataset(table, str(tmp_path / "d"), max_rows_per_file=64)
+    ds.create_scalar_index("k", "BTREE")
+    wanted = pa.table({"k": keys.take(pa.array(range(1, len(keys), 7)))})
+    found = rows_by_key(ds, wanted, ["v"], ["k"]).sort_by("v")
+    assert found.column("k").to_pylist() == wanted.column("k").to_pylist()
+    assert found.column("v").to_pylist() == list(range(1, len(keys), 7))

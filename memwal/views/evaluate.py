@@ -7,6 +7,8 @@ agree, so every query a view runs goes through :func:`run_sql`.
 
 from __future__ import annotations
 
+import threading
+
 import datafusion
 import numpy as np
 import pyarrow as pa
@@ -17,15 +19,29 @@ from memwal.views.errors import ViewError
 from memwal.views.layout import ROW_ID, SOURCE_KEY
 
 
+_contexts = threading.local()
+
+
+def _context() -> datafusion.SessionContext:
+    """This thread's DataFusion context: made once (a few milliseconds each, several per
+    refresh), each query registering its rows as ``src`` and removing them after."""
+    ctx = getattr(_contexts, "ctx", None)
+    if ctx is None:
+        ctx = _contexts.ctx = datafusion.SessionContext()
+    return ctx
+
+
 def run_sql(rows: pa.Table, query: str) -> pa.Table:
     """``query`` over ``rows`` registered as the table ``src``."""
-    ctx = datafusion.SessionContext()
+    ctx = _context()
     batches = rows.to_batches() if rows.num_rows else [pa.RecordBatch.from_pylist([], schema=rows.schema)]
     ctx.register_record_batches("src", [batches])
     try:
         return ctx.sql(query).to_arrow_table()
     except Exception as e:  # noqa: BLE001 - DataFusion raises its own, untyped exceptions
         raise ViewError(f"view query failed: {e}\n  query: {query}") from None
+    finally:
+        ctx.deregister_table("src")
 
 
 def project_rows(defn: ViewDefinition, rows: pa.Table) -> pa.Table:

@@ -13,6 +13,7 @@ from typing import Iterator
 
 import lance
 
+from memwal.lance_errors import is_not_found
 from memwal.views.layout import RECORD_KEY
 
 
@@ -50,9 +51,35 @@ class Freshness:
 def refresh_records(view: lance.LanceDataset, newest_first: bool = False) -> Iterator[RefreshRecord]:
     """The records of the view's refreshes, read from its commits one by one (so the
     newest can be found without reading the whole history)."""
-    versions = view.versions()
-    for v in reversed(versions) if newest_first else versions:
-        txn = view.read_transaction(v["version"])
-        props = (txn.transaction_properties or {}) if txn is not None else {}
-        if RECORD_KEY in props:
-            yield RefreshRecord(**json.loads(props[RECORD_KEY]))
+    if newest_first:
+        yield from _newest_first(view)
+        return
+    for v in view.versions():
+        record = _record(view, v["version"])
+        if record is not None:
+            yield record
+
+
+def last_record(view: lance.LanceDataset) -> RefreshRecord | None:
+    """The view's newest refresh record: its latest commit's, or (an index commit came
+    after it) one of the few before; without listing the view's versions, whose cost grows
+    with its history."""
+    return next(_newest_first(view), None)
+
+
+def _newest_first(view: lance.LanceDataset) -> Iterator[RefreshRecord]:
+    for v in range(view.version, 0, -1):
+        try:
+            record = _record(view, v)
+        except (OSError, ValueError) as e:  # Lance's untyped errors: a version cleaned up ends the history
+            if is_not_found(e) or "not found" in str(e).lower():
+                return
+            raise
+        if record is not None:
+            yield record
+
+
+def _record(view: lance.LanceDataset, version: int) -> RefreshRecord | None:
+    txn = view.read_transaction(version)
+    props = (txn.transaction_properties or {}) if txn is not None else {}
+    return RefreshRecord(**json.loads(props[RECORD_KEY])) if RECORD_KEY in props else None

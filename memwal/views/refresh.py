@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from memwal import lance_errors
-from memwal.sqltext import sql_literal
+from memwal.sqltext import in_filter, sql_literal
 from memwal.state import TableState
 from memwal.storage import RetryPolicy
 from memwal.views import aggregates, changes
@@ -177,7 +177,7 @@ def _group_delta(
             touched.update(aggregates.group_keys(defn, p).to_pylist())
     if not touched:
         return Change(None, None, 0)
-    stored = view.to_table(filter=f"{GROUP_KEY} IN ({', '.join(sql_literal(k) for k in touched)})")
+    stored = view.to_table(filter=in_filter(GROUP_KEY, pa.array(sorted(touched), pa.string()), pa.string()))
     merged = aggregates.merge(defn, stored, added, removed)
     groups = dict(merged.groups)
     if merged.recompute:
@@ -263,9 +263,8 @@ def commit(
         updated, removed = [], []
         if change.remove is not None and len(change.remove[1]):
             column, keys = change.remove
-            hits = view.to_table(
-                columns=[column], filter=f"{column} IN ({', '.join(sql_literal(k) for k in keys.to_pylist())})", with_row_address=True
-            )
+            # row addresses only: the key's BTREE answers them without reading the rows
+            hits = view.to_table(columns=[], filter=in_filter(column, keys, schema.field(column).type), with_row_address=True)
             addrs = hits.column("_rowaddr").to_numpy()
             for frag_id in np.unique(addrs >> 32):
                 offsets = (addrs[(addrs >> 32) == frag_id] & 0xFFFFFFFF).tolist()

@@ -11,7 +11,7 @@ without checkpoints (a failed Spark task is retried by Spark).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import pyarrow as pa
 
@@ -55,6 +55,8 @@ class UdfRunner:
     chunk_rows: int
     checkpoints: Checkpoints | None = None
     refresh_key: str = ""
+    #: each UDF's identity (name -> :meth:`UdfColumn.identity`), if the caller has it
+    identities: Mapping[str, str] | None = None
 
     def run(self, rows: pa.Table, stats: UdfStats | None = None) -> pa.Table:
         if rows.num_rows == 0:
@@ -67,7 +69,7 @@ class UdfRunner:
 
     def _column(self, u: UdfColumn, rows: pa.Table, stats: UdfStats | None) -> pa.ChunkedArray:
         fn = u.load()
-        identity = u.identity() if self.checkpoints is not None else ""
+        identity = "" if self.checkpoints is None else (self.identities or {}).get(u.name) or u.identity()
         parts = []
         for start in range(0, rows.num_rows, self.chunk_rows):
             chunk = rows.slice(start, self.chunk_rows)

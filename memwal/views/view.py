@@ -21,7 +21,7 @@ from memwal import paths
 from memwal.failpoints import failpoint
 from memwal.holds import write_hold
 from memwal.io import file_io_for
-from memwal.lance_errors import memwal_errors
+from memwal.lance_errors import is_not_found, memwal_errors
 from memwal.state import TableState
 from memwal.views import refresh as refreshing
 from memwal.views.changes import with_source_key
@@ -29,7 +29,7 @@ from memwal.views.checkpoints import Checkpoints
 from memwal.views.definition import UdfColumn, ViewDefinition
 from memwal.views.errors import ViewError
 from memwal.views.evaluate import shuffled
-from memwal.views.history import Freshness, RefreshRecord, refresh_records
+from memwal.views.history import Freshness, RefreshRecord, last_record, refresh_records
 from memwal.views.layout import CONFIG_KEY, GROUP_KEY, LEASE_DIR, ROW_ID, SOURCE_KEY, view_exists, view_names, view_uri
 from memwal.views.lease import Lease
 from memwal.views.udf import UdfRunner, UdfStats
@@ -42,7 +42,15 @@ def _state(table: TableState | str) -> TableState:
 
 
 def _has_version(state: TableState, version: int) -> bool:
-    return any(v["version"] == version for v in state.dataset().versions())
+    """Whether base version ``version`` is still kept: opened, not found in a listing of every
+    version (whose cost grows with the table's history)."""
+    try:
+        state.dataset(version)
+        return True
+    except (OSError, ValueError) as e:  # Lance's untyped errors
+        if is_not_found(e) or "not found" in str(e).lower():
+            return False
+        raise
 
 
 def list_views(table: TableState | str) -> list[str]:
@@ -69,6 +77,15 @@ class View:
         self.definition = definition
         self.uri = view_uri(self.table_uri, definition.name)
         self.udf_stats = UdfStats()
+        self._udf_identities: dict[str, str] | None = None
+
+    @property
+    def udf_identities(self) -> dict[str, str]:
+        """Each UDF's identity (version and code), computed once per opened view: reading a
+        UDF's source is a file read, and a refresh asks for it several times."""
+        if self._udf_identities is None:
+            self._udf_identities = {u.name: u.identity() for u in self.definition.udfs}
+        return self._udf_identities
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -123,8 +140,9 @@ class View:
         log.info("dropped view %s", self.definition.name)
 
     def dataset(self, version: int | None = None) -> lance.LanceDataset:
-        """The view as a plain Lance dataset."""
-        return self.state.lance_dataset(self.uri, version)
+        """The view as a plain Lance dataset (with the table handle's Lance caches, so the
+        key index a refresh looks its rows up by stays loaded between refreshes)."""
+        return self.state.lance_dataset(self.uri, version, warm=True)
 
     def to_table(self, columns: Sequence[str] | None = None, hidden: bool = False) -> pa.Table:
         """The view's rows (internal ``__`` columns left out unless ``hidden``)."""
@@ -138,7 +156,7 @@ class View:
         return list(refresh_records(self.dataset()))
 
     def last_refresh(self) -> RefreshRecord | None:
-        return next(refresh_records(self.dataset(), newest_first=True), None)
+        return last_record(self.dataset())
 
     def freshness(self, last: RefreshRecord | None = None) -> Freshness:
         """How far the view is behind the base table and the table's uncompacted MemWAL
@@ -168,11 +186,12 @@ class View:
     def _computer(self, refresh_key: str | None, spark: tuple[Any, int] | None = None) -> refreshing.Computer:
         """How this view's rows are computed; ``refresh_key`` None: without checkpoints."""
         checkpoints = Checkpoints(self.state.io, self.uri) if refresh_key is not None else None
-        runner = UdfRunner(self.definition.udfs, self.CHUNK_ROWS, checkpoints, refresh_key or "")
+        identities = self.udf_identities if refresh_key is not None else None
+        runner = UdfRunner(self.definition.udfs, self.CHUNK_ROWS, checkpoints, refresh_key or "", identities)
         return refreshing.Computer(self.definition, runner, self.udf_stats if refresh_key is not None else None, spark)
 
     def _udfs_current(self, last: RefreshRecord) -> bool:
-        return all(last.udf_versions.get(u.name) == u.identity() for u in self.definition.udfs)
+        return all(last.udf_versions.get(name) == identity for name, identity in self.udf_identities.items())
 
     @memwal_errors()
     def refresh(
@@ -193,7 +212,8 @@ class View:
         defn, state = self.definition, self.state
         with Lease(state.io, paths.join(self.uri, LEASE_DIR), self.LEASE_SECONDS, f"view {defn.name}") as lease:
             base = state.dataset(src_version)
-            last = self.last_refresh()
+            view_ds = self.dataset()
+            last = last_record(view_ds)
             udfs_current = last is not None and self._udfs_current(last)
             if last is not None and last.base_version == base.version and udfs_current:
                 return None
@@ -203,7 +223,6 @@ class View:
                     f"refreshing back to {base.version} is not supported (recreate the view)"
                 )
             self.udf_stats = UdfStats()
-            view_ds = self.dataset()
             # Views keyed by stable row id (made by earlier versions) keep Lance's delta() feed.
             by_row_id = ROW_ID in view_ds.schema.names
             # A row view keyed on the primary key reads only SSTables (its record says which);
@@ -242,7 +261,7 @@ class View:
                 view_version=view_ds.version + 1,
                 mode="full" if full else "incremental",
                 rows_changed=change.rows_changed,
-                udf_versions={u.name: u.identity() for u in defn.udfs},
+                udf_versions=dict(self.udf_identities),
                 udf_calls=self.udf_stats.calls,
                 seconds=time.perf_counter() - t0,
             )
