@@ -770,9 +770,10 @@ def main() -> None:
             with open_broker(os.path.join(work, "broker")) as broker:
                 results["axes"] = run_axes(args, spark, broker, work)
             spark.stop()
+        # the figures first: a plot that fails (matplotlib is in the `bench` extra) loses nothing
+        report(results, args.json)
         if args.plot and (results["axes"]["cells"] or results["axes"]["catch_up"]):
             plot(results["axes"], args.plot)
-        report(results, args.json)
         return
     logging.basicConfig(level=logging.WARNING)
     results: dict = {"date": today(), "machine": machine(), "commit": git_rev(), "args": vars(args)}
