@@ -21,7 +21,7 @@ from memwal.jsonvalues import jsonable
 from memwal.metrics import CycleReport, MaintenanceMetrics
 from memwal.readers.plan import ReadPlan
 from memwal.repair import RepairReport
-from memwal.status import MaintenanceStatus, TableStatus
+from memwal.status import MaintenanceStatus, ShardStatus, TableStatus
 from memwal.upgrade import UpgradeReport
 
 
@@ -81,6 +81,22 @@ def render_plan(plan: ReadPlan) -> str:
     return "\n".join(lines)
 
 
+
+def shard_cells(s: ShardStatus, stop: int | None) -> tuple[str, ...]:
+    """One shard's row of the status table, as text (the terminal view styles the last two)."""
+    return (
+        s.shard_id,
+        ",".join(f"{k}={v}" for k, v in s.shard_values.items()) or "-",
+        str(s.writer_epoch),
+        f"v{s.manifest_version}",
+        f"{s.wal_flushed_position}/{s.wal_last_seen_position}/{s.wal_tail_position}",
+        str(s.current_generation),
+        generation_ranges(s.sstables),
+        str(s.compacted_generation),
+        str(s.pending_sstables) + (f"/{stop}" if stop is not None else ""),
+        "STALLED" if s.stalled else "slowed" if s.slowed else "ok",
+    )
+
 def render_status(status: TableStatus) -> str:
     """The table, its shards, its base indexes' lag and the maintenance service's last cycle."""
     lines = [
@@ -92,21 +108,7 @@ def render_status(status: TableStatus) -> str:
     ]
     if status.shards:
         header = ("shard", "values", "epoch", "manifest", "wal flushed/seen/tail", "gen", "sstables", "compacted", "pending", "writes")
-        rows = [
-            (
-                s.shard_id,
-                ",".join(f"{k}={v}" for k, v in s.shard_values.items()) or "-",
-                str(s.writer_epoch),
-                f"v{s.manifest_version}",
-                f"{s.wal_flushed_position}/{s.wal_last_seen_position}/{s.wal_tail_position}",
-                str(s.current_generation),
-                generation_ranges(s.sstables),
-                str(s.compacted_generation),
-                str(s.pending_sstables) + (f"/{status.bounds.stop_sstables}" if status.bounds is not None else ""),
-                "STALLED" if s.stalled else "slowed" if s.slowed else "ok",
-            )
-            for s in status.shards
-        ]
+        rows = [shard_cells(s, status.bounds.stop_sstables if status.bounds is not None else None) for s in status.shards]
         widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
         fmt = "  ".join(f"{{:<{w}}}" for w in widths)
         lines += ["", fmt.format(*header), fmt.format(*("-" * w for w in widths))]

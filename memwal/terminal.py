@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from memwal.progress import Progress
-from memwal.render import bounds_lines, generation_ranges, maintenance_lines
+from memwal.render import bounds_lines, maintenance_lines, shard_cells
 from memwal.status import TableStatus
 
 
@@ -120,19 +120,9 @@ def status_view(status: TableStatus, *, interval: float, now: float | None = Non
                               ("compacted", "right"), ("pending", "right"), ("writes", "left")):
             shards.add_column(name, justify=justify, no_wrap=name in ("shard", "wal flushed/seen/tail"))  # type: ignore[arg-type]
         for s in status.shards:
-            state, style = ("STALLED", "bold red") if s.stalled else ("slowed", "yellow") if s.slowed else ("ok", "green")
-            shards.add_row(
-                s.shard_id,
-                ",".join(f"{k}={v}" for k, v in s.shard_values.items()) or "-",
-                str(s.writer_epoch),
-                f"v{s.manifest_version}",
-                f"{s.wal_flushed_position}/{s.wal_last_seen_position}/{s.wal_tail_position}",
-                str(s.current_generation),
-                generation_ranges(s.sstables),
-                str(s.compacted_generation),
-                Text(f"{s.pending_sstables}" + (f"/{stop}" if stop is not None else ""), style=style),
-                Text(state, style=style),
-            )
+            style = "bold red" if s.stalled else "yellow" if s.slowed else "green"
+            *cells, pending, state = shard_cells(s, stop)
+            shards.add_row(*cells, Text(pending, style=style), Text(state, style=style))
         parts.append(shards)
     parts += [Text(line) for line in bounds_lines(status)[1:]]
     if status.index_lag_generations:
