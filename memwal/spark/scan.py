@@ -53,6 +53,7 @@ from pyspark.sql.datasource import (
 
 from memwal.spark.options import FormatOptions
 from memwal.sqltext import quote_ident, sql_literal
+from memwal.streaming.exchange import from_payload, to_payload
 
 _OPS = {EqualTo: "=", GreaterThan: ">", GreaterThanOrEqual: ">=", LessThan: "<", LessThanOrEqual: "<="}
 
@@ -165,18 +166,6 @@ class ScanPlan:
     shard_ids: tuple[str, ...] | None
 
 
-def _ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def _from_ipc(data: bytes) -> pa.Table:
-    with pa.ipc.open_stream(data) as r:
-        return r.read_all()
-
-
 # -- executor side: what a process keeps across tasks --------------------------------------------
 
 
@@ -269,7 +258,7 @@ class ScanReader(DataSourceReader):
             for shard in snap.shards:
                 tail = wal.tail(shard.manifest)
                 if tail is not None and tail.num_rows:
-                    tails[shard.shard_id] = _ipc(tail)
+                    tails[shard.shard_id] = to_payload(tail)
         pin = PinnedSnapshot(snap.base_version, tuple(PinnedShard(s.manifest.to_bytes(), s.compacted_generation) for s in snap.shards))
         self._plan = ScanPlan(self.uri, self.opts, self.columns, where, pin, tails,
                               tuple(pruning.shard_ids) if pruning.shard_ids is not None else None)
@@ -320,7 +309,7 @@ class ScanReader(DataSourceReader):
             shard = snap.shard(partition.shard_id)
             parts = [cache.rows(paths.sstable_path(snap.dataset.uri, shard.shard_id, t.path), columns) for t in shard.live_sstables]
             if partition.shard_id in plan.tails:
-                parts.append(_from_ipc(plan.tails[partition.shard_id]))
+                parts.append(from_payload(plan.tails[partition.shard_id]))
             if not parts:
                 return
             newest = newest_across([p.select([*columns, TOMBSTONE]) for p in parts], pk)
@@ -335,7 +324,7 @@ class ScanReader(DataSourceReader):
         for p in snap.sstable_paths():
             shadow.add_key_set(cache.keys(p, pk))
         for t in plan.tails.values():
-            shadow.add_rows(_from_ipc(t))
+            shadow.add_rows(from_payload(t))
         drop = shadow.batch_filter()
         fragments = [snap.dataset.get_fragment(i) for i in partition.fragment_ids]
         scan = snap.dataset.scanner(columns=list(dict.fromkeys([*out, *pk])), filter=plan.where, fragments=fragments)
