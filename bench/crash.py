@@ -213,7 +213,7 @@ def expire_leases(uri: str) -> None:
     """A SIGKILLed writer's lease stays live for its full term; the driver knows it is dead."""
     from memwal import paths
     from memwal.io import LocalFileIO
-    from memwal.writer_lease import WriterLease
+    from memwal.write.lease import WriterLease
 
     io = LocalFileIO()
     root = os.path.dirname(paths.writer_lease(uri, "x"))

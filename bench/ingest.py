@@ -264,7 +264,7 @@ def freshness(broker, name: str, run, reader_kind: str, uri: str, rate: int, sec
     time.sleep(6)
     job = started[0] if hasattr(started[0], "sink") else None
     warm_up(broker, topic, reader)
-    before = job.sink.totals() if job else {}
+    before = job.reports.totals() if job else {}
     first_batch = max(job.listener.progress, default=-1) + 1 if job else 0
     t_start, w_start = time.monotonic(), time.time()
     producer.start()
@@ -283,7 +283,7 @@ def freshness(broker, name: str, run, reader_kind: str, uri: str, rate: int, sec
             if done.is_set() and sent and measured >= len(sent):
                 break
         window = time.monotonic() - t_start
-        after = job.sink.totals() if job else {}
+        after = job.reports.totals() if job else {}
     finally:
         stop_query.set()
         reader.stop()
@@ -299,7 +299,7 @@ def freshness(broker, name: str, run, reader_kind: str, uri: str, rate: int, sec
         out["writer_opens_per_min"] = out["writer_opens"] / minutes
         out.update(cadence(job.listener, first_batch))
         # What a shard flush (close -> SSTable) adds to the micro-batch that runs it.
-        reports = [r for r in job.sink.reports if r.batch_id >= before.get("batches", 0)]
+        reports = [r for r in job.reports.reports if r.batch_id >= before.get("batches", 0)]
         for label, rs in (("with_flush", [r for r in reports if r.flushes]), ("without_flush", [r for r in reports if not r.flushes])):
             if rs:
                 out[f"batches_{label}"] = len(rs)
@@ -574,12 +574,12 @@ def run_axes(args, spark, broker, work: str) -> dict:
                     mem_uri = _copy(mem_base, cell + f"-memwal-{variant}")
                     job, _ = run_memwal(spark, broker, topic, mem_uri, cell + f"-ckpt-memwal-{variant}", size, None, kafka_source=source,
                                         **VARIANTS[variant])
-                    md = [r.seconds for r in job.sink.reports][1:]
-                    mem_rate = sum(r.rows for r in job.sink.reports[1:]) / sum(md)
+                    md = [r.seconds for r in job.reports.reports][1:]
+                    mem_rate = sum(r.rows for r in job.reports.reports[1:]) / sum(md)
                     print(f"  memwal ({variant}): {mem_rate:9,.0f} rows/s  x{mem_rate / naive_rate:.2f} naive")
                     timings = [job.listener.timings[b] for b in sorted(job.listener.timings)]
                     breakdown = print_breakdown(f"memwal ({variant}) per batch", timings)
-                    totals = job.sink.totals()
+                    totals = job.reports.totals()
                     print(f"  writers: {int(totals['writer_opens'])} open(s), {int(totals['fenced_retries'])} fenced retr(ies) "
                           f"in {int(totals['batches'])} batches")
                     out["cells"].append({"base_rows": n, "batch_rows": size, "kafka_source": source, "variant": variant, "naive_rows_per_s": naive_rate,
@@ -617,7 +617,7 @@ def catch_up(args, spark, broker, work: str, source: str) -> dict:
     elapsed = time.perf_counter() - t0
     sizes = [job.listener.sizes[b] for b in sorted(job.listener.sizes)]
     spark_rate = sent / elapsed
-    sink_rate = sum(r.rows for r in job.sink.reports) / sum(r.seconds for r in job.sink.reports)
+    sink_rate = sum(r.rows for r in job.reports.reports) / sum(r.seconds for r in job.reports.reports)
     print(f"\nbacklog catch-up, {source} source, {sent:,} {args.value_format} records waiting, adaptive micro-batches: {spark_rate:,.0f} rows/s through Spark "
           f"({len(sizes)} batches: " + ", ".join(f"{d.rows:,} {d.kind}" for d in sizes[:6]) + (" ..." if len(sizes) > 6 else "") + ")")
     timings = [job.listener.timings[b] for b in sorted(job.listener.timings)]
@@ -814,8 +814,8 @@ def main() -> None:
             rows.append(("naive (merge_insert per batch)", naive.rows, sum(naive.durations), elapsed, naive.durations))
             for name, tasks in variants.items():
                 job, elapsed = run_memwal(spark, broker, topic, uris[name], os.path.join(work, f"ckpt-{tasks}"), args.batch_rows, tasks)
-                durations = [r.seconds for r in job.sink.reports]
-                total_rows = int(job.sink.totals()["rows"])
+                durations = [r.seconds for r in job.reports.reports]
+                total_rows = int(job.reports.totals()["rows"])
                 count = readers.open(uris[name]).count()
                 assert count == args.base_rows + args.batches * (args.batch_rows // 2), count
                 rows.append((name, total_rows, sum(durations), elapsed, durations))

@@ -165,7 +165,7 @@ def main() -> None:
             )
             job = ingest(spark, bootstrap=broker.bootstrap, topic="keepup", table_uri=uri, checkpoint=os.path.join(work, "ckpt"),
                          max_offsets_per_trigger=args.batch_rows, options=SinkOptions(source="kafka-json", op_field=None))
-            producer = Producer(broker.bootstrap, "keepup", args.ahead, args.base_rows, lambda: job.sink.totals().get("rows", 0), args.rate)
+            producer = Producer(broker.bootstrap, "keepup", args.ahead, args.base_rows, lambda: job.reports.totals().get("rows", 0), args.rate)
             producer.start()
             time.sleep(10)  # let the query start and the producer build a backlog
             probes = os.path.join(work, "probes.csv")
@@ -174,7 +174,7 @@ def main() -> None:
             table = Table.open(uri)
             print(f"{'t (s)':>6} {'rows/s':>8} {'backlog':>9} {'uncompacted SSTables (max)':>27} {'lookup p50 / p99 ms':>20} {'disk MB':>8}")
             start = time.time()
-            last_rows, last_t = job.sink.totals().get("rows", 0), start
+            last_rows, last_t = job.reports.totals().get("rows", 0), start
             while time.time() - start < args.seconds:
                 window_end = min(start + args.seconds, last_t + args.window)
                 pending_max = 0
@@ -182,7 +182,7 @@ def main() -> None:
                     pending_max = max(pending_max, sum(s.pending_sstables for s in table.status().shards))
                     time.sleep(1)
                 now = time.time()
-                rows = job.sink.totals().get("rows", 0)
+                rows = job.reports.totals().get("rows", 0)
                 lookups = [took for at, took, _ in read_probes(probes) if last_t <= at < now]
                 w = {"t": now - start, "rows_per_s": (rows - last_rows) / (now - last_t), "backlog": producer.sent - rows,
                      "pending_sstables_max": pending_max, "lookup_p50_ms": pct(lookups, 50) * 1000, "lookup_p99_ms": pct(lookups, 99) * 1000,
@@ -197,7 +197,7 @@ def main() -> None:
             producer.join(60)
         spark.stop()
         ws = results["windows"]
-        total = job.sink.totals()
+        total = job.reports.totals()
         results["summary"] = {
             "rows_ingested": total.get("rows", 0),
             "rows_per_s": sum(w["rows_per_s"] for w in ws) / len(ws),

@@ -163,7 +163,7 @@ class Ingest:
         self.before = 0  # rows ingested by the queries before this one
 
     def rows(self) -> int:
-        return self.before + int(self.job.sink.totals().get("rows", 0))
+        return self.before + int(self.job.reports.totals().get("rows", 0))
 
     def alive(self) -> bool:
         """True while a query runs (restarting a dead one if restarts are left)."""
@@ -823,7 +823,7 @@ def main() -> None:
             if control is not None:
                 control.terminate()
             producer.stop.set()
-            totals = job.job.sink.totals()  # the last query's (a restart starts them again)
+            totals = job.job.reports.totals()  # the last query's (a restart starts them again)
             print(f"shard writers: {int(totals.get('writer_opens', 0)):,} opens and {int(totals.get('fenced_retries', 0)):,} "
                   f"fenced retries in {int(totals.get('batches', 0)):,} micro-batches", flush=True)
             if store or args.broker_restart_every:

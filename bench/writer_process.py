@@ -4,7 +4,7 @@ same Spark session, alternating runs.
 Without the writer process each Python worker keeps its own shard writers, so a write task
 that Spark hands to another worker claims its shards again (writer open, WAL replay) and
 fences the other worker's writers (a fenced retry at that worker's next write). With it one
-process per executor keeps the writers (:mod:`memwal.streaming.writer_process`).
+process per executor keeps the writers (:mod:`memwal.write.process`).
 
 The topic is filled once with ``--batches`` micro-batches of ``--batch-rows`` records (the
 ingest workload: half updates of a ``--base-rows`` base, half new ids); each run drains it
@@ -50,7 +50,7 @@ def run(spark, broker, topic: str, work: str, name: str, base, args, writer_proc
     )
     job.await_termination()
     seconds = time.perf_counter() - t0
-    reports = sorted(job.sink.reports, key=lambda r: r.batch_id)
+    reports = sorted(job.reports.reports, key=lambda r: r.batch_id)
     per_batch = [r.seconds for r in reports[1:]]
     minutes = sum(r.seconds for r in reports) / 60  # the micro-batches' own time (no session/query start)
     out = {

@@ -51,6 +51,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Table": "memwal.table",
     "WriteResult": "memwal.table",
+    "WriteReport": "memwal.write.api",
     "Bounds": "memwal.metadata",
     "IndexConfig": "memwal.metadata",
     "WriterConfig": "memwal.metadata",
@@ -94,6 +95,7 @@ __all__ = [
     "UnknownColumnError",
     "WalGapError",
     "WriteStalledError",
+    "WriteReport",
     "WriteResult",
     "WriterConfig",
     "__version__",

@@ -4,7 +4,7 @@ size, and the compaction order and fold schedule of the maintenance service.
 What grows while a table streams, and what keeps each bounded:
 
 * uncompacted SSTables per shard: compaction, shards with the most first
-  (:func:`compaction_order`), and the writers' back-pressure (:mod:`memwal.writer`) when it
+  (:func:`compaction_order`), and the writers' back-pressure (:mod:`memwal.write.pool`) when it
   falls behind anyway;
 * base fragments and the base manifest (each compaction commit adds a fragment, and its
   row-id metadata sits inline in the manifest): Lance's compaction once either is over its

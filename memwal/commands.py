@@ -567,7 +567,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         # Stopped before the interpreter exits: on a cluster master the executors are released
         # in order instead of racing the JVM's shutdown (which relaunches them meanwhile).
         spark.stop()
-    totals = job.sink.totals()
+    totals = job.reports.totals()
     print(
         f"ingested {int(totals.get('rows', 0))} records in {int(totals.get('batches', 0))} micro-batch(es): "
         f"{int(totals.get('upserts', 0))} upserts, {int(totals.get('deletes', 0))} deletes, "

@@ -1,5 +1,5 @@
 """The sequences of deleted keys, kept beside the table, so dropping stale records
-(:class:`~memwal.writepath.WriteMode` ``drop_stale``) holds across deletes too.
+(:class:`~memwal.write.protocol.WriteMode` ``drop_stale``) holds across deletes too.
 
 A delete leaves no row, so the table cannot tell how new a delete was: without this, a change
 older than a delete that arrives in a later batch (a Debezium replay, or a key whose changes
@@ -10,7 +10,7 @@ between makes the caller replay the batch (Spark replays the micro-batch), which
 again (duplicates are harmless: the newest sequence per key counts).
 
 A writer reads its shard's entries once per writer generation (when its
-:class:`~memwal.writepath.StoredSequences` start over): while the writer stays open, only it
+:class:`~memwal.write.protocol.StoredSequences` start over): while the writer stays open, only it
 writes the shard, and it remembers what it writes. The cost is the shard's deleted
 keys, read once per writer open, and one append per batch and shard with deletes; the
 entries are never removed (a key deleted long ago still needs its delete's sequence for a

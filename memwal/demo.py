@@ -157,7 +157,7 @@ def run_kafka_flow(workdir: str, records: int, keys: int) -> bool:
         )
         job.await_termination()
         elapsed = time.perf_counter() - t0
-        totals = job.sink.totals()
+        totals = job.reports.totals()
         print(f"== Spark ({job.kafka_source} Kafka source) ingested {int(totals['rows'])} records in {int(totals['batches'])} micro-batches, "
               f"{elapsed:.1f}s ({totals['rows'] / elapsed:,.0f} records/s), {int(totals['dead_letters'])} dead letters")
         ok = check("after ingest", uri, model)

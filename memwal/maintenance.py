@@ -39,7 +39,7 @@ from memwal.metrics import CycleReport, MaintenanceMetrics, MaintenanceTotals, S
 from memwal.snapshot import ShardState, Snapshot
 from memwal.state import TableState
 from memwal.views import View, ViewBusyError, list_views
-from memwal.writer import ShardWriterPool
+from memwal.write.pool import ShardWriterPool
 
 log = logging.getLogger(__name__)
 

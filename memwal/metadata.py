@@ -50,6 +50,12 @@ class WriterConfig:
     """
 
     max_memtable_rows: int = 100_000
+    #: Record batches a MemTable holds before Lance seals it (and flushes it in the background,
+    #: the writer staying open). It is also the lever of a timed seal: the pool's next put into
+    #: a shard whose seal is due carries exactly the batches still missing (see
+    #: :meth:`memwal.write.pool.ShardWriterPool.put`), so it must stay small enough for one write's
+    #: rows to reach it (Lance's own default is 8,000).
+    max_memtable_batches: int = 256
     max_wal_flush_interval_ms: int = 10
     durable_write: bool = True
     durability: str = "os"
@@ -58,7 +64,7 @@ class WriterConfig:
         # Checked here, before a table is created with them: Lance takes unsigned 64-bit
         # values (a negative one fails half-way through creating the table), and a MemTable
         # of 0 rows accepts no write, ever.
-        for name, least in (("max_memtable_rows", 1), ("max_wal_flush_interval_ms", 1)):
+        for name, least in (("max_memtable_rows", 1), ("max_memtable_batches", 2), ("max_wal_flush_interval_ms", 1)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not least <= v < 1 << 63:
                 raise InvalidArgumentError(f"{name} must be an integer of at least {least}, got {v!r}")
@@ -106,7 +112,7 @@ class Bounds:
     (longer the closer the shard is to the stop), and from ``stop_sstables`` writes into it
     wait for compaction, raising :class:`~memwal.errors.WriteStalledError` after
     ``stall_timeout_seconds``. The writer-side check reads nothing from storage while a shard
-    is below the slowdown bound (see :class:`memwal.writer.ShardBacklog`).
+    is below the slowdown bound (see :class:`memwal.write.pool.ShardBacklog`).
     """
 
     #: Uncompacted SSTables per shard that maintenance keeps shards under (compacted first).

@@ -26,7 +26,7 @@ engine does when it meets a retraction. So each key folds to one of:
 - otherwise: merged over the stored row (:func:`resolve`); a key that is not stored
   yet is inserted with its absent columns null.
 
-**Why read-modify-write is safe.** The write path (:mod:`memwal.writepath`) reads the
+**Why read-modify-write is safe.** The write path (:mod:`memwal.write.protocol`) reads the
 stored row of a key after its writer claimed the key's shard, once every earlier write of the
 shard is durable in its WAL; a strong read (base + SSTables + the WAL tail) therefore sees the
 newest row, and a writer that claims the shard before the merged row is written fences this

@@ -9,8 +9,8 @@
 from __future__ import annotations
 
 import logging
+import time
 import uuid
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import lance
@@ -31,8 +31,9 @@ from memwal.snapshot import Snapshot
 from memwal.state import TableState, resolve_storage, table_exists
 from memwal.storage import StorageConfig
 from memwal.status import TableStatus, table_status
-from memwal.writepath import ShardRecords, TableWriter, WriteMode
-from memwal.writer import ShardWriterPool
+from memwal.write.api import TableWrite, WriteBatch, WriteReport
+from memwal.write.protocol import ShardRecords, TableWriter, WriteMode
+from memwal.write.pool import ShardWriterPool
 
 if TYPE_CHECKING:
     from memwal.maintenance import Maintenance, MaintenanceConfig
@@ -43,17 +44,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class WriteResult:
-    """What one ``write`` or ``delete`` did."""
-
-    rows: int
-    shards: int
+#: What ``write`` and ``delete`` return: the write API's one report (its ``rows`` and
+#: ``shards`` are what this name held before). Deprecated name; use :class:`WriteReport`.
+WriteResult = WriteReport
 
 
 class Table:
     """A memwal table: the user facade over a :class:`~memwal.state.TableState` (what the
-    table is) and a :class:`~memwal.writepath.TableWriter` (this process's write path).
+    table is) and a :class:`~memwal.write.protocol.TableWriter` (this process's write path).
 
     Create with :meth:`create`, open with :meth:`open`. Writes are routed to shards and go
     through Lance's ShardWriters; one writer per shard is kept open until :meth:`flush` or
@@ -266,7 +264,7 @@ class Table:
             return t.num_rows
         return self._route(data, deletes)[0].num_rows
 
-    def write(self, data: Any, *, merge: str = "full") -> WriteResult:
+    def write(self, data: Any, *, merge: str = "full") -> WriteReport:
         """Upsert rows. Durable (in the WAL) on return.
 
         ``merge="full"``: the last row per primary key wins, whole. ``merge="partial"``: a
@@ -274,15 +272,14 @@ class Table:
         key missing from a dict, keeps its stored value; an explicit null sets null), rows of
         one key fold in order, and a key not stored yet is inserted with the absent columns
         null; see :mod:`memwal.partial`. Either way through the write path
-        (:mod:`memwal.writepath`), shards in parallel.
+        (:mod:`memwal.write.protocol`), shards in parallel.
         """
         if check_merge(merge) == "partial":
             return self._write_partial(data)
-        t, records = self._route(data, deletes=False)
-        self.writer.write(records, label="table")
-        return WriteResult(t.num_rows, len(records))
+        _, records = self._route(data, deletes=False)
+        return self._write(records, WriteMode())
 
-    def _write_partial(self, data: Any) -> WriteResult:
+    def _write_partial(self, data: Any) -> WriteReport:
         """Route rows with their presence; the write path folds them per shard and merges them
         over the stored rows, as the shard's owner."""
         if not self.metadata.writer.durable_write:
@@ -291,9 +288,13 @@ class Table:
                 "may not have written yet; use merge='full' or a durable table"
             )
         t, present = self._partial_input(data)
-        records = self.writer.route(t, present=present)
-        self.writer.write(records, WriteMode(merge="partial"), label="table")
-        return WriteResult(t.num_rows, len(records))
+        return self._write(self.writer.route(t, present=present), WriteMode(merge="partial"))
+
+    def _write(self, records: list[ShardRecords], mode: WriteMode) -> WriteReport:
+        """Through the write API, in this process: its writers, shards in parallel."""
+        started = time.perf_counter()
+        write = TableWrite(self.state, mode, shards=self.writer)
+        return write.commit([write.prepare(WriteBatch(records), label="table")], started=started)
 
     def _partial_input(self, data: Any) -> tuple[pa.Table, pa.StructArray]:
         """Rows of a partial write conformed to the write schema (absent cells null) and their
@@ -308,11 +309,10 @@ class Table:
             raise InvalidArgumentError(f"a partial write must carry the primary key; the rows lack column(s) {missing}")
         return conform(t, self.write_schema), presence_of_columns(t.num_rows, ptype, t.schema.names)
 
-    def delete(self, keys: Any) -> WriteResult:
+    def delete(self, keys: Any) -> WriteReport:
         """Delete rows by primary key. ``keys`` holds the key columns (others are ignored)."""
-        t, records = self._route(keys, deletes=True)
-        self.writer.write(records, label="table")
-        return WriteResult(t.num_rows, len(records))
+        _, records = self._route(keys, deletes=True)
+        return self._write(records, WriteMode())
 
     def write_shard(self, shard_id: str, values: ShardValues, rows: pa.Table, *, deletes: bool = False) -> None:
         """Write rows a caller routed to one shard itself; refuses rows of another shard

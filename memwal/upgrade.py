@@ -75,7 +75,7 @@ from memwal.storage import StorageConfig
 from memwal.views import ROW_ID, View, ViewBusyError, ViewDefinition, list_views, view_uri
 from memwal.views.layout import LEASE_DIR
 from memwal.views.lease import Lease
-from memwal.writer import ShardWriterPool
+from memwal.write.pool import ShardWriterPool
 
 log = logging.getLogger(__name__)
 

@@ -106,3 +106,20 @@ class CountingIO(LocalFileIO):
         self.synced.extend(paths)
         if directory is not None:
             self.dirs.append(directory)
+
+
+def run_sink_batch(uri: str, options, data: pa.Table, batch_id: int):
+    """One micro-batch of the ``foreachBatch`` sink run in this process as Spark runs it: the
+    prepare and write stages (as in a worker), then the driver's commit; its report."""
+    import pickle
+
+    from memwal.state import TableState
+    from memwal.streaming.sink import Prepare, Write
+    from memwal.streaming.write_task import MESSAGE
+    from memwal.write.api import TableWrite
+    from memwal.write.dead_letters import dead_letter_uri
+
+    exchange = list(Prepare(uri, options)(iter(data.to_batches())))
+    out = list(Write(uri, options, batch_id, options.dead_letter_uri or dead_letter_uri(uri))(iter(exchange)))
+    messages = [pickle.loads(b.column(MESSAGE)[0].as_py()).message for b in out]
+    return TableWrite(TableState.load(uri), options.write_mode(), dead_letter_uri=options.dead_letter_uri).commit(messages, batch_id)

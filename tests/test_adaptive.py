@@ -104,7 +104,7 @@ def test_a_backlog_drains_in_bounded_batches_then_steady_ones(spark, kafka, tmp_
     assert sum(d.rows for d in sizes) == len(records) + len(more)
     # every batch's reason reached its sink report, and every batch has its timing
     for b, d in job.listener.sizes.items():
-        assert job.sink.report(b).size_reason == d.reason
+        assert job.reports.report(b).size_reason == d.reason
         assert job.listener.timings[b].rows == d.rows
     model: dict[int, dict] = {}
     for _, value, _ in records + more:  # one key's records stay in one partition, in order

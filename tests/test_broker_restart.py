@@ -15,7 +15,7 @@ from test_streaming import SCHEMA
 
 from memwal import Table, readers
 from memwal.streaming import ingest
-from memwal.streaming.dead_letters import dead_letter_uri
+from memwal.write.dead_letters import dead_letter_uri
 
 # soak: 130-140 s a source on the loaded 2-core machine (a broker stopped and restarted, a query
 # riding it out), so it runs with the long soak (make soak-tests), not in the default suite.
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow, pytest.mar
 
 def _consumed(job) -> int:
     """Records the sink took, over every micro-batch it ran (a replayed one counts again)."""
-    return int(job.sink.totals().get("rows", 0))
+    return int(job.reports.totals().get("rows", 0))
 
 
 def _wait(condition, seconds: float, what: str, job) -> None:
@@ -62,7 +62,7 @@ def test_ingest_survives_a_broker_restart(spark, tmp_path, kafka_source):
     assert approx(table_rows(uri)) == approx(model)
     scan = readers.open(uri).scan(columns=["id"])
     assert scan.num_rows == len(set(scan.column("id").to_pylist())), "a key appears twice"
-    assert job.sink.totals()["dead_letters"] == 0
+    assert job.reports.totals()["dead_letters"] == 0
     assert not readers_dead_letters(uri)
 
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from brokers import produce
-from helpers import approx, keyed_changes, table_rows
+from helpers import approx, keyed_changes, run_sink_batch, table_rows
 from registry import Registry
 
 from memwal import Table, readers
@@ -24,7 +24,7 @@ from memwal.errors import InvalidArgumentError
 from memwal.streaming import SinkOptions, ingest
 from memwal.streaming.avro import AvroDecoder
 from memwal.streaming.avro_native import plan, record_fits
-from memwal.streaming.dead_letters import dead_letter_uri, read_dead_letters
+from memwal.write.dead_letters import dead_letter_uri, read_dead_letters
 from memwal.streaming.debezium import DebeziumDecoder
 from memwal.streaming.decode import value_decoder
 
@@ -413,7 +413,7 @@ def wait_for_batches(job, n: int, timeout: float = 300) -> None:
     import time
 
     deadline = time.monotonic() + timeout
-    while len(job.sink.reports) < n:
+    while len(job.reports.reports) < n:
         assert job.query.exception() is None and job.query.isActive, job.query.exception()
         assert time.monotonic() < deadline, "the query did not reach its batches"
         time.sleep(0.2)
@@ -465,9 +465,9 @@ def test_a_debezium_stream_over_three_partitions_with_a_restart_equals_the_sourc
     second.await_termination()
     assert second.query.exception() is None
     got = {r["id"]: r for r in readers.open(uri).scan().to_pylist()}
-    batches = [(r.batch_id, r.rows, r.deletes, r.stale_dropped, r.writer_opens, r.fenced_retries) for job in (first, second) for r in job.sink.reports]
+    batches = [(r.batch_id, r.rows, r.deletes, r.stale_dropped, r.writer_opens, r.fenced_retries) for job in (first, second) for r in job.reports.reports]
     assert got == model, divergence(got, model, records, coordinates, batches)
-    totals = [job.sink.totals() for job in (first, second)]
+    totals = [job.reports.totals() for job in (first, second)]
     assert sum(t.get("stale_dropped", 0) for t in totals) > 0  # replays really were older than what was stored
     assert sum(t.get("skipped", 0) for t in totals) >= tombstones  # (a batch replayed after the stop counts twice)
     assert read_dead_letters(dead_letter_uri(uri)).num_rows == 0  # tombstones are not dead letters
@@ -526,28 +526,26 @@ def test_a_delete_keeps_its_sequence_for_the_next_writer(tmp_path):
     later writer of the shard (another worker, a restarted query: here the worker cache is
     cleared) still drops a change older than the delete, and takes a newer one."""
     from memwal.deleted import deleted_sequences_uri, read_deletes
-    from memwal.streaming.sink import Prepare, Write
-    from memwal.streaming.worker import WORKER
+    from memwal.write.worker import WORKER
 
     uri = str(tmp_path / "t")
     Table.create(uri, SCHEMA, ["id"], "bucket(id, 2)").close()
     options = SinkOptions(source="columns", sequence_field="pos", drop_stale_across_batches=True, max_write_tasks=1,
                           flush_interval_seconds=None, writer_process=False)
 
-    def run(batch_id: int, rows: list[dict]) -> list[dict]:
+    def run(batch_id: int, rows: list[dict]):
         data = pa.Table.from_pylist(rows, schema=SCHEMA.append(pa.field("op", pa.string())))
-        exchange = list(Prepare(uri, options)(iter(data.to_batches())))
         try:
-            return pa.Table.from_batches(list(Write(uri, options, batch_id, dead_letter_uri(uri))(iter(exchange)))).to_pylist()
+            return run_sink_batch(uri, options, data, batch_id)
         finally:
             WORKER.clear()  # the next batch's writers are new ones
 
     run(0, [{"id": k, "name": f"v{k}", "pos": 10, "op": "upsert"} for k in range(6)])
     run(1, [{"id": k, "pos": 20, "op": "delete"} for k in (0, 1, 2)])
-    summaries = run(2, [{"id": 0, "name": "older than the delete", "pos": 15, "op": "upsert"},
-                        {"id": 1, "name": "newer than the delete", "pos": 25, "op": "upsert"},
-                        {"id": 3, "name": "older than the row", "pos": 5, "op": "upsert"}])
-    assert sum(s["stale_dropped"] for s in summaries) == 2
+    report = run(2, [{"id": 0, "name": "older than the delete", "pos": 15, "op": "upsert"},
+                     {"id": 1, "name": "newer than the delete", "pos": 25, "op": "upsert"},
+                     {"id": 3, "name": "older than the row", "pos": 5, "op": "upsert"}])
+    assert report.stale_dropped == 2
     got = {r["id"]: r["name"] for r in readers.open(uri, consistency="strong").scan().to_pylist()}
     assert got == {1: "newer than the delete", 3: "v3", 4: "v4", 5: "v5"}
     recorded = {}
@@ -560,9 +558,8 @@ def test_a_worker_whose_shard_another_worker_wrote_does_not_trust_what_it_rememb
     """Two worker processes (two worker caches) take turns writing one shard with --drop-stale:
     the first one's memory of a key is stale once the second wrote it, and the first one learns
     so before deciding (the shard's lease names the other), not at its next (fenced) write."""
-    from memwal.streaming import worker as worker_module
-    from memwal.streaming.sink import Prepare, Write
-    from memwal.streaming.worker import WorkerCache
+    from memwal.write import worker as worker_module
+    from memwal.write.worker import WorkerCache
 
     uri = str(tmp_path / "t")
     Table.create(uri, SCHEMA, ["id"], "unsharded").close()
@@ -573,9 +570,7 @@ def test_a_worker_whose_shard_another_worker_wrote_does_not_trust_what_it_rememb
     def run(worker: int, batch_id: int, rows: list[dict]) -> int:
         monkeypatch.setattr(worker_module, "WORKER", workers[worker])
         data = pa.Table.from_pylist(rows, schema=SCHEMA.append(pa.field("op", pa.string())))
-        exchange = list(Prepare(uri, options)(iter(data.to_batches())))
-        out = pa.Table.from_batches(list(Write(uri, options, batch_id, dead_letter_uri(uri))(iter(exchange)))).to_pylist()
-        return sum(s["stale_dropped"] for s in out)
+        return run_sink_batch(uri, options, data, batch_id).stale_dropped
 
     try:
         assert run(0, 0, [{"id": 1, "name": "a", "pos": 10, "op": "upsert"}, {"id": 2, "name": "a", "pos": 10, "op": "upsert"}]) == 0
@@ -598,9 +593,8 @@ def test_a_write_task_fenced_after_deciding_decides_again(tmp_path, monkeypatch)
     (the Debezium end-to-end test's rare failure: a deleted key's row back in the table).
     It decides again instead, and drops the update as older than the delete."""
     from memwal.streaming import sink
-    from memwal.streaming import worker as worker_module
-    from memwal.streaming.sink import Prepare, Write
-    from memwal.streaming.worker import WorkerCache
+    from memwal.write import worker as worker_module
+    from memwal.write.worker import WorkerCache
 
     uri = str(tmp_path / "t")
     Table.create(uri, SCHEMA, ["id"], "unsharded").close()
@@ -613,9 +607,7 @@ def test_a_write_task_fenced_after_deciding_decides_again(tmp_path, monkeypatch)
     def run(worker: int, batch_id: int, rows: list[dict]) -> None:
         monkeypatch.setattr(worker_module, "WORKER", workers[worker])  # read once, at the task's start
         data = pa.Table.from_pylist(rows, schema=SCHEMA.append(pa.field("op", pa.string())))
-        exchange = list(Prepare(uri, options)(iter(data.to_batches())))
-        out = pa.Table.from_batches(list(Write(uri, options, batch_id, dead_letter_uri(uri))(iter(exchange)))).to_pylist()
-        stale[batch_id] = sum(s["stale_dropped"] for s in out)
+        stale[batch_id] = run_sink_batch(uri, options, data, batch_id).stale_dropped
 
     points = tmp_path / "failpoints"
     points.mkdir()

@@ -39,7 +39,7 @@ def test_the_sink_pickles_without_its_lock_or_reports(table_uri):
 
     Table.create(table_uri, SCHEMA, ["id"], "bucket(id, 4)").close()
     sink = MemwalSink(table_uri, SinkOptions(source="kafka-json", max_write_tasks=2))
-    sink.reports.append(BatchReport(batch_id=0, rows=1))
+    sink._record(BatchReport(batch_id=0, rows=1))
     copy = pickle.loads(cloudpickle.dumps(sink))
     assert copy.reports == [] and copy.report(0) is None
     assert copy.options == sink.options and copy.storage == sink.storage and copy.partitions == sink.partitions
@@ -157,15 +157,17 @@ def test_ingest_through_spark_connect_equals_the_model(remote, kafka, tmp_path):
     assert job.query.exception() is None
     assert approx(table_rows(uri)) == approx(model)
     assert len(Table.open(uri).manifests.list_shards()) == 4
-    # The per-micro-batch report reached the client: in the query's progress ...
+    # The records of each micro-batch reached the client in the query's progress ...
     observed = [observed_metrics(p) for p in job.query.recentProgress]
     assert sum(o.get("rows", 0) for o in observed) == len(records)
     assert len([o for o in observed if o.get("rows")]) >= 3
-    assert all(o["rows"] == o["upserts"] + o["deletes"] + o["dead_letters"] for o in observed if o)
-    # ... and through the client-side listener (the sink's own counters stay in the server).
     progress = job.listener.progress
     assert sum(p["observed"].get("rows", 0) for p in progress.values()) == len(records)
-    assert all(p["sink"] is None for p in progress.values())
+    # ... and the write side's reports, made by the commits on the server, through the
+    # directory they leave them in (this server shares the client's file system).
+    totals = job.reports.totals()
+    assert totals["rows"] == len(records) and totals["dead_letters"] == 0
+    assert totals["upserts"] + totals["deletes"] >= len(model)  # (newest per key of each write)
 
 
 @pytest.mark.slow

@@ -24,8 +24,8 @@ from helpers import PEOPLE, people
 
 from memwal import Table, readers
 from memwal.state import TableState
-from memwal.writer import ShardWriterPool
-from memwal.writer_lease import WriterLease
+from memwal.write.pool import ShardWriterPool
+from memwal.write.lease import WriterLease
 
 WRITER = """
 import sys, time

@@ -29,7 +29,7 @@ from memwal import Table, readers
 from memwal.streaming import SinkOptions, ingest
 from memwal.streaming.avro import AvroDecoder, WriterSchema, raw_schema
 from memwal.streaming.avro_native import nested_plan, record_fits
-from memwal.streaming.dead_letters import dead_letter_uri, read_dead_letters
+from memwal.write.dead_letters import dead_letter_uri, read_dead_letters
 from memwal.streaming.debezium import OP, DebeziumDecoder, schema_from_event
 
 ORDERS = pa.schema([
@@ -394,7 +394,7 @@ def test_4000_default_debezium_change_events_through_a_broker_equal_the_source(s
     job.await_termination()
     assert job.query.exception() is None
     assert read_dead_letters(dead_letter_uri(uri)).num_rows == 0
-    totals = job.sink.totals()
+    totals = job.reports.totals()
     assert totals.get("dead_letters", 0) == 0 and totals.get("skipped", 0) == tombstones
     got = {r["id"]: r for r in readers.open(uri).scan().to_pylist()}
     want = {k: canonical(v) for k, v in model.items()}

@@ -17,7 +17,7 @@ from memwal.cli import main
 from memwal.errors import InvalidArgumentError
 from memwal.io import LocalFileIO, ObjectStoreFileIO
 from memwal.wal import wal_positions
-from memwal.writer import ShardWriterPool
+from memwal.write.pool import ShardWriterPool
 
 
 def pool(uri: str, durability: str | None = None) -> tuple[ShardWriterPool, CountingIO, str]:

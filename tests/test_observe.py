@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import PEOPLE, people
+from helpers import PEOPLE, people, run_sink_batch
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from test_wal_gaps import remove_entry, stranded
@@ -256,10 +256,7 @@ def test_the_sink_stages_carry_kafka_timestamps_and_never_a_tables_own_timestamp
     import pyarrow as pa
 
     from memwal.streaming import SinkOptions
-    from memwal.streaming.dead_letters import dead_letter_uri
-    from memwal.streaming.prepare import Prepare
-    from memwal.streaming.worker import WORKER
-    from memwal.streaming.write_task import Write
+    from memwal.write.worker import WORKER
 
     schema = pa.schema([("event_id", pa.int64()), ("timestamp", pa.timestamp("us", tz="UTC")), ("kind", pa.string())])
     uri = str(tmp_path / "events")
@@ -278,17 +275,15 @@ def test_the_sink_stages_carry_kafka_timestamps_and_never_a_tables_own_timestamp
                     "timestamp": pa.array([t0 - 86_400_000] * 20, pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC")),
                     "kind": ["view"] * 20}).cast(schema)
 
-    def summaries(options: SinkOptions, data: pa.Table, batch_id: int) -> list[dict]:
-        exchange = list(Prepare(uri, options)(iter(data.to_batches())))
-        return pa.Table.from_batches(list(Write(uri, options, batch_id, dead_letter_uri(uri))(iter(exchange)))).to_pylist()
-
     try:
-        rows = summaries(SinkOptions(source="kafka-json", max_write_tasks=1, flush_interval_seconds=None, writer_process=False), kafka, 0)
-        assert sum(r["rows"] for r in rows) == 20
-        assert [(r["min_timestamp_ms"], r["max_timestamp_ms"]) for r in rows if r["min_timestamp_ms"] is not None] == [(t0, t0 + 19_000)]
-        rows = summaries(SinkOptions(source="columns", max_write_tasks=1, flush_interval_seconds=None, writer_process=False), own, 1)
-        assert sum(r["rows"] for r in rows) == 20
-        assert all(r["min_timestamp_ms"] is None and r["max_timestamp_ms"] is None for r in rows)
+        report = run_sink_batch(uri, SinkOptions(source="kafka-json", max_write_tasks=1, flush_interval_seconds=None, writer_process=False),
+                                kafka, 0)
+        assert report.rows == 20
+        assert (report.oldest_record_ms, report.newest_record_ms) == (t0, t0 + 19_000)
+        report = run_sink_batch(uri, SinkOptions(source="columns", max_write_tasks=1, flush_interval_seconds=None, writer_process=False),
+                                own, 1)
+        assert report.rows == 20
+        assert report.oldest_record_ms is None and report.newest_record_ms is None
     finally:
         WORKER.clear()
     from memwal.readers import Reader

@@ -71,7 +71,7 @@ def test_ingest_metrics_during_an_ingest_equal_what_was_produced(spark, kafka, t
 
         final = scrape(server.url)
 
-    totals = job.sink.totals()
+    totals = job.reports.totals()
     assert value(final, "memwal_ingest_records_total") == len(produced) == totals["rows"]
     assert value(final, "memwal_ingest_dead_letters_total") == len(bad)
     assert value(final, "memwal_ingest_upserts_total") == totals["upserts"] > 0

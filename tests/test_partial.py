@@ -293,17 +293,15 @@ def _kafka_batch(values: list[dict | None], first_offset: int) -> pa.Table:
     })
 
 
-def _run_stages(uri: str, options, batch: pa.Table, batch_id: int) -> list[dict]:
-    from memwal.streaming.dead_letters import dead_letter_uri
-    from memwal.streaming.sink import Prepare, Write
+def _run_stages(uri: str, options, batch: pa.Table, batch_id: int):
+    from helpers import run_sink_batch
 
-    exchange = list(Prepare(uri, options)(iter(batch.to_batches())))
-    return pa.Table.from_batches(list(Write(uri, options, batch_id, dead_letter_uri(uri))(iter(exchange)))).to_pylist()
+    return run_sink_batch(uri, options, batch, batch_id)
 
 
 def test_sink_stages_fold_json_records_and_a_replayed_batch_changes_nothing(table_uri):
     from memwal.streaming import SinkOptions
-    from memwal.streaming.worker import WORKER
+    from memwal.write.worker import WORKER
 
     with Table.create(table_uri, SCHEMA, PK, "bucket(id, 2)") as t:
         t.write([{"id": i, "name": f"n{i}", "score": float(i), "vec": [1.0, 1.0]} for i in range(3)])
@@ -314,12 +312,12 @@ def test_sink_stages_fold_json_records_and_a_replayed_batch_changes_nothing(tabl
     ], 0)
     second = _kafka_batch([{"id": 7, "score": 7.0}, {"id": 0, "op": "delete"}], 7)
     try:
-        summaries = _run_stages(table_uri, options, first, 0)
+        report = _run_stages(table_uri, options, first, 0)
         _run_stages(table_uri, options, first, 0)  # a replay of the same batch after a crash
         _run_stages(table_uri, options, second, 1)
     finally:
         WORKER.clear()
-    assert sum(s["dead_letters"] for s in summaries) == 1
+    assert report.dead_letters == 1
     assert rows_of(Table.open(table_uri)) == {
         1: {"id": 1, "name": None, "score": 1.0, "vec": [3.0, 3.0]},
         2: {"id": 2, "name": None, "score": 2.5, "vec": None},
@@ -376,6 +374,6 @@ def test_ingest_partial_json_records_end_to_end(spark, kafka, tmp_path, kafka_so
         5: {"id": 5, "name": "n5", "score": 5.0, "vec": [1.0, 1.0]},
         9: {"id": 9, "name": "new", "score": 9.0, "vec": None},
     }
-    from memwal.streaming.dead_letters import dead_letter_uri, read_dead_letters
+    from memwal.write.dead_letters import dead_letter_uri, read_dead_letters
 
     assert [d["key"] for d in read_dead_letters(dead_letter_uri(uri)).to_pylist()] == [b"nokey"]

@@ -22,7 +22,7 @@ from memwal import Table, jvm, readers
 from memwal.state import TableState
 from memwal.storage import ENVIRONMENT_VARIABLES, StorageConfig
 from memwal.streaming import SinkOptions, ingest
-from memwal.streaming.dead_letters import dead_letter_uri, read_dead_letters
+from memwal.write.dead_letters import dead_letter_uri, read_dead_letters
 from memwal.streaming.sink import Prepare, Write
 
 
@@ -68,7 +68,7 @@ def test_ingest_into_an_s3_table_equals_the_model(spark, kafka, s3_server, tmp_p
     )
     job.await_termination()
     assert job.query.exception() is None
-    totals = job.sink.totals()
+    totals = job.reports.totals()
     assert totals["batches"] >= 3 and totals["dead_letters"] == 1
 
     state = TableState.load(uri, opts)

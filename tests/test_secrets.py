@@ -29,7 +29,7 @@ from memwal import Table, jvm
 from memwal.io import file_io_for
 from memwal.state import TableState
 from memwal.storage import ENVIRONMENT_VARIABLES, StorageConfig
-from memwal.streaming.dead_letters import dead_letter_uri, read_dead_letters
+from memwal.write.dead_letters import dead_letter_uri, read_dead_letters
 
 # soak: 230-270 s a run on the loaded 2-core machine (a dozen CLI processes and a Spark ingest), so it
 # runs with the long soak (make soak-tests), not in the default suite.

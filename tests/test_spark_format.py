@@ -214,7 +214,7 @@ def test_kafka_into_write_stream_equals_the_model_also_after_a_kill(kafka, tmp_p
     from brokers import produce
     from helpers import workload
 
-    from memwal.streaming.dead_letters import dead_letter_uri, read_dead_letters
+    from memwal.write.dead_letters import dead_letter_uri, read_dead_letters
 
     vec_schema = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.float64()), ("vec", pa.list_(pa.float32(), 4))])
     topic = f"fmt-{time.monotonic_ns()}"

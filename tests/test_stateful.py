@@ -21,7 +21,7 @@ from memwal import StaleCompactionError, Table, WriterConfig, readers
 from memwal.compactor import Compactor
 from memwal.metadata import Bounds
 from memwal.state import TableState
-from memwal.writer import ShardWriterPool
+from memwal.write.pool import ShardWriterPool
 from memwal.gc import GarbageCollector, GcConfig
 from memwal.indexes import IndexMaintainer
 

@@ -13,15 +13,15 @@ import time
 import pyarrow as pa
 import pytest
 from brokers import produce
-from helpers import approx, table_rows, workload
+from helpers import approx, run_sink_batch, table_rows, workload
 
 from memwal import Table, readers
 from memwal.failpoints import DIR_ENV, ENV
 from memwal.metadata import Bounds
 from memwal.streaming import SinkOptions, ingest
-from memwal.streaming.dead_letters import dead_letter_uri, read_dead_letters
-from memwal.streaming.sink import Prepare, Write, partition_keys
-from memwal.streaming.worker import WORKER
+from memwal.write.dead_letters import dead_letter_uri, read_dead_letters
+from memwal.streaming.sink import partition_keys
+from memwal.write.worker import WORKER
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -53,7 +53,7 @@ def test_ingest_end_to_end_equals_the_model(spark, kafka, tmp_path, kafka_source
     job.await_termination()
     assert job.kafka_source == kafka_source
     assert job.query.exception() is None
-    totals = job.sink.totals()
+    totals = job.reports.totals()
     assert totals["batches"] >= 3 and totals["dead_letters"] == 0
     assert approx(table_rows(uri)) == approx(model)  # eventual: the end of the query flushed everything
     assert len(Table.open(uri).manifests.list_shards()) == 4
@@ -97,7 +97,7 @@ def test_dead_letters_of_a_mixed_stream(spark, kafka, tmp_path, kafka_source):
     assert job.query.exception() is None
     assert approx(table_rows(uri)) == approx(model)  # every good record arrived
     dlq = read_dead_letters(dead_letter_uri(uri)).to_pylist()
-    assert len(dlq) == len(bad) == job.sink.totals()["dead_letters"]
+    assert len(dlq) == len(bad) == job.reports.totals()["dead_letters"]
     assert {(d["topic"], d["partition"], d["offset"]) for d in dlq} == coords
     errors = {d["key"]: d["error"] for d in dlq}
     assert "not valid JSON" in errors[b"b1"]
@@ -132,7 +132,7 @@ def test_sequence_field_orders_versions(spark, kafka, tmp_path, kafka_source):
     job.await_termination()
     got = {r["id"]: (r["v"], r["version"]) for r in readers.open(uri).scan().to_pylist()}
     assert got == {1: ("new", 5), 2: ("b", 2)}
-    assert job.sink.totals()["stale_dropped"] == 1
+    assert job.reports.totals()["stale_dropped"] == 1
 
 
 def test_partition_keys_map_each_shard_to_its_own_task(spark):
@@ -161,7 +161,7 @@ def test_small_micro_batches_run_in_one_stage_and_equal_the_model(spark, kafka, 
     )
     job.await_termination()
     assert job.query.exception() is None
-    reports = job.sink.reports
+    reports = job.reports.reports
     assert [r.stages for r in reports] == [2] + [1] * (len(reports) - 1)
     assert sum(r.rows for r in reports) == len(records) and len(reports) >= 5
     assert approx(table_rows(uri)) == approx(model)
@@ -193,14 +193,13 @@ def test_a_task_writing_several_shards_counts_each_writer_open_once(tmp_path):
     options = SinkOptions(source="columns", max_write_tasks=1, flush_interval_seconds=None, writer_process=False)
     rows = pa.table({"id": list(range(400)), "name": [f"n{i}" for i in range(400)],
                      "score": [float(i) for i in range(400)], "vec": [[1.0, 2.0, 3.0, 4.0]] * 400}).cast(SCHEMA)
-    exchange = list(Prepare(uri, options)(iter(rows.to_batches())))
     try:
-        summaries = pa.Table.from_batches(list(Write(uri, options, 0, dead_letter_uri(uri))(iter(exchange)))).to_pylist()
+        report = run_sink_batch(uri, options, rows, 0)
     finally:
         WORKER.clear()
-    assert len(summaries) == 4 and sum(s["upserts"] for s in summaries) == 400
-    assert [s["writer_opens"] for s in summaries] == [1, 1, 1, 1]
-    assert sum(s["fenced_retries"] for s in summaries) == 0
+    assert report.shards == 4 and report.upserts == 400
+    assert report.writer_opens == 4
+    assert report.fenced_retries == 0
     assert approx(table_rows(uri)) == approx({r["id"]: r for r in rows.to_pylist()})
 
 
@@ -240,7 +239,7 @@ def ingest_to_failpoint(kafka, tmp_path, name: str, records: int, keys: int, see
 def test_sigkill_mid_batch_then_restart_from_checkpoint(kafka, tmp_path):
     # Pause in a write task of micro-batch 2, after it wrote a shard: two batches are
     # committed, the third is half written. Then kill the whole driver process tree.
-    p, uri, ckpt, topic, model = ingest_to_failpoint(kafka, tmp_path, "crash", 8000, 1000, 3, "sink.wrote.batch-2=pause")
+    p, uri, ckpt, topic, model = ingest_to_failpoint(kafka, tmp_path, "crash", 8000, 1000, 3, "write.wrote.batch-2=pause")
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
     assert p.returncode == -signal.SIGKILL
@@ -261,7 +260,7 @@ def test_a_query_stopped_mid_batch_stops_cleanly_and_a_restart_completes_the_tab
     with a regex that recursed once per character of the Java stack trace it used to carry, and
     overflowed the stream thread's stack), the process exits cleanly, and a restart from the
     checkpoint completes the table."""
-    p, uri, ckpt, topic, model = ingest_to_failpoint(kafka, tmp_path, "stop", 6000, 800, 5, "sink.wrote.batch-1=wait")
+    p, uri, ckpt, topic, model = ingest_to_failpoint(kafka, tmp_path, "stop", 6000, 800, 5, "write.wrote.batch-1=wait")
     p.send_signal(signal.SIGINT)  # memwal ingest stops its query on Ctrl-C
     out, err = p.communicate(timeout=300)
     assert p.returncode == 0, err.decode()[-3000:]
@@ -298,8 +297,8 @@ def test_two_concurrent_queries_on_the_same_shard(spark, kafka, tmp_path):
     # shard's epoch), until this query has written everything; then its cached writer is stale.
     marker_dir = tmp_path / "markers"
     marker_dir.mkdir()
-    marker = marker_dir / "sink.wrote.batch-3"
-    other = ingest_cli(uri, str(tmp_path / "ckpt-b"), kafka, topics[1], {ENV: "sink.wrote.batch-3=wait", DIR_ENV: str(marker_dir)}, *cli_args)
+    marker = marker_dir / "write.wrote.batch-3"
+    other = ingest_cli(uri, str(tmp_path / "ckpt-b"), kafka, topics[1], {ENV: "write.wrote.batch-3=wait", DIR_ENV: str(marker_dir)}, *cli_args)
     err_lines: list[bytes] = []
 
     def drain_stderr():
@@ -330,7 +329,7 @@ def test_two_concurrent_queries_on_the_same_shard(spark, kafka, tmp_path):
     other.wait(timeout=300)
     reader.join(60)
     err = b"".join(err_lines).decode()
-    fenced = job.sink.totals().get("fenced_retries", 0)
+    fenced = job.reports.totals().get("fenced_retries", 0)
     fenced += sum(int(line.split(" fenced retr")[0].rsplit(", ", 1)[1]) for line in err.splitlines() if " fenced retr" in line)
     assert fenced > 0 or failed_here or other.returncode  # they really did take the shard from each other
     for failure in (failed_here, err if other.returncode else None):

@@ -25,7 +25,7 @@ from memwal import (
     WriterConfig,
     readers,
 )
-from memwal.writer import ShardWriterPool
+from memwal.write.pool import ShardWriterPool
 
 
 def live(uri: str) -> dict:

@@ -27,7 +27,7 @@ from memwal.failpoints import EXIT_CODE
 from memwal.upgrade import UPGRADE_DIR, UpgradeBlockedError, plan_upgrade, purge_upgrades, upgrade
 from memwal.views import View
 from memwal.views.layout import ROW_ID
-from memwal.writer_lease import WriterLease
+from memwal.write.lease import WriterLease
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)

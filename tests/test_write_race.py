@@ -12,7 +12,7 @@ it writes; writer B (a ``Table`` in another process, which has no failpoint arme
 the same key to completion; then A goes on. Whatever A and B did, the table must end as if
 they had run one after the other, B first: B's write was acknowledged before A's.
 
-Before the write path's one protocol (memwal.writepath), ``Table``'s partial write read the
+Before the write path's one protocol (memwal.write.protocol), ``Table``'s partial write read the
 stored row before it claimed the shard and wrote its decision through a new claim when
 fenced: this test failed on it at once (B inserts ``name='a'``; A's partial ``{balance: None}``,
 decided from "not stored", wrote ``name=None``).

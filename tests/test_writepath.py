@@ -1,4 +1,4 @@
-"""The write path (memwal.writepath) against a simple model: records applied one by one.
+"""The write path (memwal.write.protocol) against a simple model: records applied one by one.
 
 A batch of records for one shard (upserts and deletes, full or partial, with a sequence
 field and an arrival order, stale records dropped against what is stored) must leave the
@@ -24,7 +24,7 @@ from memwal.partial import presence_of_dicts, presence_type
 from memwal.routing import route
 from memwal.schema import conform
 from memwal.state import TableState
-from memwal.writepath import ShardRecords, TableWriter, WriteMode
+from memwal.write.protocol import ShardRecords, TableWriter, WriteMode
 
 SCHEMA = pa.schema(
     [

@@ -12,8 +12,8 @@ from memwal import Table, readers
 from memwal.failpoints import DIR_ENV as FAILPOINT_DIR_ENV
 from memwal.failpoints import ENV as FAILPOINTS_ENV
 from memwal.maintenance import Maintenance, MaintenanceConfig
-from memwal.writer import _keeps_claiming
-from memwal.writer_lease import WriterLease
+from memwal.write.pool import _keeps_claiming
+from memwal.write.lease import WriterLease
 
 ONLY_STRANDED = MaintenanceConfig(flush_stranded_after_seconds=0, compact=False, indexes=False, gc=False, views=False)
 

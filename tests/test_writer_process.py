@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import signal
 import socket
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pyarrow as pa
@@ -24,9 +26,10 @@ from memwal.errors import TableNotFoundError, WriterProcessError
 from memwal.failpoints import DIR_ENV as FAILPOINT_DIR_ENV
 from memwal.failpoints import ENV as FAILPOINT_ENV
 from memwal.streaming import SinkOptions
-from memwal.streaming.dead_letters import dead_letter_uri
+from memwal.write.dead_letters import dead_letter_uri
 from memwal.streaming.sink import Prepare, Write
-from memwal.streaming.writer_process import DIR_ENV, Endpoint
+from memwal.streaming.write_task import MESSAGE
+from memwal.write.process import DIR_ENV, Endpoint, ProcessShards
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
 OPTIONS = SinkOptions(source="columns", max_write_tasks=1, flush_interval_seconds=None, writer_process=True,
@@ -84,9 +87,12 @@ def rows_of(ids: range, tag: str) -> pa.Table:
 
 
 def write_batch(uri: str, batch_id: int, rows: pa.Table, options: SinkOptions = OPTIONS) -> list[dict]:
-    """One micro-batch's prepare and write stages, as Spark runs them in a worker."""
+    """One micro-batch's prepare and write stages, as Spark runs them in a worker: what each
+    shard's write did (its result, and ``pid``: the process that wrote it)."""
     exchange = list(Prepare(uri, options)(iter(rows.to_batches())))
-    return pa.Table.from_batches(list(Write(uri, options, batch_id, dead_letter_uri(uri))(iter(exchange)))).to_pylist()
+    out = list(Write(uri, options, batch_id, dead_letter_uri(uri))(iter(exchange)))
+    message = pickle.loads(out[0].column(MESSAGE)[0].as_py()).message
+    return [{**asdict(s), "pid": int(s.writer.rsplit(":", 1)[1])} for s in message.shards]
 
 
 def stored(uri: str) -> dict[int, str]:
@@ -113,10 +119,10 @@ def test_writes_through_the_writer_process_and_keep_the_writers(socket_dir, tabl
 
 def test_an_error_keeps_its_class(socket_dir, table_uri):
     Table.create(table_uri, SCHEMA, ["id"], "bucket(id, 1)").close()
-    exchange = list(Prepare(table_uri, OPTIONS)(iter(rows_of(range(10), "a").to_batches())))
+    records = Table.open(table_uri).writer.route(rows_of(range(10), "a").cast(Table.open(table_uri).write_schema))
     missing = str(Path(table_uri).parent / "missing")
-    with pytest.raises(TableNotFoundError):
-        list(Write(missing, OPTIONS, 0, dead_letter_uri(missing))(iter(exchange)))
+    with pytest.raises(TableNotFoundError):  # raised in the writer process, raised again here
+        ProcessShards(missing).write(records)
     # the server survived the failed request
     assert _alive(server_pid())
     assert sum(s["upserts"] for s in write_batch(table_uri, 1, rows_of(range(10), "b"))) == 10
@@ -137,13 +143,13 @@ def test_a_killed_writer_process_is_replaced_and_loses_no_acknowledged_row(socke
     # Killed in the middle of a write: the task fails with WriterProcessError (Spark retries it).
     markers = tmp_path / "failpoints"
     markers.mkdir()
-    monkeypatch.setenv(FAILPOINT_ENV, "sink.wrote.batch-2=pause")
+    monkeypatch.setenv(FAILPOINT_ENV, "write.wrote.batch-2=pause")
     monkeypatch.setenv(FAILPOINT_DIR_ENV, str(markers))
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(write_batch, table_uri, 2, rows_of(range(400, 500), "c"))
-        marker = markers / "sink.wrote.batch-2"
+        marker = markers / "write.wrote.batch-2"
         while not marker.exists():
             assert not pending.done(), pending.exception()
             time.sleep(0.05)
@@ -153,7 +159,7 @@ def test_a_killed_writer_process_is_replaced_and_loses_no_acknowledged_row(socke
             pending.result()
         _wait_dead(paused, Endpoint.for_environment())
     # the retried task (a new server in the same environment) writes the batch again
-    monkeypatch.setenv(FAILPOINT_ENV, "sink.wrote.batch-99=pause")
+    monkeypatch.setenv(FAILPOINT_ENV, "write.wrote.batch-99=pause")
     write_batch(table_uri, 2, rows_of(range(400, 500), "c"))
     assert stored(table_uri) == {**{i: f"a{i}" for i in range(300)}, **{i: f"b{i}" for i in range(300, 400)},
                                  **{i: f"c{i}" for i in range(400, 500)}}
@@ -234,7 +240,7 @@ def test_spark_write_tasks_moving_between_workers_claim_each_shard_once(spark, k
     )
     job.await_termination()
     assert job.query.exception() is None
-    totals = job.sink.totals()
+    totals = job.reports.totals()
     assert totals["batches"] >= 6
     assert approx(table_rows(uri)) == approx(model)  # the end of the query flushed everything
     assert totals["writer_opens"] == len(Table.open(uri).manifests.list_shards()) == 4

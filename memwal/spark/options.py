@@ -96,6 +96,10 @@ class FormatOptions:
     op_field: str | None = "op"
     #: With "avro": the writer schema (the text of an ``.avsc``).
     avro_schema: str | None = None
+    #: With "avro": values carry Confluent's header with this schema id (others are dead letters).
+    avro_schema_id: int | None = None
+    #: With "avro": values carry Confluent's header; writer schemas come from this registry URL.
+    schema_registry: str | None = None
     #: Rows larger than this go to the dead-letter table.
     max_row_bytes: int = 8 << 20
     #: Dead-letter table (default ``{table}_dead_letters``).
@@ -104,6 +108,11 @@ class FormatOptions:
     flush_interval_seconds: float | None = 2.0
     #: "os" or "fsync" for this query's writes (None: the table's default).
     durability: str | None = None
+    #: Seconds without writes after which an executor's writer process exits (None: its default).
+    writer_process_idle_seconds: float | None = None
+    #: Streaming: a directory where each micro-batch's commit leaves its report as JSON
+    #: (``<batch id>.json``), for a listener in the query's own process (``memwal ingest``).
+    report_dir: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, environ: Mapping[str, str] | None = None) -> "FormatOptions":
@@ -125,8 +134,10 @@ class FormatOptions:
             f = names.get(key.replace("_", ""))
             if f is None or f.name in ("path", "storage"):
                 continue  # options of Spark's own (checkpointLocation, ...) and unknown keys
-            if f.name in ("version", "rows_per_partition", "max_row_bytes", "ending_version"):
+            if f.name in ("version", "rows_per_partition", "max_row_bytes", "ending_version", "avro_schema_id"):
                 out[f.name] = _int(key, text)
+            elif f.name == "writer_process_idle_seconds":
+                out[f.name] = _float(key, text)
             elif f.name in ("drop_stale", "read_change_feed"):
                 out[f.name] = _bool(key, text)
             elif f.name == "flush_interval_seconds":

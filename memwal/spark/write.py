@@ -1,35 +1,40 @@
 """Writing through ``format("memwal")``: batch (``df.write``) and streaming (``df.writeStream``).
 
-Spark's Python data source API runs a writer's ``write`` once per input partition on the
-executors and ``commit`` once on the driver, and gives a writer no say in how rows are
-partitioned: a shard's rows arrive in every task. A shard has one writer at a time (a second
-one fences the first), so the tasks do not write shards. Each task does what the Spark sink's
-prepare stage does (:class:`~memwal.streaming.prepare.Prepare`: decode Kafka records or take
-the table's columns, validate, route to shards, order, separate dead letters) and returns
-its routed rows in its commit message, in the sink's wire format
-(:mod:`memwal.streaming.exchange`). ``commit`` then writes every shard once through the write
-path (:mod:`memwal.writepath`, via the sink's :class:`~memwal.streaming.worker.ShardJob`):
+Spark's Python data source API runs a writer's ``write`` once per input partition, inside the
+task that produced the rows (for a Kafka scan: the task that read them, as Arrow batches), and
+``commit`` once on the driver with every task's commit message. memwal's writer uses that shape
+as it is, through the one write API (:mod:`memwal.write.api`):
 
-- a batch write in the commit's own process, flushing every shard before it returns (the
-  rows are visible to every reader when ``save`` returns);
-- a micro-batch through the driver host's writer process
-  (:mod:`memwal.streaming.writer_process`), whose shard writers live across micro-batches
-  (a commit runs in a new Python process each time, which would claim every shard and replay
-  its WAL per micro-batch), flushing each shard at most every ``flushIntervalSeconds``.
+- **write**, in each task: every Arrow batch is decoded and checked (Kafka records), or taken
+  as the table's columns, and routed to shards, as the sink's prepare stage does
+  (:class:`~memwal.streaming.prepare.Prepare`), then written
+  (:meth:`TableWrite.prepare <memwal.write.api.TableWrite.prepare>`) through the executor's
+  writer process (:mod:`memwal.write.process`): one process per executor keeps the shard
+  writers resident and shared by the executor's tasks, so two tasks writing one shard never
+  fence each other. While a batch is written the next one is read and decoded. The task's
+  message carries counters and its dead letters only: **one stage, no rows through the driver.**
+- **commit**, on the driver: the dead letters are recorded and the report logged
+  (:meth:`TableWrite.commit <memwal.write.api.TableWrite.commit>`); a batch write also
+  flushes every shard it wrote, so the rows are visible to every reader when ``save`` returns.
 
-Exactly once: Spark commits a micro-batch id at most once in its log, and replays an
-uncommitted one with the same input. A replayed commit writes the same newest record per key
-again (upserts and deletes are idempotent; the order within the micro-batch decides), and
-dead letters are keyed by their Kafka coordinates, so the table ends as if it ran once.
+Order: a task writes its batches in the order it read them, so a key's records from one Kafka
+partition are applied in offset order (within one written batch the newest per key wins, by
+the sequence column when there is one). Kafka orders nothing across partitions, and neither do
+two tasks running at once: a topic that spreads one key over partitions needs a sequence column
+with ``dropStale`` (the highest sequence wins, whatever the order), as docs/formats.md says.
+
+Exactly once: Spark commits a micro-batch id at most once in its log and replays an
+uncommitted one with the same input. Writes are idempotent (upserts and deletes), so a replayed
+micro-batch leaves every key at its newest record again, and dead letters are keyed by their
+Kafka coordinates: the table ends as if each micro-batch ran once.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -39,8 +44,9 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from memwal.errors import InvalidArgumentError
 from memwal.feed import CHANGE_TYPE
 from memwal.spark.options import FormatOptions
-from memwal.streaming.exchange import PART, SHARD, SHARDS_KEY, from_payload, to_payload
+from memwal.streaming.exchange import PART
 from memwal.streaming.options import SinkOptions
+from memwal.write.api import TableWrite, WriteBatch, WriteMessage, WriteReport
 
 log = logging.getLogger("memwal.spark")
 
@@ -87,7 +93,9 @@ def sink_options(opts: FormatOptions, columns: list[str], table_columns: list[st
         value_format=opts.value_format,
         avro_schema=opts.avro_schema,
         durability=opts.durability,
-        writer_process=streaming,
+        avro_schema_id=opts.avro_schema_id,
+        schema_registry=opts.schema_registry,
+        writer_process_idle_seconds=opts.writer_process_idle_seconds,
     )
 
 
@@ -105,135 +113,97 @@ def feed_rows(data: pa.Table) -> pa.Table:
 
 
 @dataclass
-class PreparedTask(WriterCommitMessage):
-    """One write task's rows, routed (the sink's wire format) and its dead letters: the commit
-    message it sends to the driver (pickled, so plain bytes and numbers)."""
+class TaskMessage(WriterCommitMessage):
+    """A write task's commit message: what it wrote (:class:`~memwal.write.api.WriteMessage`)."""
 
-    payload: bytes | None = None
-    dead: bytes | None = None
-    rows: int = 0
-    skipped: int = 0
-    seconds: float = 0.0
-
-    @property
-    def dead_letters(self) -> int:
-        return 0 if self.dead is None else from_payload(self.dead).num_rows
+    message: WriteMessage
 
 
-def prepare_task(uri: str, opts: FormatOptions, sink: SinkOptions, batches: Iterator[pa.RecordBatch]) -> PreparedTask:
-    """Decode, validate and route one task's input (run on an executor)."""
+def _batch_label() -> str:
+    """The micro-batch a task belongs to ("batch-7"), from Spark's local property; "" outside streams."""
     from pyspark import TaskContext
 
-    from memwal.streaming.prepare import Prepare
-    from memwal.streaming.worker import WORKER
+    ctx = TaskContext.get()
+    batch = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
+    return f"batch-{batch}" if batch is not None else ""
 
-    t0 = time.perf_counter()
+
+def write_task(uri: str, opts: FormatOptions, sink: SinkOptions, batches: Iterator[pa.RecordBatch]) -> TaskMessage:
+    """Decode, check, route and write one task's input (run in the task that produced it)."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    from pyspark import TaskContext
+
+    from memwal.streaming.prepare import Prepare, timestamp_range
+    from memwal.streaming.write_task import shard_writes
+    from memwal.write.wire import shard_records
+    from memwal.write.worker import WORKER
+
     state = WORKER.table(uri, opts.storage).state
     prepare = Prepare(uri, sink, opts.storage)
+    write = TableWrite(state, sink.write_mode(), shards=shard_writes(uri, sink, opts.storage))
     ctx = TaskContext.get()
     task = ctx.partitionId() if ctx is not None else 0
-    routed: list[pa.Table] = []
-    dead: list[pa.Table] = []
-    shards: dict[str, Any] = {}
-    first = skipped = 0
-    for batch in batches:
-        if batch.num_rows == 0:
-            continue
-        data = pa.Table.from_batches([batch])
-        if sink.op_field == CHANGE_TYPE:
-            data = feed_rows(data)
-        if sink.op_field == _OPERATION:
-            data = data.append_column(_OPERATION, pa.array(["delete"] * data.num_rows, pa.string()))
-        p = prepare.prepare(state, data, task, first, 1)
-        first += data.num_rows
-        skipped += p.skipped
-        if p.rows.num_rows:
-            routed.append(p.rows.drop_columns([PART]))
-            shards.update(p.shards)
-        if p.dead.num_rows:
-            dead.append(p.dead)
-    out = PreparedTask(rows=first, skipped=skipped)
-    if routed:
-        rows = pa.concat_tables(routed)
-        meta = {SHARDS_KEY: json.dumps({sid: list(v) for sid, v in shards.items()}).encode()}
-        out.payload = to_payload(rows.replace_schema_metadata(meta))
-    if dead:
-        out.dead = to_payload(pa.concat_tables(dead))
-    out.seconds = time.perf_counter() - t0
-    return out
+    label = _batch_label()
+    message = WriteMessage()
+    first = 0
+    pending: Future[WriteMessage] | None = None
+    # One batch written while the next is read and prepared: the writer process writes while
+    # this process decodes. One at a time, so the task's batches are applied in order.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="memwal-task-write") as writer:
+        it = iter(batches)
+        while True:
+            t0 = time.perf_counter()
+            batch = next(it, None)
+            t1 = time.perf_counter()
+            if batch is None:
+                break
+            if batch.num_rows == 0:
+                continue
+            data = pa.Table.from_batches([batch])
+            if sink.op_field == CHANGE_TYPE:
+                data = feed_rows(data)
+            if sink.op_field == _OPERATION:
+                data = data.append_column(_OPERATION, pa.array(["delete"] * data.num_rows, pa.string()))
+            p = prepare.prepare(state, data, task, first, 1)
+            first += data.num_rows
+            lo, hi = timestamp_range(batch) if sink.source != "columns" else (None, None)
+            prepared = WriteBatch(shard_records(p.rows.drop_columns([PART]), state.write_schema, p.shards), p.dead, p.skipped,
+                                  t1 - t0, time.perf_counter() - t1, lo, hi)
+            if pending is not None:
+                message = message.merge(pending.result())
+            pending = writer.submit(write.prepare, prepared, label=label)
+        if pending is not None:
+            message = message.merge(pending.result())
+    return TaskMessage(message)
 
 
-@dataclass
-class CommitReport:
-    """What one write or micro-batch did (logged on the driver, one line)."""
+def commit(uri: str, opts: FormatOptions, sink: SinkOptions, messages: list[Any], batch_id: int | None) -> WriteReport:
+    """Commit a write (``batch_id`` None: flush every shard written) or a micro-batch."""
+    from memwal.write.worker import WORKER
 
-    batch_id: int | None
-    rows: int = 0
-    upserts: int = 0
-    deletes: int = 0
-    stale_dropped: int = 0
-    dead_letters: int = 0
-    skipped: int = 0
-    shards: int = 0
-    fenced_retries: int = 0
-    writer_opens: int = 0
-    flushes: int = 0
-    seconds: float = 0.0
-    task_seconds: list[float] = field(default_factory=list)
-
-    def line(self) -> str:
-        what = "write" if self.batch_id is None else f"micro-batch {self.batch_id}"
-        return (f"format(memwal) {what}: {self.rows} rows ({self.upserts} upserts, {self.deletes} deletes"
-                + (f", {self.stale_dropped} stale" if self.stale_dropped else "")
-                + f") into {self.shards} shard(s), {self.dead_letters} dead letter(s), {self.fenced_retries} fenced retries, "
-                f"{self.writer_opens} writer open(s), {self.flushes} flush(es), {self.seconds:.3f}s")
-
-
-def commit(uri: str, opts: FormatOptions, sink: SinkOptions, messages: list[Any], batch_id: int | None) -> CommitReport:
-    """Write every shard of a write (``batch_id`` None) or a micro-batch, from its tasks' messages."""
-    from memwal.streaming.dead_letters import dead_letter_rows, dead_letter_uri, write_dead_letters
-    from memwal.streaming.worker import WORKER, ShardJob
-
-    t0 = time.perf_counter()
-    report = CommitReport(batch_id)
-    tasks = [m for m in messages if isinstance(m, PreparedTask)]
-    routed = [from_payload(m.payload) for m in tasks if m.payload]
-    dead = [from_payload(m.dead) for m in tasks if m.dead]
-    report.skipped = sum(m.skipped for m in tasks)
-    report.task_seconds = [m.seconds for m in tasks]
-    label = batch_id if batch_id is not None else -1
-    if dead:
-        bad = pa.concat_tables(dead)
-        write_dead_letters(sink.dead_letter_uri or dead_letter_uri(uri), dead_letter_rows(bad, label, uri), opts.storage)
-        report.dead_letters = bad.num_rows
-    if routed:
-        shards: dict[str, tuple[Any, ...]] = {}
-        for t in routed:
-            shards.update((sid, tuple(v)) for sid, v in json.loads(t.schema.metadata[SHARDS_KEY]).items())
-        rows = pa.concat_tables([t.replace_schema_metadata(None) for t in routed])
-        job = ShardJob(uri, sink, label, opts.storage)
-        if sink.writer_process:
-            from memwal.streaming.writer_process import client
-
-            run = client().write_shard
-            results = [run(job, sid, shards[sid], rows.filter(pc.equal(rows.column(SHARD), sid))) for sid in sorted(shards)]
-        else:
-            results = [job.run(sid, shards[sid], rows.filter(pc.equal(rows.column(SHARD), sid))) for sid in sorted(shards)]
-            WORKER.table(uri, opts.storage).writer.flush()  # a batch write is visible to every reader on return
-            report.flushes = len(shards)
-        for r in (s.to_pylist()[0] for s in results):
-            report.rows += r["rows"]
-            report.upserts += r["upserts"]
-            report.deletes += r["deletes"]
-            report.stale_dropped += r["stale_dropped"]
-            report.fenced_retries += r["fenced_retries"]
-            report.writer_opens += r["writer_opens"]
-            report.flushes += int(r["flushed"])
-        report.shards = len(shards)
-    report.rows += report.dead_letters + report.skipped
-    report.seconds = time.perf_counter() - t0
-    log.info("%s", report.line())
+    state = WORKER.table(uri, opts.storage).state
+    write = TableWrite(state, sink.write_mode(), dead_letter_uri=sink.dead_letter_uri)
+    report = write.commit([m.message for m in messages if isinstance(m, TaskMessage)], batch_id, flush=batch_id is None, stages=1)
+    log.info("format(memwal) %s", report.line())
+    if opts.report_dir:
+        publish(report, opts.report_dir)
     return report
+
+
+def publish(report: WriteReport, directory: str) -> None:
+    """Leave a micro-batch's report where the query's listener reads it
+    (:func:`memwal.streaming.ingest.read_report`): the commit runs in a Python process of the
+    driver that is not the one running the query's listener."""
+    import json
+    import os
+
+    os.makedirs(directory, exist_ok=True)
+    name = os.path.join(directory, f"{report.batch_id if report.batch_id is not None else 'write'}.json")
+    tmp = f"{name}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(report.to_dict(), f)
+    os.replace(tmp, name)
 
 
 class BatchWriter(DataSourceArrowWriter):
@@ -242,17 +212,15 @@ class BatchWriter(DataSourceArrowWriter):
     def __init__(self, uri: str, opts: FormatOptions, sink: SinkOptions) -> None:
         self.uri, self.opts, self.sink = uri, opts, sink
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> PreparedTask:
-        return prepare_task(self.uri, self.opts, self.sink, iterator)
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TaskMessage:
+        return write_task(self.uri, self.opts, self.sink, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         commit(self.uri, self.opts, self.sink, list(messages), None)
-        from memwal.streaming.worker import WORKER
-
-        WORKER.clear()  # the commit's process ends: release the shards' writers now
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        """Nothing was written: the tasks only prepared rows."""
+        """What the tasks that finished wrote stays written (and durable); the failed write
+        can be run again, as upserts and deletes are idempotent. Spark raises the task's error."""
 
 
 class StreamWriter(DataSourceStreamArrowWriter):
@@ -261,11 +229,12 @@ class StreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, uri: str, opts: FormatOptions, sink: SinkOptions) -> None:
         self.uri, self.opts, self.sink = uri, opts, sink
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> PreparedTask:
-        return prepare_task(self.uri, self.opts, self.sink, iterator)
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TaskMessage:
+        return write_task(self.uri, self.opts, self.sink, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803 - Spark's name
         commit(self.uri, self.opts, self.sink, list(messages), batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
-        """Nothing was written: the tasks only prepared rows; Spark runs the micro-batch again."""
+        """What the finished tasks wrote stays written: Spark runs the micro-batch again from
+        its offsets, and its writes are idempotent."""

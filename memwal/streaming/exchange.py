@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,57 +21,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal.partial import PRESENT
 from memwal.sharding import ShardingSpec, ShardValues
 from memwal.streaming.options import SinkOptions
+from memwal.write.wire import DELETE, SHARD, SHARDS_KEY, to_payload
 
-# Columns the prepare stage adds (names chosen not to collide with user columns: memwal
-# table columns may not start with "_").
+#: The write partition (task) each routed row goes to; the other internal columns and the
+#: payload format are the write side's (:mod:`memwal.write.wire`).
 PART = "__memwal_part"
-SHARD = "__memwal_shard"
-ORDER = "__memwal_order"
-DELETE = "__memwal_delete"
-ERROR = "__memwal_error"
-TOPIC = "__memwal_topic"
-KPART = "__memwal_kafka_partition"
-OFFSET = "__memwal_offset"
-KEY = "__memwal_key"
-RAW = "__memwal_raw"
-
-#: Kafka offsets fit in 40 bits for a long time (10^12 records per partition).
-OFFSET_BITS = 40
-
-SUMMARY_SCHEMA = pa.schema(
-    [
-        ("shard", pa.string()),
-        ("rows", pa.int64()),
-        ("upserts", pa.int64()),
-        ("deletes", pa.int64()),
-        ("stale_dropped", pa.int64()),
-        ("dead_letters", pa.int64()),
-        ("skipped", pa.int64()),
-        ("fenced_retries", pa.int64()),
-        ("writer_opens", pa.int64()),
-        ("flushed", pa.bool_()),
-        ("seconds", pa.float64()),
-        ("stall_seconds", pa.float64()),
-        ("pid", pa.int64()),
-        # Task-seconds of the micro-batch's phases (see memwal.streaming.timing), carried by
-        # the write task's timing row (shard ""): reading the source and preparing (decode,
-        # validate, route) in the read tasks, waiting for the exchange in the write task.
-        ("read_seconds", pa.float64()),
-        ("prepare_seconds", pa.float64()),
-        ("exchange_seconds", pa.float64()),
-        # Back-pressure: writes the table's bounds delayed or stalled (memwal.writer).
-        ("backpressure_waits", pa.int64()),
-        # The oldest and newest Kafka record timestamp (epoch ms) the task wrote, for the
-        # batch's offset-to-visible latency (memwal.observe); on the timing row like the phases.
-        ("min_timestamp_ms", pa.int64()),
-        ("max_timestamp_ms", pa.int64()),
-    ]
-)
-
-
 
 @functools.lru_cache(maxsize=64)
 def partition_keys(n: int) -> tuple[int, ...]:
@@ -131,47 +86,6 @@ EXCHANGE_SCHEMA = pa.schema(
     ]
 )
 
-#: Schema metadata key of a routed payload: JSON ``{shard id: [shard values...]}`` of the
-#: shards its rows belong to, so the write task need not recompute any shard value.
-SHARDS_KEY = b"memwal.shards"
-
-#: Dead letters inside a payload; partition 0's task records them.
-DEAD_SCHEMA = pa.schema(
-    [
-        pa.field(ORDER, pa.int64()),
-        pa.field(ERROR, pa.string()),
-        pa.field(TOPIC, pa.string()),
-        pa.field(KPART, pa.int32()),
-        pa.field(OFFSET, pa.int64()),
-        pa.field(KEY, pa.binary()),
-        pa.field(RAW, pa.binary()),
-    ]
-)
-
-
-def routed_schema(write_schema: pa.Schema, presence: pa.StructType | None = None) -> pa.Schema:
-    """The schema of routed rows inside a payload: each row's shard id, Kafka order and
-    operation, then the table's columns exactly as writers take them (types, nullability,
-    primary-key metadata), which IPC carries unchanged to the write task; with ``presence``
-    (partial updates), last the columns each record carries (:data:`PRESENT`)."""
-    internal = [pa.field(SHARD, pa.string(), nullable=False), pa.field(ORDER, pa.int64()), pa.field(DELETE, pa.bool_())]
-    tail = [pa.field(PRESENT, presence, nullable=False)] if presence is not None else []
-    return pa.schema(internal + list(write_schema) + tail)
-
-
-def to_payload(rows: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, rows.schema) as w:
-        w.write_table(rows)
-    return sink.getvalue().to_pybytes()
-
-
-def from_payload(data: bytes) -> pa.Table:
-    with pa.ipc.open_stream(data) as r:
-        return r.read_all()
-
-
-
 @dataclass(frozen=True)
 class Prepared:
     """One input batch after the prepare stage."""
@@ -221,21 +135,3 @@ def spark_schema(schema: pa.Schema):
     from pyspark.sql.pandas.types import from_arrow_schema
 
     return from_arrow_schema(schema)
-
-
-
-def with_timing(summary: pa.RecordBatch, timing: dict[str, Any]) -> pa.RecordBatch:
-    """``summary`` with the task's phase timings set (none: unchanged)."""
-    if not timing:
-        return summary
-    row = summary.to_pylist()[0]
-    row.update(timing)
-    return pa.RecordBatch.from_pylist([row], schema=SUMMARY_SCHEMA)
-
-
-def summary(shard: str, **counters: Any) -> pa.RecordBatch:
-    row: dict[str, Any] = {f.name: 0 for f in SUMMARY_SCHEMA}
-    row.update(shard=shard, flushed=False, seconds=0.0, stall_seconds=0.0, pid=os.getpid(), min_timestamp_ms=None, max_timestamp_ms=None)
-    row.update(counters)
-    return pa.RecordBatch.from_pylist([row], schema=SUMMARY_SCHEMA)
-

@@ -13,6 +13,7 @@ from memwal.storage import StorageConfig
 from memwal.streaming.adaptive import AdaptiveSizing, SizeDecision, bound_decision, decision_of
 from memwal.streaming.kafka_source import SHORT_NAME, register
 from memwal.streaming.progress import BatchObserver, BatchProgress, partition_lag
+from memwal.streaming.reports import Reports
 from memwal.streaming.session import default_parallelism
 from memwal.streaming.sink import MemwalSink, SinkOptions
 from memwal.streaming.timing import BatchTiming
@@ -45,19 +46,20 @@ def observed_metrics(progress: Any, name: str = "memwal") -> dict[str, Any]:
 
 
 class MemwalProgressListener(_listener_base()):  # type: ignore[misc]
-    """Joins every ``StreamingQueryProgress`` of a memwal query with the sink's write-side
-    counters (fenced retries, shards, write latency): ``listener.progress[batch_id]``.
+    """Joins every ``StreamingQueryProgress`` of a memwal query with the write side's report
+    of the same micro-batch (fenced retries, shards, write latency): ``listener.progress[batch_id]``.
 
-    Over Spark Connect the listener runs in the client and the sink in the server, so only
-    the query's observed metrics arrive (``"observed"``); ``"sink"`` is None there and the
-    write side's line is in the server's log."""
+    Over Spark Connect the listener runs in the client and the writes commit in the server,
+    so only the query's observed metrics arrive (``"observed"``); ``"sink"`` is None there and
+    the write side's line is in the server's log."""
 
-    def __init__(self, sink: MemwalSink, query_name: str, fixed_sizing: AdaptiveSizing | None = None,
+    def __init__(self, reports: Reports, query_name: str, fixed_sizing: AdaptiveSizing | None = None,
                  observers: Sequence[BatchObserver] = ()) -> None:
         super().__init__()
         #: Called with every micro-batch's :class:`BatchProgress` (metrics, progress bars).
         self.observers: list[BatchObserver] = list(observers)
-        self.sink = sink
+        #: The query's micro-batch reports (the sink's, or those its commits leave).
+        self.reports = reports
         self.query_name = query_name
         #: Adaptive sizes through a source that takes one fixed bound (Spark's Kafka source):
         #: each batch's decision is derived from its offsets (:func:`bound_decision`).
@@ -78,7 +80,7 @@ class MemwalProgressListener(_listener_base()):  # type: ignore[misc]
         p = event.progress
         if p.name != self.query_name:
             return
-        report = self.sink.report(p.batchId)
+        report = self.reports.report(p.batchId)
         self.progress[p.batchId] = {
             "batch_id": p.batchId,
             "input_rows": p.numInputRows,
@@ -125,12 +127,19 @@ class IngestJob:
     """A running ingest query and what observes it."""
 
     query: Any
-    sink: MemwalSink
+    #: The micro-batches' reports (:meth:`Reports.totals`, :meth:`Reports.report`).
+    reports: Reports
     listener: MemwalProgressListener
     available_now: bool
     spark: Any = field(repr=False)
+    #: The table written, and its storage (resolved once on the driver).
+    table_uri: str = ""
+    storage: StorageConfig | None = None
     #: The source that reads the topic (:data:`KAFKA_SOURCES`).
     kafka_source: str = "python"
+    #: With an exchange by shard between reading and writing (:data:`EXCHANGES`), the sink
+    #: that runs it (``foreachBatch``); None when the tasks that read also write (one stage).
+    sink: MemwalSink | None = None
 
     def await_termination(self, timeout: float | None = None) -> bool:
         """Wait for the query; for an ``availableNow`` run that ended, flush what the
@@ -158,7 +167,9 @@ class IngestJob:
         if self.query.exception() is None:
             from memwal.table import Table
 
-            flushed = Table.open(self.sink.uri, self.sink.storage).flush_stranded(0)
+            # The writers stay open in the executors' writer processes (they exit when idle):
+            # claiming a shard from here replays and flushes what they still hold.
+            flushed = Table.open(self.table_uri, self.storage).flush_stranded(0)
             if flushed:
                 log.info("flushed %d shard(s) left unflushed by the stopped query", len(flushed))
 
@@ -322,6 +333,7 @@ def ingest(
     kafka_source: str | None = None,
     observers: Sequence[BatchObserver] = (),
     min_records_per_read_task: int | None = MIN_ROWS_PER_TASK,
+    exchange: str = "auto",
 ) -> IngestJob:
     """Start a query reading records from ``topic`` into the memwal table at ``table_uri``.
 
@@ -345,12 +357,24 @@ def ingest(
     :class:`~memwal.streaming.progress.BatchProgress` (e.g.
     :class:`memwal.observe.ingest.IngestMetrics` for Prometheus), from the first batch on.
 
-    ``min_records_per_read_task``: the records a read task gets at least (see
-    :func:`kafka_stream`; None: one read task per topic-partition).
+    ``min_records_per_read_task``: with an exchange, the records a read task gets at least
+    (see :func:`kafka_stream`; None: one read task per topic-partition).
+
+    ``exchange`` (:data:`EXCHANGES`): by default the tasks that read the topic decode and write
+    it (``format("memwal")``, one stage per micro-batch) unless the session has several
+    executors, where rows are first exchanged by shard (the ``foreachBatch`` sink).
     """
     options = options or SinkOptions(source="kafka-json")
     if options.source != "kafka-json":
         raise ValueError("ingest reads Kafka: options.source must be 'kafka-json'")
+    source = choose_kafka_source(spark, kafka_source)
+    name = query_name or f"memwal-ingest-{topic}"
+    use_exchange = exchange_needed(spark, exchange)
+    if not use_exchange:
+        return _ingest_one_stage(spark, bootstrap=bootstrap, topic=topic, table_uri=table_uri, checkpoint=checkpoint,
+                                 trigger_interval=trigger_interval, available_now=available_now, starting_offsets=starting_offsets,
+                                 max_offsets_per_trigger=max_offsets_per_trigger, kafka_options=kafka_options, options=options,
+                                 name=name, storage_options=storage_options, adaptive=adaptive, source=source, observers=observers)
     bound = adaptive.steady_rows if adaptive is not None else max_offsets_per_trigger
     if options.max_write_tasks is None and bound:
         # Micro-batches are bounded: give each write task at least MIN_ROWS_PER_TASK rows (of
@@ -362,9 +386,7 @@ def ingest(
         from memwal.streaming.session import configure_s3a
 
         configure_s3a(spark, sink.storage)  # the checkpoint's store: the table's settings
-    name = query_name or f"memwal-ingest-{topic}"
-    source = choose_kafka_source(spark, kafka_source)
-    listener = MemwalProgressListener(sink, name, adaptive if source == "spark" else None, observers)
+    listener = MemwalProgressListener(sink.history, name, adaptive if source == "spark" else None, observers)
     spark.streams.addListener(listener)
     stream = kafka_stream(
         spark,
@@ -384,10 +406,93 @@ def ingest(
         .foreachBatch(sink)
         .option("checkpointLocation", checkpoint)
     )
+    query = _trigger(writer, available_now, trigger_interval).start()
+    log.info("ingesting %s from %s into %s (checkpoint %s, %s Kafka source, exchange by shard: two stages)",
+             topic, bootstrap, sink.uri, checkpoint, source)
+    return IngestJob(query=query, reports=sink.history, listener=listener, available_now=available_now, spark=spark,
+                     table_uri=sink.uri, storage=sink.storage, kafka_source=source, sink=sink)
+
+
+#: How ``ingest`` gets each shard's records to its writer: ``"none"``, the tasks that read the
+#: topic write (one stage: ``format("memwal")``); ``"shard"``, rows are exchanged by shard
+#: first, so every shard is written by one task (two stages: the ``foreachBatch`` sink);
+#: ``"auto"``, no exchange when the session has one executor (local mode: its one writer
+#: process writes every shard), an exchange when it has several, whose writer processes would
+#: each claim every shard unless the topic's partitions line up with the shards.
+EXCHANGES = ("auto", "none", "shard")
+
+
+def exchange_needed(spark, exchange: str = "auto") -> bool:
+    """Whether ``ingest`` exchanges rows by shard (:data:`EXCHANGES`)."""
+    if exchange not in EXCHANGES:
+        raise ValueError(f"exchange must be one of {', '.join(EXCHANGES)}, got {exchange!r}")
+    if exchange != "auto":
+        return exchange == "shard"
+    from memwal.streaming.session import executor_count
+
+    return executor_count(spark) > 1
+
+
+def format_options(options: SinkOptions, storage: StorageConfig, report_dir: str | None = None) -> dict[str, str]:
+    """The ``format("memwal")`` writer options that write Kafka records as ``options`` says."""
+    out: dict[str, str] = {"input": "kafka", "valueFormat": options.value_format, "opField": options.op_field or "",
+                           "merge": options.merge, "maxRowBytes": str(options.max_row_bytes),
+                           "flushIntervalSeconds": "none" if options.flush_interval_seconds is None else str(options.flush_interval_seconds)}
+    for key, value in (("sequenceColumn", options.sequence_field), ("deadLetterTable", options.dead_letter_uri),
+                       ("avroSchema", options.avro_schema), ("avroSchemaId", options.avro_schema_id),
+                       ("schemaRegistry", options.schema_registry), ("durability", options.durability),
+                       ("writerProcessIdleSeconds", options.writer_process_idle_seconds), ("reportDir", report_dir)):
+        if value is not None:
+            out[key] = str(value)
+    if options.drop_stale_across_batches:
+        out["dropStale"] = "true"
+    out.update({f"storage.{k}": v for k, v in storage.items})
+    return out
+
+
+def _trigger(writer, available_now: bool, trigger_interval: float | None):
     if available_now:
-        writer = writer.trigger(availableNow=True)
-    elif trigger_interval:
-        writer = writer.trigger(processingTime=f"{trigger_interval} seconds")
-    query = writer.start()
-    log.info("ingesting %s from %s into %s (checkpoint %s, %s Kafka source)", topic, bootstrap, sink.uri, checkpoint, source)
-    return IngestJob(query=query, sink=sink, listener=listener, available_now=available_now, spark=spark, kafka_source=source)
+        return writer.trigger(availableNow=True)
+    if trigger_interval:
+        return writer.trigger(processingTime=f"{trigger_interval} seconds")
+    return writer
+
+
+def _ingest_one_stage(spark, *, bootstrap: str, topic: str, table_uri: str, checkpoint: str, trigger_interval: float | None,
+                      available_now: bool, starting_offsets: str, max_offsets_per_trigger: int | None,
+                      kafka_options: dict[str, str] | None, options: SinkOptions, name: str,
+                      storage_options: "Mapping[str, str] | StorageConfig | None", adaptive: AdaptiveSizing | None, source: str,
+                      observers: Sequence[BatchObserver]) -> IngestJob:
+    """``ingest`` through ``format("memwal")``: the tasks that read the topic write it."""
+    import tempfile
+
+    from memwal import paths
+    from memwal.state import TableState, resolve_storage
+
+    uri = paths.normalize_uri(table_uri)
+    storage = resolve_storage(storage_options)
+    TableState.load(uri, storage)  # fail early, on the driver, if the table is missing
+    MemwalSink(uri, options, storage)  # the same checks of the options against the table, on the driver
+    if checkpoint.startswith(("s3a://", "s3://")):
+        from memwal.streaming.session import configure_s3a
+
+        configure_s3a(spark, storage)
+    reports = Reports(tempfile.mkdtemp(prefix="memwal-reports-"))
+    listener = MemwalProgressListener(reports, name, adaptive if source == "spark" else None, observers)
+    spark.streams.addListener(listener)
+    # Whole topic-partitions per task, never split (a partition's records must be written in
+    # offset order, which two tasks of one partition at once would not keep).
+    stream = kafka_stream(spark, bootstrap, topic, starting_offsets=starting_offsets, max_offsets_per_trigger=max_offsets_per_trigger,
+                          kafka_options=kafka_options, adaptive=adaptive, kafka_source=source, min_records_per_read_task=None)
+    from pyspark.sql import functions as F
+
+    # The records each micro-batch read, in the query's progress (what a Spark Connect client
+    # sees of it; the rest of the batch's report is made by its commit, on the server).
+    observed = stream.observe("memwal", F.count(F.lit(1)).alias("rows"))
+    writer = (observed.writeStream.queryName(name).format("memwal").options(**format_options(options, storage, reports.directory))
+              .option("checkpointLocation", checkpoint))
+    query = _trigger(writer, available_now, trigger_interval).start(uri)
+    log.info("ingesting %s from %s into %s (checkpoint %s, %s Kafka source, one stage: the tasks that read write)",
+             topic, bootstrap, uri, checkpoint, source)
+    return IngestJob(query=query, reports=reports, listener=listener, available_now=available_now, spark=spark, table_uri=uri,
+                     storage=storage, kafka_source=source)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memwal.metadata import check_durability
-from memwal.writepath import WriteMode
+from memwal.write.protocol import WriteMode
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class SinkOptions:
     schema_registry: str | None = None
     #: "os" or "fsync" (``WriterConfig.durability``) for this sink's writes; None: the table's default.
     durability: str | None = None
-    #: Write shards through the executor's writer process (:mod:`memwal.streaming.writer_process`)
+    #: Write shards through the executor's writer process (:mod:`memwal.write.process`)
     #: instead of in the Python worker: a task moving between workers does not claim its
     #: shards again, and a small micro-batch with one write task runs in one stage
     #: (``single_stage_max_rows``). On by default: measured faster per micro-batch with two
@@ -79,6 +79,6 @@ class SinkOptions:
 
 
     def write_mode(self) -> WriteMode:
-        """How the write path (:mod:`memwal.writepath`) turns a shard's records into writes."""
+        """How the write path (:mod:`memwal.write.protocol`) turns a shard's records into writes."""
         return WriteMode(merge=self.merge, sequence_field=self.sequence_field,
                          drop_stale=bool(self.sequence_field and self.drop_stale_across_batches))

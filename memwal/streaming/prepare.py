@@ -23,20 +23,12 @@ from memwal.routing import shard_codes
 from memwal.sharding import ShardValues
 from memwal.state import TableState
 from memwal.storage import StorageConfig
-from memwal.streaming.dead_letters import record_json
+from memwal.write.dead_letters import record_json
+from memwal.write.wire import DEAD_SCHEMA, OFFSET_BITS, routed_schema
+from memwal.write.worker import WORKER
 from memwal.streaming.decode import ValueDecoder, check_rows, json_presence, operations, value_decoder
-from memwal.streaming.exchange import (
-    DEAD_SCHEMA,
-    EXCHANGE_SCHEMA,
-    PART,
-    OFFSET_BITS,
-    Prepared,
-    exchange_rows,
-    routed_schema,
-    shard_partitions,
-)
+from memwal.streaming.exchange import EXCHANGE_SCHEMA, PART, Prepared, exchange_rows, shard_partitions
 from memwal.streaming.options import SinkOptions
-from memwal.streaming import worker
 
 
 class Prepare:
@@ -75,7 +67,7 @@ class Prepare:
         """Exchange rows (see :data:`EXCHANGE_SCHEMA`) for ``batches``."""
         from pyspark import TaskContext
 
-        state = worker.WORKER.table(self.uri, self.storage).state
+        state = WORKER.table(self.uri, self.storage).state
         ctx = TaskContext.get()
         task_partition = ctx.partitionId() if ctx is not None else 0
         n = shard_partitions(state.spec, self.options)
@@ -96,7 +88,7 @@ class Prepare:
                 out[0]["read_seconds"] = t1 - t0
                 out[0]["prepare_seconds"] = time.perf_counter() - t1
                 if self.options.source != "columns":  # a table's own column may be named "timestamp"
-                    out[0]["min_timestamp_ms"], out[0]["max_timestamp_ms"] = _timestamp_range(batch)
+                    out[0]["min_timestamp_ms"], out[0]["max_timestamp_ms"] = timestamp_range(batch)
             yield pa.RecordBatch.from_pylist(out, schema=EXCHANGE_SCHEMA)
 
     def prepare(self, state: TableState, data: pa.Table, task_partition: int, first_row: int, n: int) -> Prepared:
@@ -196,7 +188,7 @@ class Prepare:
         return Prepared(good_rows, shards, dead, skipped)
 
 
-def _timestamp_range(batch: pa.RecordBatch) -> tuple[int | None, int | None]:
+def timestamp_range(batch: pa.RecordBatch) -> tuple[int | None, int | None]:
     """The oldest and newest Kafka timestamp of a batch of Kafka records in epoch ms (None, None without them)."""
     if "timestamp" not in batch.schema.names or not pa.types.is_timestamp(batch.schema.field("timestamp").type):
         return None, None

@@ -5,7 +5,7 @@ The driver's :class:`~memwal.streaming.ingest.MemwalProgressListener` builds a
 :class:`BatchProgress` for every micro-batch and hands it to its observers (the Prometheus
 adapter :class:`memwal.observe.ingest.IngestMetrics`, the CLI's progress bar). Everything in
 it was measured on the driver or came back from the executors inside the batch's summary rows
-(:class:`~memwal.streaming.sink.BatchReport`), so on a cluster one process sees it all.
+(:class:`~memwal.write.api.WriteReport`), so on a cluster one process sees it all.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from memwal.streaming.adaptive import SizeDecision
-from memwal.streaming.sink import BatchReport
+from memwal.write.api import WriteReport
 from memwal.streaming.timing import BatchTiming
 
 
@@ -69,7 +69,7 @@ class BatchProgress:
     #: the prepare stage's exchange rows for memwal's (which prepares inside its read tasks)
     input_rows: int
     #: the sink's counters (None over Spark Connect, where the sink runs in the server)
-    report: BatchReport | None
+    report: WriteReport | None
     #: where the batch's time went (None without a report)
     timing: BatchTiming | None
     #: the adaptive size decision (None with fixed sizes)

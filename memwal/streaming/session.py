@@ -171,6 +171,24 @@ def default_parallelism(spark) -> int:
     return 1
 
 
+def executor_count(spark) -> int:
+    """How many executors ``spark`` runs its tasks on (local mode: one; a cluster: those that
+    registered, or as many as ``spark.executor.instances`` asks for before they do). Over
+    Spark Connect, what the server's configuration says (its master, the instance count)."""
+    master = spark.conf.get("spark.master", "") or ""
+    if master.startswith("local-cluster["):  # local-cluster[N, cores, memory]
+        return max(1, int(master[len("local-cluster["):].split(",")[0]))
+    if is_local_master(master):
+        return 1
+    if not is_connect(spark):
+        status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()
+        registered = max(0, int(status.size()) - 1)  # the driver's block manager is listed too
+        if registered:
+            return registered
+    instances = spark.conf.get("spark.executor.instances", None)
+    return max(1, int(instances)) if instances else 2
+
+
 def launcher_conf(launch: Mapping[str, str] | None = None) -> dict[str, str]:
     """The Spark properties the driver was launched with (``spark-submit`` arguments,
     ``PYSPARK_SUBMIT_ARGS``, ``spark-defaults.conf``).

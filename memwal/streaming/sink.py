@@ -11,16 +11,19 @@ Per micro-batch, entirely on the executors:
 2. **exchange** (:mod:`memwal.streaming.exchange`): ``repartition`` by that partition, the
    rows as Arrow IPC payloads; every shard in exactly one task (the sharding spec maps shards
    to partitions: :meth:`~memwal.sharding.ShardingSpec.partition_of`).
-3. **write** (:mod:`memwal.streaming.write_task`; ``mapInArrow``): each shard's rows go, as a
-   :class:`~memwal.streaming.worker.ShardJob`, to the write path (:mod:`memwal.streaming.worker`,
-   :mod:`memwal.writepath`), which keeps the newest record per key by Kafka (partition,
-   offset) or the sequence column and writes through the shard's Lance ShardWriter, kept in
-   the Python worker process across micro-batches, or with ``writer_process`` in the
-   executor's writer process (:mod:`memwal.streaming.writer_process`). The first partition's
-   task also records the batch's bad rows in the dead-letter table
-   (:mod:`memwal.streaming.dead_letters`).
+3. **write** (:mod:`memwal.streaming.write_task`; ``mapInArrow``): each task hands its shards'
+   records to the write API (:meth:`TableWrite.prepare <memwal.write.api.TableWrite.prepare>`),
+   which writes them through the write path (:mod:`memwal.write.protocol`: the newest record
+   per key by Kafka (partition, offset) or the sequence column) in the executor's writer
+   process (:mod:`memwal.write.process`, resident shard writers), or with
+   ``writer_process=False`` in the Python worker. Each task answers with its write message.
 
-Only per-shard counters come back to the driver, which logs one line per micro-batch.
+The driver commits the messages (:meth:`TableWrite.commit <memwal.write.api.TableWrite.commit>`:
+the dead letters recorded, one :class:`~memwal.write.api.WriteReport`) and logs one line per
+micro-batch. This is the path with an exchange: ``format("memwal")`` writes in the tasks that
+read, in one stage (:mod:`memwal.spark.write`); the sink remains for a topic whose partitions
+do not line up with the table's shards on a cluster (each shard is then written by exactly one
+task), and for ``foreachBatch`` users.
 
 **Storage.** The table's :class:`~memwal.storage.StorageConfig` (credentials, endpoint) is
 resolved once, on the driver, and travels inside both stages (pickled with ``Write``, in the
@@ -36,10 +39,9 @@ by their Kafka coordinates. So the table ends as if each batch ran once.
 from __future__ import annotations
 
 import logging
-import threading
+import pickle
 import time
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import replace
 
 import pyarrow as pa
 
@@ -54,79 +56,23 @@ from memwal.streaming.exchange import (
     COUNT_SKIPPED,
     EXCHANGE_SCHEMA,
     PART,
-    SUMMARY_SCHEMA,
     partition_keys,
     shard_partitions,
     spark_schema,
 )
 from memwal.streaming.options import SinkOptions
 from memwal.streaming.prepare import Prepare
-from memwal.streaming.write_task import Write
+from memwal.streaming.reports import KEPT_REPORTS, Reports  # noqa: F401 - KEPT_REPORTS: what the sink keeps
+from memwal.streaming.write_task import MESSAGE, MESSAGE_SCHEMA, Write
+from memwal.write.api import TableWrite, WriteReport
 
 log = logging.getLogger("memwal.streaming")
 
 
-@dataclass
-class BatchReport:
-    """What one micro-batch did (the driver's log line and the listener's metrics)."""
-
-    batch_id: int
-    rows: int = 0
-    upserts: int = 0
-    deletes: int = 0
-    stale_dropped: int = 0
-    dead_letters: int = 0
-    #: Records the format skips on purpose (Debezium tombstones).
-    skipped: int = 0
-    shards: int = 0
-    fenced_retries: int = 0
-    writer_opens: int = 0
-    flushes: int = 0
-    seconds: float = 0.0
-    write_seconds_max: float = 0.0
-    #: the longest a shard's writes were delayed or stalled by the table's bounds (back-pressure)
-    stall_seconds_max: float = 0.0
-    #: back-pressure summed over shards: writes delayed or stalled, and the seconds they waited
-    backpressure_waits: int = 0
-    stall_seconds: float = 0.0
-    #: Kafka timestamps (epoch ms; CreateTime or LogAppendTime, as the topic records) of the
-    #: batch's oldest and newest record; None without Kafka timestamps
-    oldest_record_ms: int | None = None
-    newest_record_ms: int | None = None
-    #: wall-clock time (epoch seconds) when every shard write of the batch had returned
-    written_at: float = 0.0
-    #: Task-seconds of the phases (summed over tasks; see memwal.streaming.timing).
-    read_seconds: float = 0.0
-    prepare_seconds: float = 0.0
-    exchange_seconds: float = 0.0
-    write_seconds: float = 0.0
-    #: Driver seconds in the Spark job that runs both stages (``collect`` of the summaries).
-    job_seconds: float = 0.0
-    #: Spark stages the micro-batch ran: 2 (prepare, then write after a shuffle), or 1 when
-    #: prepare and write ran in one task (``SinkOptions.single_stage_max_rows``).
-    stages: int = 2
-    #: Why the micro-batch has its size (adaptive micro-batches, memwal.streaming.adaptive);
-    #: set by the ingest query's listener, "" when sizes are fixed.
-    size_reason: str = ""
-
-    def line(self) -> str:
-        return (
-            f"batch {self.batch_id}: {self.rows} rows ({self.upserts} upserts, {self.deletes} deletes"
-            + (f", {self.stale_dropped} stale" if self.stale_dropped else "")
-            + f") into {self.shards} shard(s), {self.dead_letters} dead letter(s), "
-            + (f"{self.skipped} skipped, " if self.skipped else "")
-            + f"{self.fenced_retries} fenced retr{'y' if self.fenced_retries == 1 else 'ies'}, "
-            f"{self.writer_opens} writer open(s), {self.flushes} flush(es), "
-            f"stalled {self.stall_seconds_max:.3f}s, {self.seconds:.3f}s"
-            + (" (one stage)" if self.stages == 1 else "")
-        )
+#: A micro-batch's report: the write API's one report type (deprecated name, kept for callers).
+BatchReport = WriteReport
 
 
-#: Reports a sink keeps (for :meth:`MemwalSink.report`); totals count every batch regardless.
-KEPT_REPORTS = 1000
-
-#: BatchReport fields that are not counters (identities, times): :meth:`MemwalSink.totals` leaves them out.
-_NOT_SUMMED = frozenset({"batch_id", "oldest_record_ms", "newest_record_ms", "written_at"})
 
 #: The JVM exceptions Spark counts as a query's stop (StreamExecution.isInterruptionException).
 _INTERRUPTIONS = ("java.lang.InterruptedException", "java.io.InterruptedIOException", "java.nio.channels.ClosedByInterruptException")
@@ -162,7 +108,7 @@ class MemwalSink:
         storage_options: "dict[str, str] | StorageConfig | None" = None,
     ) -> None:
         from memwal import paths
-        from memwal.streaming.dead_letters import dead_letter_uri
+        from memwal.write.dead_letters import dead_letter_uri
 
         self.uri = paths.normalize_uri(table_uri)
         self.options = options or SinkOptions()
@@ -193,27 +139,16 @@ class MemwalSink:
         self.schema = table.schema
         self.partitions = shard_partitions(table.spec, self.options)
         self.dead_letter_uri = self.options.dead_letter_uri or dead_letter_uri(self.uri)
-        #: The most recent :data:`KEPT_REPORTS` micro-batches' reports, oldest first.
-        self.reports: list[BatchReport] = []
-        #: Counters summed over every micro-batch this sink ran: kept apart from ``reports``,
-        #: which forgets old batches, so totals keep growing however long the query runs.
-        self._totals: dict[str, float] = {"batches": 0}
-        self._report_lock = threading.Lock()
+        #: The micro-batches' reports (the newest) and totals over all of them. A copy of the
+        #: sink pickled elsewhere (over Spark Connect ``foreachBatch(sink)`` runs in a Python
+        #: process of the server) starts with none: its reports reach the client as the
+        #: query's observed metrics (:meth:`observe`) and the server's log.
+        self.history = Reports()
 
-    def __getstate__(self) -> dict[str, Any]:
-        """What travels when the sink is pickled: over Spark Connect ``foreachBatch(sink)`` runs
-        in a Python process of the server. The lock cannot be pickled, and the reports are this
-        process's own: the copy starts with none (its reports reach the client as the query's
-        observed metrics, see :meth:`observe`, and the server's log)."""
-        state = dict(self.__dict__)
-        del state["_report_lock"]
-        state["reports"] = []
-        state["_totals"] = {"batches": 0}
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._report_lock = threading.Lock()
+    @property
+    def reports(self) -> list[WriteReport]:
+        """The most recent :data:`~memwal.streaming.reports.KEPT_REPORTS` micro-batches' reports, oldest first."""
+        return self.history.reports
 
     def bind(self, spark) -> "MemwalSink":
         """Fix the number of write tasks from ``spark``'s parallelism (once; the prepare and
@@ -296,58 +231,25 @@ class MemwalSink:
         )
         exchanged = prepared.coalesce(1) if single else prepared.repartition(self.partitions, magic)
         write = Write(self.uri, self.options, batch_id, self.dead_letter_uri, self.storage, fused=single)
-        summaries = exchanged.mapInArrow(write, spark_schema(SUMMARY_SCHEMA)).collect()
-        report = BatchReport(batch_id=batch_id, job_seconds=time.perf_counter() - t_job, stages=1 if single else 2, written_at=time.time())
-        for s in summaries:
-            report.rows += s.rows
-            report.upserts += s.upserts
-            report.deletes += s.deletes
-            report.stale_dropped += s.stale_dropped
-            report.dead_letters += s.dead_letters
-            report.skipped += s.skipped
-            report.fenced_retries += s.fenced_retries
-            report.writer_opens += s.writer_opens
-            report.flushes += int(s.flushed)
-            report.read_seconds += s.read_seconds
-            report.prepare_seconds += s.prepare_seconds
-            report.exchange_seconds += s.exchange_seconds
-            report.stall_seconds_max = max(report.stall_seconds_max, s.stall_seconds or 0.0)
-            report.stall_seconds += s.stall_seconds or 0.0
-            report.backpressure_waits += s.backpressure_waits or 0
-            if s.min_timestamp_ms is not None:
-                first = report.oldest_record_ms is None
-                report.oldest_record_ms = s.min_timestamp_ms if first else min(report.oldest_record_ms, s.min_timestamp_ms)
-                report.newest_record_ms = s.max_timestamp_ms if first else max(report.newest_record_ms, s.max_timestamp_ms)
-            if s.shard:
-                report.shards += 1
-                report.write_seconds += s.seconds
-                report.write_seconds_max = max(report.write_seconds_max, s.seconds)
-        report.rows += report.dead_letters + report.skipped
-        report.seconds = time.perf_counter() - t0
+        messages = [pickle.loads(r[MESSAGE]) for r in exchanged.mapInArrow(write, spark_schema(MESSAGE_SCHEMA)).collect()]
+        job_seconds = time.perf_counter() - t_job
+        exchange_seconds = sum(m.exchange_seconds for m in messages)
+        report = TableWrite(TableState.load(self.uri, self.storage), self.options.write_mode(), dead_letter_uri=self.dead_letter_uri).commit(
+            [m.message for m in messages], batch_id, started=t0, job_seconds=job_seconds, exchange_seconds=exchange_seconds,
+            stages=1 if single else 2)
         self._record(report)
         log.info("%s", report.line())
 
-    def _record(self, report: BatchReport) -> None:
-        with self._report_lock:
-            self.reports.append(report)
-            del self.reports[:-KEPT_REPORTS]
-            for k, v in asdict(report).items():
-                if k not in _NOT_SUMMED and isinstance(v, (int, float)):
-                    self._totals[k] = self._totals.get(k, 0) + v
-            self._totals["batches"] += 1
+    def _record(self, report: WriteReport) -> None:
+        self.history.record(report)
 
-    def report(self, batch_id: int) -> BatchReport | None:
-        with self._report_lock:
-            for r in reversed(self.reports):
-                if r.batch_id == batch_id:
-                    return r
-        return None
+    def report(self, batch_id: int) -> WriteReport | None:
+        return self.history.report(batch_id)
 
     def totals(self) -> dict[str, float]:
-        """Every counter of :class:`BatchReport` summed over all the micro-batches this sink
-        ran in this process (``batches``: how many), not only the reports it still keeps."""
-        with self._report_lock:
-            return dict(self._totals)
+        """Every counter of :class:`~memwal.write.api.WriteReport` summed over all the
+        micro-batches this sink ran in this process (``batches``: how many)."""
+        return self.history.totals()
 
 
 __all__ = [

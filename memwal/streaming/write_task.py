@@ -1,31 +1,51 @@
 """The sink's write stage: one task per write partition, every shard in exactly one task.
 
-The task reads its partition's exchange rows (:mod:`memwal.streaming.exchange`), splits the
-routed rows by shard and hands each shard's rows, as a :class:`~memwal.streaming.worker.ShardJob`,
-to the process that keeps the shard's writer: this Python worker, or with
-``SinkOptions.writer_process`` the executor's writer process
-(:mod:`memwal.streaming.writer_process`, so a task moving to another worker keeps its writers).
-What the rows become is the write path's (:mod:`memwal.writepath`). The first partition's task
-also records the batch's dead letters. One summary row per shard goes back to the driver.
+The task reads its partition's exchange rows (:mod:`memwal.streaming.exchange`), turns the
+routed rows back into each shard's records and hands them, with the micro-batch's dead letters
+it received, to the write API (:meth:`TableWrite.prepare <memwal.write.api.TableWrite.prepare>`),
+whose shard writes run in the executor's writer process (:mod:`memwal.write.process`) or, with
+``SinkOptions(writer_process=False)``, in this Python worker. Its one output row is the pickled
+:class:`~memwal.write.api.WriteMessage`, for the driver's commit.
 """
 
 from __future__ import annotations
 
-import functools
-import json
+import pickle
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterator
+from dataclasses import dataclass
+from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal.sharding import ShardValues
 from memwal.storage import StorageConfig
-from memwal.streaming.exchange import COUNT_SKIPPED, DEAD_PAYLOAD, PAYLOAD, SHARD, SHARDS_KEY, from_payload, summary, with_timing
+from memwal.streaming.exchange import COUNT_SKIPPED, DEAD_PAYLOAD, PAYLOAD
 from memwal.streaming.options import SinkOptions
-from memwal.streaming.worker import ShardJob
-from memwal.writepath import MAX_SHARD_THREADS
+from memwal.write.api import ShardWrites, TableWrite, WriteBatch, WriteMessage
+from memwal.write.wire import from_payload, shard_records, shards_of
+from memwal.write.worker import WORKER, WorkerShards
+
+#: The write stage's output: one row per task, its write message pickled.
+MESSAGE = "message"
+MESSAGE_SCHEMA = pa.schema([pa.field(MESSAGE, pa.binary())])
+
+
+@dataclass(frozen=True)
+class TaskMessage:
+    """A write task's message and the seconds it waited for its input beyond reading and
+    preparing it (the exchange)."""
+
+    message: WriteMessage
+    exchange_seconds: float = 0.0
+
+
+def shard_writes(uri: str, options: SinkOptions, storage: StorageConfig | None) -> ShardWrites:
+    """Where a Spark task's shard writes run: the executor's writer process, or this worker."""
+    if options.writer_process:
+        from memwal.write.process import ProcessShards
+
+        return ProcessShards(uri, storage, options.durability, options.flush_interval_seconds, options.writer_process_idle_seconds)
+    return WorkerShards(uri, storage, options.durability, options.flush_interval_seconds)
 
 
 class Write:
@@ -46,7 +66,6 @@ class Write:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         routed: list[pa.Table] = []
         dead: list[pa.Table] = []
-        shards: dict[str, ShardValues] = {}
         skipped = 0
         t0 = time.perf_counter()
         read_s = prepare_s = 0.0
@@ -56,54 +75,16 @@ class Write:
             read_s += sum(x or 0.0 for x in b.column("read_seconds").to_pylist())
             prepare_s += sum(x or 0.0 for x in b.column("prepare_seconds").to_pylist())
             stamps += [x for c in ("min_timestamp_ms", "max_timestamp_ms") for x in b.column(c).to_pylist() if x is not None]
-            for p in b.column(PAYLOAD).to_pylist():
-                if p:
-                    t = from_payload(p)
-                    shards.update((sid, tuple(v)) for sid, v in json.loads(t.schema.metadata[SHARDS_KEY]).items())
-                    routed.append(t)
-            for p in b.column(DEAD_PAYLOAD).to_pylist():
-                if p:
-                    dead.append(from_payload(p))
-        # The task's phase timings ride on its first summary row (one row per shard stays).
+            routed += [from_payload(p) for p in b.column(PAYLOAD).to_pylist() if p]
+            dead += [from_payload(p) for p in b.column(DEAD_PAYLOAD).to_pylist() if p]
         waited = time.perf_counter() - t0
+        state = WORKER.table(self.uri, self.storage).state
+        shards = {sid: v for t in routed for sid, v in shards_of(t).items()}
+        rows = pa.concat_tables([t.replace_schema_metadata(None) for t in routed]) if routed else None
+        records = shard_records(rows, state.write_schema, shards) if rows is not None else []
+        batch = WriteBatch(records, pa.concat_tables(dead) if dead else None, skipped, read_s, prepare_s,
+                           min(stamps, default=None), max(stamps, default=None))
+        write = TableWrite(state, self.options.write_mode(), shards=shard_writes(self.uri, self.options, self.storage))
+        message = write.prepare(batch, label=f"batch-{self.batch_id}")
         exchange_s = max(0.0, waited - read_s - prepare_s) if self.fused else waited
-        timing = {"read_seconds": read_s, "prepare_seconds": prepare_s, "exchange_seconds": exchange_s,
-                  "min_timestamp_ms": min(stamps, default=None), "max_timestamp_ms": max(stamps, default=None)}
-        if dead:
-            yield with_timing(self._dead_letters(pa.concat_tables(dead)), timing)
-            timing = {}
-        if skipped:
-            yield with_timing(summary("", skipped=skipped), timing)
-            timing = {}
-        if not routed:
-            return
-        data = pa.concat_tables(routed)
-        ids = pc.unique(data.column(SHARD)).to_pylist()
-        write_shard = self._shard_writer()
-        if len(ids) == 1:
-            yield with_timing(write_shard(ids[0], shards[ids[0]], data), timing)
-            return
-        column = data.column(SHARD)
-        with ThreadPoolExecutor(max_workers=min(MAX_SHARD_THREADS, len(ids))) as pool:
-            futures = [pool.submit(write_shard, sid, shards[sid], data.filter(pc.equal(column, sid))) for sid in ids]
-            for f in futures:
-                yield with_timing(f.result(), timing)
-                timing = {}
-
-    def _shard_writer(self) -> Callable[[str, ShardValues, pa.Table], pa.RecordBatch]:
-        """The shard job run here, or by the executor's writer process (which keeps the
-        shards' writers whichever worker runs the next task)."""
-        job = ShardJob(self.uri, self.options, self.batch_id, self.storage)
-        if not self.options.writer_process:
-            return job.run
-        from memwal.streaming.writer_process import client
-
-        remote = client(self.options.writer_process_idle_seconds)
-        return functools.partial(remote.write_shard, job)
-
-    def _dead_letters(self, bad: pa.Table) -> pa.RecordBatch:
-        from memwal.streaming.dead_letters import dead_letter_rows, write_dead_letters
-
-        t0 = time.perf_counter()
-        write_dead_letters(self.dead_letter_uri, dead_letter_rows(bad, self.batch_id, self.uri), self.storage)
-        return summary("", rows=0, dead_letters=bad.num_rows, seconds=time.perf_counter() - t0)
+        yield pa.RecordBatch.from_pylist([{MESSAGE: pickle.dumps(TaskMessage(message, exchange_s))}], schema=MESSAGE_SCHEMA)

@@ -45,6 +45,8 @@ source's commit message).
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -63,7 +65,7 @@ from memwal.routing import RoutedBatch, route
 from memwal.schema import key_schema
 from memwal.sharding import ShardValues
 from memwal.state import TableState
-from memwal.writer import ShardWriterPool
+from memwal.write.pool import ShardWriterPool
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,13 @@ DECIDE_ATTEMPTS = 3
 #: Shards of one batch are written in parallel threads, at most this many (each durable write
 #: waits for its shard's WAL flush tick; Lance releases the GIL while it waits).
 MAX_SHARD_THREADS = 8
+
+
+def writer_id() -> str:
+    """This process, as :attr:`ShardWriteResult.writer` names it (asked each time: a forked
+    process has its own pid)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
 
 _ORDER = "__memwal_write_order"
 _DELETE = "__memwal_write_delete"
@@ -102,6 +111,10 @@ class WriteMode:
     def reads_stored(self) -> bool:
         """Whether a plan depends on stored data (then it is decided as the shard's owner)."""
         return self.drop_stale or self.merge == "partial"
+
+
+#: Full upserts and deletes, in arrival order: the mode of a write that says nothing else.
+FULL = WriteMode()
 
 
 @dataclass(frozen=True)
@@ -153,9 +166,17 @@ class ShardWriteResult:
     decisions: int = 1
     fenced_retries: int = 0
     writer_opens: int = 0
-    #: Seconds the shard's writes were delayed or stalled by the table's bounds.
+    #: Seconds the shard's writes were delayed or stalled by the table's bounds, and how many
+    #: of its writes were.
     stall_seconds: float = 0.0
+    backpressure_waits: int = 0
+    #: MemTables sealed with the writer open (timed seals), and writers closed to flush one.
+    seals: int = 0
+    flushes: int = 0
     seconds: float = 0.0
+    #: The process that wrote the shard (``host:pid``): a shard written by several in one
+    #: batch costs fenced retries (each claims it from the other).
+    writer: str = ""
 
 
 @dataclass
@@ -208,6 +229,8 @@ def key_tuples(rows: pa.Table, pk: Sequence[str]) -> list[tuple[Any, ...]]:
 
 def in_parallel(fn: Callable[[T], R], items: Sequence[T], executor: ThreadPoolExecutor | None = None) -> list[R]:
     """``fn`` over ``items`` (one per shard) in threads, results in order; the first error raised."""
+    if not items:
+        return []
     if len(items) == 1:
         return [fn(items[0])]
     if executor is not None:
@@ -229,7 +252,7 @@ def relabel(rows: pa.Table, schema: pa.Schema, shard_id: str) -> pa.Table:
 
 class TableWriter:
     """One process's write path into one table: its shard writers (a
-    :class:`~memwal.writer.ShardWriterPool`) and what it knows of the stored data, per shard.
+    :class:`~memwal.write.pool.ShardWriterPool`) and what it knows of the stored data, per shard.
 
     Thread-safe: shards are written in parallel, one batch per shard at a time.
     """
@@ -277,7 +300,12 @@ class TableWriter:
     # -- the protocol -------------------------------------------------------------------------
 
     def write(self, batches: Sequence[ShardRecords], mode: WriteMode = WriteMode(), *, label: str = "") -> list[ShardWriteResult]:
-        """:meth:`write_shard` for every shard of a batch, in parallel; results in order."""
+        """:meth:`write_shard` for every shard of a batch, in parallel; results in order. A
+        batch names each shard once (its records of one shard in arrival order are one
+        :class:`ShardRecords`): two of one shard would be written in no defined order."""
+        ids = [b.shard_id for b in batches]
+        if len(set(ids)) != len(ids):
+            raise InvalidArgumentError(f"a batch names shard(s) {sorted({i for i in ids if ids.count(i) > 1})} more than once")
         if len(batches) > 1 and self._executor is None:
             with self._guard:
                 if self._executor is None:
@@ -304,6 +332,7 @@ class TableWriter:
                 failpoint(f"write.decided.{label}")
                 try:
                     self.execute(plan, retry_fenced=not decided)
+                    failpoint(f"write.wrote.{label}")  # crash tests: some shards of a batch written, not all
                 except FencedError:
                     if attempt == attempts:
                         raise
@@ -312,6 +341,11 @@ class TableWriter:
                 break
             if mode.drop_stale:
                 self._record_sequences(plan, str(mode.sequence_field))
+            # Resident writers: a write into a shard whose seal was due sealed its MemTable
+            # with the writer open (ShardWriterPool.put); one whose writes were too small to
+            # do it for several intervals is flushed by closing its writer instead.
+            if self.writers.seal_overdue(shard_id):
+                self.writers.flush([shard_id])
         return ShardWriteResult(
             shard_id=shard_id,
             records=plan.records,
@@ -322,7 +356,11 @@ class TableWriter:
             fenced_retries=stats.fenced_retries - before["fenced_retries"],
             writer_opens=stats.opens - before["opens"],
             stall_seconds=stats.stall_seconds - before["stall_seconds"],
+            backpressure_waits=int(stats.slowdowns + stats.stalls - before["slowdowns"] - before["stalls"]),
+            seals=int(stats.seals - before["seals"]),
+            flushes=int(stats.flushes - before["flushes"]),
             seconds=time.perf_counter() - t0,
+            writer=writer_id(),
         )
 
     def execute(self, plan: ShardPlan, *, retry_fenced: bool = True) -> None:
@@ -479,6 +517,22 @@ class TableWriter:
     def flush(self, shard_ids: list[str] | None = None) -> None:
         """Flush the open writers' MemTables (all, or of ``shard_ids``) to SSTables."""
         self.writers.flush(shard_ids)
+
+    def flush_overdue(self) -> list[str]:
+        """Flush the open shards whose timed seal is overdue and that no write holds now (a
+        running write seals or flushes its shard itself); returns them."""
+        flushed = []
+        for shard_id in self.writers.open_shards:
+            if not self.writers.seal_overdue(shard_id):
+                continue
+            lock = self._shard(shard_id).lock
+            if lock.acquire(blocking=False):
+                try:
+                    self.writers.flush([shard_id])
+                    flushed.append(shard_id)
+                finally:
+                    lock.release()
+        return flushed
 
     def close(self) -> None:
         """Flush and release every writer."""

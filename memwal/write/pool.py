@@ -7,7 +7,7 @@ are in the WAL, and the new writer replays them), so the pool reopens the shard 
 retries the write. A second fence means another process keeps claiming the shard, which
 memwal reports as :class:`FencedError` rather than fighting over it.
 
-Each open writer holds a lease on its shard (:mod:`memwal.writer_lease`). Before it claims a
+Each open writer holds a lease on its shard (:mod:`memwal.write.lease`). Before it claims a
 shard the pool checks that the shard's unflushed WAL has no gap: Lance's replay stops at the
 first missing entry and the writer would then flush (and so drop) only what came before it. A shard with a gap raises :class:`WalGapError` and is never opened.
 
@@ -70,7 +70,7 @@ from memwal.routing import RoutedBatch
 from memwal.sharding import ShardValues, field_entries
 from memwal.state import TableState
 from memwal.io import uri_scheme
-from memwal.writer_lease import WriterLease, owner_id
+from memwal.write.lease import WriterLease, owner_id
 from memwal.wal import WalTailReader, check_contiguous, fill_skipped, first_unreadable_entry, wal_positions
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,17 @@ def _keeps_claiming(shard_id: str, what: str, claimer: str | None = None) -> Fen
         f"shard {shard_id}: {what} was fenced twice; another writer keeps claiming this shard{who} "
         "(acknowledged writes are safe in its WAL). Make sure one pipeline writes each shard"
     )
+
+
+def in_batches(data: pa.Table, k: int) -> pa.Table:
+    """``data`` as exactly ``k`` non-empty record batches (``1 <= k <= data.num_rows``), slices
+    of one contiguous copy: Lance counts a put's record batches against a MemTable's
+    ``max_memtable_batches``."""
+    one = data.combine_chunks()
+    size, extra = divmod(one.num_rows, k)
+    starts = [i * size + min(i, extra) for i in range(k + 1)]
+    return pa.Table.from_batches([b for i in range(k) for b in one.slice(starts[i], starts[i + 1] - starts[i]).to_batches()],
+                                 schema=data.schema)
 
 
 def split_rows(data: pa.Table, max_rows: int) -> list[pa.Table]:
@@ -116,6 +127,10 @@ class WriterStats:
     storage_retries: int = 0
     #: WAL positions a write skipped on S3 (a 409), filled (:meth:`ShardWriterPool._fill_skipped`)
     wal_holes_filled: int = 0
+    #: MemTables sealed by a timed seal with the writer open (Lance flushes them in the background)
+    seals: int = 0
+    #: writers closed to flush their MemTable (:meth:`ShardWriterPool.flush`)
+    flushes: int = 0
 
     def snapshot(self) -> dict[str, float]:
         return dict(self.__dict__)
@@ -166,6 +181,11 @@ class ShardWriterPool:
     #: Per shard, the WAL position up to which this pool found no hole (on S3: :meth:`_fill_skipped`).
     _contiguous: dict[str, int] = field(default_factory=dict, repr=False)
     _dirs_synced: set[str] = field(default_factory=set, repr=False)
+    #: Timed seals: a write into a shard whose MemTable was last sealed (or its writer opened)
+    #: at least this long ago seals the MemTable with the writer open, so eventual readers see
+    #: the rows within about this time (None: MemTables seal only when full). See :meth:`put`.
+    seal_interval_seconds: float | None = None
+    _last_seal: dict[str, float] = field(default_factory=dict, repr=False)
 
     @property
     def config(self) -> WriterConfig:
@@ -360,6 +380,7 @@ class ShardWriterPool:
                     ) from e
                 time.sleep(min(0.01 * 2**attempt, 0.5))
         self._synced[shard_id] = max(flushed_position, self._synced.get(shard_id, 0))
+        self._last_seal[shard_id] = time.monotonic()
         self._renew(shard_id, force=True)
         self._count(shard_id, opens=1, open_seconds=time.perf_counter() - t0)
         log.debug("opened writer for shard %s in %.3fs", shard_id, time.perf_counter() - t0)
@@ -488,18 +509,71 @@ class ShardWriterPool:
         (self.delete if batch.deletes else self.put)(batch.shard_id, batch.rows, retry_fenced=retry_fenced)
 
     def put(self, shard_id: str, rows: pa.Table, *, retry_fenced: bool = True) -> None:
-        """Upsert ``rows`` (already conformed to the table schema) into ``shard_id``."""
+        """Upsert ``rows`` (already conformed to the table schema) into ``shard_id``.
+
+        With :attr:`seal_interval_seconds`, a put into a shard whose seal is due seals its
+        MemTable with the writer open. Lance 14.0.2's Python writer has no seal call; it seals
+        a MemTable once it holds ``max_memtable_batches`` record batches, counting each record
+        batch of a put, and never splits a put across MemTables. So the put is handed over as
+        exactly the batches still missing (slices of its rows): Lance seals after it, and the
+        MemTable, this put included, is flushed to an SSTable in the background. A put with
+        fewer rows than batches missing cannot do it and leaves the seal due for the next one
+        (:meth:`seal_overdue` says when a caller should flush by closing instead)."""
         for part in split_rows(rows, self.config.max_memtable_rows):
-            self._on_storage(shard_id, lambda p=part: self._apply(shard_id, lambda w: w.put(p), "put", retry_fenced), retry_fenced)
+            self._on_storage(shard_id, lambda p=part: self._apply(shard_id, self._batches_op(shard_id, p, "put"), "put", retry_fenced),
+                             retry_fenced)
             self._count(shard_id, puts=1, rows_put=part.num_rows)
         self._renew(shard_id)
 
     def delete(self, shard_id: str, keys: pa.Table, *, retry_fenced: bool = True) -> None:
-        """Delete ``keys`` (primary-key columns only) from ``shard_id``."""
+        """Delete ``keys`` (primary-key columns only) from ``shard_id`` (sealing as :meth:`put` does)."""
         for part in split_rows(keys, self.config.max_memtable_rows):
-            self._on_storage(shard_id, lambda p=part: self._apply(shard_id, lambda w: w.delete(p), "delete", retry_fenced), retry_fenced)
+            self._on_storage(shard_id, lambda p=part: self._apply(shard_id, self._batches_op(shard_id, p, "delete"), "delete",
+                                                                  retry_fenced), retry_fenced)
             self._count(shard_id, deletes=1, rows_deleted=part.num_rows)
         self._renew(shard_id)
+
+    def _seal_due(self, shard_id: str, now: float | None = None) -> bool:
+        interval = self.seal_interval_seconds
+        if interval is None or self.fsync:
+            # (fsync: an SSTable Lance flushes in the background is not synced by memwal; such
+            # a pool flushes by closing, which syncs what it wrote.)
+            return False
+        now = time.monotonic() if now is None else now
+        return now - self._last_seal.get(shard_id, now) >= interval
+
+    def seal_overdue(self, shard_id: str, factor: float = 3.0) -> bool:
+        """Whether the shard's timed seal is ``factor`` intervals late (its writes were too small
+        to seal it, or there were none): then the caller flushes it by closing the writer."""
+        interval = self.seal_interval_seconds
+        if interval is None or shard_id not in self._writers:
+            return False
+        return time.monotonic() - self._last_seal.get(shard_id, time.monotonic()) >= factor * interval
+
+    def _batches_op(self, shard_id: str, data: pa.Table, kind: str) -> Callable[[lance.mem_wal.ShardWriter], None]:
+        """The put or delete of ``data`` as a writer operation, its record batches arranged so
+        that it seals the MemTable when a timed seal is due, and never by surprise otherwise
+        (Lance refuses a put of more batches than a MemTable holds and seals before one that
+        does not fit)."""
+        limit = self.config.max_memtable_batches
+
+        def op(w: lance.mem_wal.ShardWriter) -> None:
+            nonlocal data
+            chunks = data.column(0).num_chunks if data.num_columns else 1
+            held = int(w.memtable_stats()["batch_count"])
+            missing = limit - held
+            seal = self._seal_due(shard_id) and 1 <= missing <= data.num_rows
+            if seal:
+                data = in_batches(data, missing)
+            elif chunks > 1 and held + chunks >= limit:
+                data = data.combine_chunks()
+            getattr(w, kind)(data)
+            if held + (data.column(0).num_chunks if data.num_columns else 1) >= limit:  # Lance sealed the MemTable
+                self._last_seal[shard_id] = time.monotonic()
+            if seal:
+                self._count(shard_id, seals=1)
+
+        return op
 
     def _apply(self, shard_id: str, op: Callable[[lance.mem_wal.ShardWriter], None], what: str, retry_fenced: bool) -> None:
         """One slice of a put or delete: back-pressure, the write, its fsync."""
@@ -553,6 +627,7 @@ class ShardWriterPool:
                 w = self._writers.pop(shard_id, None)
                 if w is None:
                     continue
+                self._count(shard_id, flushes=1)
                 try:
                     try:
                         w.close()

@@ -2,12 +2,13 @@
 of an executor, so a write task moving to another worker does not claim its shards again.
 
 Spark hands successive write tasks to whichever Python worker process is free. Each worker
-has its own :data:`~memwal.streaming.worker.WORKER` cache, so a shard written by another
+has its own :data:`~memwal.write.worker.WORKER` cache, so a shard written by another
 worker than last time is claimed again (the writer epoch rises, its WAL is replayed) and
-fences the previous worker's writer (a fenced retry when that one writes next). With
-``SinkOptions(writer_process=True)`` the write task instead sends each shard's rows to the
-executor's writer process over a local Unix socket, which runs exactly the in-worker write
-(:meth:`ShardJob.run <memwal.streaming.worker.ShardJob.run>`) against its own cache.
+fences the previous worker's writer (a fenced retry when that one writes next), and two tasks
+running at once in two workers would fence each other on every write. Instead a task sends
+its shards' records to the executor's writer process over a local Unix socket, which runs
+exactly the in-process write (:meth:`WriteRequest.run <memwal.write.worker.WriteRequest.run>`)
+against its own cache: the executor's shard writers are resident there, shared by its tasks.
 
 Invariants, and why they hold:
 
@@ -18,7 +19,7 @@ Invariants, and why they hold:
   client that finds nobody listening starts the server under an exclusive ``fcntl`` lock on
   a file beside the socket and re-checks under it, so two tasks never start two servers.
 - **An acknowledged write is durable exactly as an in-worker write:** the response is sent
-  only after ``ShardJob.run`` returned, which returns after the shard's WAL write (and the
+  only after ``WriteRequest.run`` returned, which returns after the shards' WAL writes (and the
   WAL is what makes a write durable, in the worker or here).
 - **Errors keep their class.** A failed write answers with the pickled exception, raised
   again in the task (a :class:`~memwal.errors.FencedError` stays one), its server-side
@@ -31,10 +32,18 @@ Invariants, and why they hold:
   the sink's writes are idempotent per micro-batch.
 - **Idle exit never drops a request.** After ``idle_exit_seconds`` without requests the
   server removes its socket path (new clients then start a new server), answers every
-  connection already queued with "closing" (those clients retry, a write not begun), and
-  exits. Nothing needs flushing: the WAL is durable and the next writer replays it.
+  connection already queued with "closing" (those clients retry, a write not begun), flushes
+  its writers (so eventual readers see the last writes) and exits.
+- **It does not outlive its clients.** Every wait is bounded: a handler gives a silent client
+  ``REQUEST_READ_SECONDS``, and when every running request's client process has been gone for
+  ``orphan_exit_seconds`` the process exits at once (nothing it could still do reaches
+  anyone; what it acknowledged is in the WAL). So a request stuck behind a killed test's
+  failpoint or a dead store cannot keep it alive, and its idle exit follows.
+- **MemTables seal on time without writes.** A sweeper thread flushes a shard whose timed seal
+  is overdue (:meth:`ShardWriterPool.seal_overdue`: its writes stopped, or were too small to
+  seal it), so eventual readers see every write within a few seal intervals.
 
-Requests are trusted: they unpickle a :class:`~memwal.streaming.worker.ShardJob`. The socket
+Requests are trusted: they unpickle a :class:`~memwal.write.worker.WriteRequest`. The socket
 lives in a directory only its user can enter (mode 0700, owner checked), so only the user
 that runs the executor can reach it.
 """
@@ -54,20 +63,28 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-import pyarrow as pa
+from typing import Any
 
 from memwal.errors import WriterProcessError
-from memwal.sharding import ShardValues
-from memwal.streaming.worker import ShardJob
+from memwal.storage import StorageConfig
+from memwal.write.protocol import FULL, ShardRecords, ShardWriteResult, WriteMode
+from memwal.write.wire import from_payload, routed_rows, shard_records, to_payload
+from memwal.write.worker import WORKER, WriteRequest
 
-log = logging.getLogger("memwal.streaming.writer_process")
+log = logging.getLogger("memwal.write.process")
 
 #: Seconds without requests after which a writer process exits.
 IDLE_EXIT_SECONDS = 300.0
 #: Overrides the idle exit of servers this environment starts (tests).
 IDLE_ENV = "MEMWAL_WRITER_PROCESS_IDLE_SECONDS"
+#: A running request whose client has been gone this long ends the process (see
+#: :meth:`WriterProcessServer._orphaned`).
+ORPHAN_EXIT_SECONDS = 30.0
+#: How long a handler waits for the request of a client that connected.
+REQUEST_READ_SECONDS = 60.0
 #: Overrides the directory of the sockets (default: a per-user directory in the temporary directory).
 DIR_ENV = "MEMWAL_WRITER_PROCESS_DIR"
 #: How long a client waits for a server it started to listen (it imports Lance first: slow
@@ -148,17 +165,6 @@ def _recv(sock: socket.socket) -> bytes | None:
     return _recv_exact(sock, _LEN.unpack(head)[0])
 
 
-def _ipc(data: pa.Table | pa.RecordBatch) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, data.schema) as w:
-        w.write(data)
-    return sink.getvalue().to_pybytes()
-
-
-def _from_ipc(data: bytes) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-
-
 # -- the client (in the write task) ------------------------------------------------------
 
 
@@ -169,9 +175,19 @@ class WriterProcessClient:
         self.endpoint = endpoint or Endpoint.for_environment()
         self.idle_exit_seconds = idle_exit_seconds
 
-    def write_shard(self, job: ShardJob, shard_id: str, values: ShardValues, rows: pa.Table) -> pa.RecordBatch:
-        """``job.run(shard_id, values, rows)``, run by the writer process."""
-        request = (pickle.dumps((job, shard_id, values)), _ipc(rows))
+    def write(self, request: WriteRequest, records: Sequence[ShardRecords]) -> list[ShardWriteResult]:
+        """``request.run(records)``, run by the writer process (the shards in parallel there)."""
+        if not records:
+            return []
+        body = to_payload(routed_rows(records))
+        return self._call(("write", request, None), body, f"a write of shard(s) {', '.join(r.shard_id for r in records)}")
+
+    def flush(self, request: WriteRequest, shard_ids: Sequence[str] | None = None) -> None:
+        """``request.flush(shard_ids)`` in the writer process: its open writers of the table flush."""
+        self._call(("flush", request, None if shard_ids is None else list(shard_ids)), b"", "a flush")
+
+    def _call(self, header: tuple[Any, ...], body: bytes, what: str) -> Any:
+        request = (pickle.dumps(header), body)
         # A server exiting idle answers "closing" to what it had queued: such a request was
         # not begun, so sending it again (to the next server) is the same request once.
         for _ in range(5):
@@ -179,19 +195,18 @@ class WriterProcessClient:
             try:
                 _send(sock, *request)
                 status = _recv(sock)
-                body = _recv(sock) if status in (_OK, _ERROR) else None
+                reply = _recv(sock) if status in (_OK, _ERROR) else None
             except OSError as e:
-                raise WriterProcessError(f"writer process at {self.endpoint.socket} failed during a write of shard {shard_id}: {e}") from e
+                raise WriterProcessError(f"writer process at {self.endpoint.socket} failed during {what}: {e}") from e
             finally:
                 sock.close()
             if status == _CLOSING:
                 continue
-            if status is None or body is None:
-                raise WriterProcessError(f"writer process at {self.endpoint.socket} died during a write of shard {shard_id} "
-                                         f"(log: {self.endpoint.log_file})")
+            if status is None or reply is None:
+                raise WriterProcessError(f"writer process at {self.endpoint.socket} died during {what} (log: {self.endpoint.log_file})")
             if status == _ERROR:
-                raise pickle.loads(body)
-            return _from_ipc(body).to_batches()[0]
+                raise pickle.loads(reply)
+            return pickle.loads(reply)
         raise WriterProcessError(f"writer process at {self.endpoint.socket} kept closing")
 
     def _try_connect(self) -> socket.socket | None:
@@ -226,7 +241,7 @@ class WriterProcessClient:
         # The server imports this very memwal, wherever the worker found it.
         pkg_parent = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join([pkg_parent, *filter(None, [env.get("PYTHONPATH")])])
-        cmd = [sys.executable, "-m", "memwal.streaming.writer_process", "--socket", str(ep.socket)]
+        cmd = [sys.executable, "-m", "memwal.write.process", "--socket", str(ep.socket)]
         if self.idle_exit_seconds is not None:
             cmd += ["--idle-exit-seconds", str(self.idle_exit_seconds)]
         with open(ep.log_file, "ab") as out:
@@ -241,6 +256,27 @@ class WriterProcessClient:
                 raise WriterProcessError(f"writer process exited with {proc.returncode} before listening (log: {ep.log_file})")
             time.sleep(0.02)
         raise WriterProcessError(f"writer process did not listen within {START_SECONDS:.0f} s (log: {ep.log_file})")
+
+
+@dataclass(frozen=True)
+class ProcessShards:
+    """Shard writes run by the executor's writer process (a
+    :class:`~memwal.write.api.ShardWrites`): what a Spark task writes through."""
+
+    uri: str
+    #: None: the writer process's own environment.
+    storage: StorageConfig | None = None
+    durability: str | None = None
+    seal_interval_seconds: float | None = None
+    #: Seconds without writes after which a writer process this starts exits (None: its default).
+    idle_exit_seconds: float | None = None
+
+    def write(self, records: Sequence[ShardRecords], mode: WriteMode = FULL, *, label: str = "") -> list[ShardWriteResult]:
+        request = WriteRequest(self.uri, self.storage, mode, self.durability, self.seal_interval_seconds, label)
+        return client(self.idle_exit_seconds).write(request, records)
+
+    def flush(self, shard_ids: list[str] | None = None) -> None:
+        client(self.idle_exit_seconds).flush(WriteRequest(self.uri, self.storage), shard_ids)
 
 
 _clients: dict[tuple[Endpoint, float | None], WriterProcessClient] = {}
@@ -263,12 +299,19 @@ class WriterProcessServer:
     """Serves shard writes on ``endpoint``'s socket, one thread per connection (Lance releases
     the GIL while it writes), until ``idle_exit_seconds`` pass without a request."""
 
-    def __init__(self, endpoint: Endpoint, idle_exit_seconds: float = IDLE_EXIT_SECONDS) -> None:
+    def __init__(self, endpoint: Endpoint, idle_exit_seconds: float = IDLE_EXIT_SECONDS,
+                 orphan_exit_seconds: float = ORPHAN_EXIT_SECONDS) -> None:
         self.endpoint = endpoint
         self.idle_exit_seconds = idle_exit_seconds
+        self.orphan_exit_seconds = orphan_exit_seconds
         self._active = 0
         self._last = time.monotonic()
         self._lock = threading.Lock()
+        #: Handler thread -> (the pid of its client, when its request began).
+        self._peers: dict[int, tuple[int | None, float]] = {}
+        #: Since when every running request's client has been gone (None: not so).
+        self._orphaned_since: float | None = None
+        self._stopping = threading.Event()
 
     def serve(self) -> None:
         ep = self.endpoint
@@ -280,7 +323,10 @@ class WriterProcessServer:
         log.info("writer process %d listening on %s (idle exit %.0f s)", os.getpid(), ep.socket, self.idle_exit_seconds)
         listener.settimeout(0.5)
         try:
+            threading.Thread(target=self._sweep, name="memwal-sweep", daemon=True).start()
             while not self._idle():
+                if self._orphaned():
+                    os._exit(0)
                 try:
                     conn, _ = listener.accept()
                 except socket.timeout:
@@ -309,6 +355,8 @@ class WriterProcessServer:
                 finally:
                     conn.close()
             listener.close()
+            self._stopping.set()
+            WORKER.clear()  # flush: eventual readers see the last writes
             try:
                 if ep.pid_file.read_text() == str(os.getpid()):
                     ep.pid_file.unlink()
@@ -316,21 +364,63 @@ class WriterProcessServer:
                 pass
             log.info("writer process %d exits after %.0f s idle", os.getpid(), self.idle_exit_seconds)
 
+    def _sweep(self) -> None:
+        """Flush the shards whose timed seal is overdue, about every second."""
+        while not self._stopping.wait(1.0):
+            try:
+                WORKER.flush_overdue()
+            except Exception:  # noqa: BLE001 - a failed flush is retried next time; writes report their own errors
+                log.exception("flushing overdue shards failed")
+
     def _idle(self) -> bool:
         with self._lock:
             return self._active == 0 and time.monotonic() - self._last >= self.idle_exit_seconds
 
+    def _orphaned(self) -> bool:
+        """Whether every running request has lost its client for ``orphan_exit_seconds``.
+
+        Such a request can deliver nothing (its task is gone and Spark runs it again), and a
+        thread cannot be stopped from outside: one that waits on something that never comes
+        (a stalled store, a failpoint a killed test armed) would keep the process alive, its
+        idle exit never due. Exiting then is the crash the writer's design already survives:
+        every acknowledged write is in the WAL, and the next writer replays it."""
+        now = time.monotonic()
+        with self._lock:
+            peers = list(self._peers.values())
+        if not peers or any(pid is None or _alive(pid) for pid, _ in peers):
+            self._orphaned_since = None
+            return False
+        if self._orphaned_since is None:
+            self._orphaned_since = now
+        if now - self._orphaned_since < self.orphan_exit_seconds:
+            return False
+        log.warning("writer process %d: the clients of its %d running request(s) are gone; exiting", os.getpid(), len(peers))
+        return True
+
     def _handle(self, conn: socket.socket) -> None:
         try:
+            # A client sends its request right after connecting: one that stays silent this long
+            # is gone (killed between connect and send), and its handler must not wait forever.
+            conn.settimeout(REQUEST_READ_SECONDS)
             header, body = _recv(conn), _recv(conn)
             if header is None or body is None:
                 return
+            conn.settimeout(None)
+            with self._lock:
+                self._peers[threading.get_ident()] = (_peer_pid(conn), time.monotonic())
             try:
-                job, shard_id, values = pickle.loads(header)
-                summary = job.run(shard_id, values, _from_ipc(body))
-                reply = (_OK, _ipc(summary))
+                kind, request, arg = pickle.loads(header)
+                if kind == "write":
+                    rows = from_payload(body)
+                    schema = WORKER.table(request.uri, request.storage).state.write_schema
+                    result: Any = request.run(shard_records(rows, schema))
+                elif kind == "flush":
+                    result = request.flush(arg)
+                else:
+                    raise WriterProcessError(f"unknown request {kind!r}")
+                reply = (_OK, pickle.dumps(result))
             except Exception as e:  # noqa: BLE001 - every error goes back to the task
-                log.warning("write failed: %s", "".join(traceback.format_exception(e)).rstrip())
+                log.warning("%s failed: %s", "request", "".join(traceback.format_exception(e)).rstrip())
                 reply = (_ERROR, _pickled_error(e))
             _send(conn, *reply)
         except OSError as e:  # the task went away (killed, cancelled): its write is retried
@@ -338,8 +428,28 @@ class WriterProcessServer:
         finally:
             conn.close()
             with self._lock:
+                self._peers.pop(threading.get_ident(), None)
                 self._active -= 1
                 self._last = time.monotonic()
+
+
+def _peer_pid(conn: socket.socket) -> int | None:
+    """The pid of the process at the other end of a Unix socket (Linux), or None."""
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return struct.unpack("3i", creds)[0] or None
+    except (OSError, AttributeError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _pickled_error(e: Exception) -> bytes:
@@ -355,7 +465,7 @@ def _pickled_error(e: Exception) -> bytes:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m memwal.streaming.writer_process", description="memwal's per-executor writer process")
+    p = argparse.ArgumentParser(prog="python -m memwal.write.process", description="memwal's per-executor writer process")
     p.add_argument("--socket", required=True)
     p.add_argument("--idle-exit-seconds", type=float, default=float(os.environ.get(IDLE_ENV, IDLE_EXIT_SECONDS)))
     args = p.parse_args(argv)

@@ -21,7 +21,7 @@ from memwal.jsonvalues import row_to_json
 from memwal.schema import with_primary_key
 from memwal.state import resolve_storage
 from memwal.storage import StorageConfig
-from memwal.streaming.exchange import ERROR, KEY, KPART, OFFSET, ORDER, RAW, TOPIC
+from memwal.write.wire import ERROR, KEY, KPART, OFFSET, ORDER, RAW, TOPIC
 
 #: What the functions here take as storage: a resolved config, or Lance options resolved over the environment.
 Storage = StorageConfig | Mapping[str, str] | None
@@ -53,7 +53,7 @@ def record_json(row: dict[str, Any]) -> bytes:
 
 def dead_letter_rows(bad: pa.Table, batch_id: int, target_uri: str) -> pa.Table:
     """The dead-letter rows (:data:`SCHEMA`, ``recorded_at`` null) of a micro-batch's bad
-    records as the prepare stage left them (:data:`~memwal.streaming.exchange.DEAD_SCHEMA`):
+    records as the prepare stage left them (:data:`~memwal.write.wire.DEAD_SCHEMA`):
     keyed by their Kafka coordinates, or by batch and row for other sources."""
     n = bad.num_rows
     ids = []
