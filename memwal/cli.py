@@ -289,9 +289,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(a JSON key it lacks keeps the stored value; null sets null)")
     s.add_argument("--flush-interval", type=float, metavar="S",
         help="flush MemTables at most every S seconds (eventual readers' freshness; default: the sink's)")
+    s.add_argument("--exchange", choices=("auto", "none", "shard"), default="auto",
+        help="none: the tasks that read the topic decode and write it, one Spark stage per micro-batch (format('memwal')); "
+        "shard: rows are first exchanged by shard, so one task writes each shard (two stages: for a cluster whose topic's "
+        "partitions do not line up with the table's shards, docs/deploy.md); auto (default): none on one executor, shard on several")
     s.add_argument("--max-write-tasks", type=int, metavar="N",
-        help="write tasks per micro-batch (default: one per 50k rows of --max-offsets-per-trigger, up to Spark's task slots; each shard is written by "
-        "one task)")
+        help="with an exchange: write tasks per micro-batch (default: one per 50k rows of --max-offsets-per-trigger, up to Spark's task "
+        "slots; each shard is written by one task)")
     s.add_argument("--master", metavar="URL",
         help="Spark master (spark://HOST:PORT, yarn, k8s://..., local-cluster[W,C,M], ...); default: the one spark-submit, --conf, "
         "PYSPARK_SUBMIT_ARGS or spark-defaults.conf name, else local[--cores]")

@@ -555,6 +555,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         adaptive=_adaptive_sizing(args),
         kafka_source=args.kafka_source,
         observers=observers,
+        exchange=args.exchange,
     )
     try:
         with bars:

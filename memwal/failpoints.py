@@ -16,6 +16,9 @@ import time
 ENV = "MEMWAL_FAILPOINTS"
 DIR_ENV = "MEMWAL_FAILPOINT_DIR"
 EXIT_CODE = 86
+#: The longest a failpoint waits (for its test to kill the process, or to remove the marker):
+#: every wait in a writer is bounded, also one a test that died has left armed.
+MAX_WAIT_SECONDS = 600.0
 
 
 def _active() -> dict[str, str]:
@@ -36,12 +39,16 @@ def failpoint(name: str) -> None:
     if action == "wait":
         if marker is None:
             raise ValueError(f"failpoint {name}=wait needs {DIR_ENV}")
+        deadline = time.monotonic() + MAX_WAIT_SECONDS
         while os.path.exists(marker):  # until the test removes the marker
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"failpoint {name}: nobody removed {marker} within {MAX_WAIT_SECONDS:.0f} s")
             time.sleep(0.05)
         return
     if action == "exit":
         os._exit(EXIT_CODE)
     if action == "pause":
-        while True:  # until the test kills us
-            time.sleep(3600)
+        # Until the test kills us; a test that died first leaves no process behind for long.
+        time.sleep(MAX_WAIT_SECONDS)
+        os._exit(EXIT_CODE)
     raise ValueError(f"unknown failpoint action {action!r} for {name}")

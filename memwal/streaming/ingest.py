@@ -54,12 +54,15 @@ class MemwalProgressListener(_listener_base()):  # type: ignore[misc]
     the write side's line is in the server's log."""
 
     def __init__(self, reports: Reports, query_name: str, fixed_sizing: AdaptiveSizing | None = None,
-                 observers: Sequence[BatchObserver] = ()) -> None:
+                 observers: Sequence[BatchObserver] = (), log_reports: bool = False) -> None:
         super().__init__()
         #: Called with every micro-batch's :class:`BatchProgress` (metrics, progress bars).
         self.observers: list[BatchObserver] = list(observers)
         #: The query's micro-batch reports (the sink's, or those its commits leave).
         self.reports = reports
+        #: Log each report's line here (the query's process): the sink logs its own; the
+        #: commits of ``format("memwal")`` run in another process, whose log is Spark's.
+        self.log_reports = log_reports
         self.query_name = query_name
         #: Adaptive sizes through a source that takes one fixed bound (Spark's Kafka source):
         #: each batch's decision is derived from its offsets (:func:`bound_decision`).
@@ -81,6 +84,8 @@ class MemwalProgressListener(_listener_base()):  # type: ignore[misc]
         if p.name != self.query_name:
             return
         report = self.reports.report(p.batchId)
+        if report is not None and self.log_reports:
+            log.info("%s", report.line())
         self.progress[p.batchId] = {
             "batch_id": p.batchId,
             "input_rows": p.numInputRows,
@@ -478,7 +483,7 @@ def _ingest_one_stage(spark, *, bootstrap: str, topic: str, table_uri: str, chec
 
         configure_s3a(spark, storage)
     reports = Reports(tempfile.mkdtemp(prefix="memwal-reports-"))
-    listener = MemwalProgressListener(reports, name, adaptive if source == "spark" else None, observers)
+    listener = MemwalProgressListener(reports, name, adaptive if source == "spark" else None, observers, log_reports=True)
     spark.streams.addListener(listener)
     # Whole topic-partitions per task, never split (a partition's records must be written in
     # offset order, which two tasks of one partition at once would not keep).
