@@ -29,7 +29,7 @@ from memwal.streaming import SinkOptions
 from memwal.write.dead_letters import dead_letter_uri
 from memwal.streaming.sink import Prepare, Write
 from memwal.streaming.write_task import MESSAGE
-from memwal.write.process import DIR_ENV, Endpoint, ProcessShards
+from memwal.write.process import DIR_ENV, ORPHAN_ENV, Endpoint, ProcessShards
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
 OPTIONS = SinkOptions(source="columns", max_write_tasks=1, flush_interval_seconds=None, writer_process=True,
@@ -245,3 +245,64 @@ def test_spark_write_tasks_moving_between_workers_claim_each_shard_once(spark, k
     assert approx(table_rows(uri)) == approx(model)  # the end of the query flushed everything
     assert totals["writer_opens"] == len(Table.open(uri).manifests.list_shards()) == 4
     assert totals["fenced_retries"] == 0
+
+
+_STUCK_CLIENT = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_writer_process import rows_of, write_batch
+write_batch({uri!r}, 7, rows_of(range(10), "s"))
+"""
+
+
+def test_a_writer_process_exits_when_its_clients_are_gone(socket_dir, table_uri, tmp_path, monkeypatch):
+    """A request stuck in the writer process (here at a failpoint a killed test left armed) whose
+    client was killed does not keep the process alive: once every running request's client has
+    been gone for the orphan delay, it exits; a client that connects and says nothing does not
+    hold it either. What the process had acknowledged is in the WAL: the next writer replays it."""
+    Table.create(table_uri, SCHEMA, ["id"], "bucket(id, 1)").close()
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    monkeypatch.setenv(FAILPOINT_ENV, "write.wrote.batch-7=pause")
+    monkeypatch.setenv(FAILPOINT_DIR_ENV, str(markers))
+    monkeypatch.setenv(ORPHAN_ENV, "1")
+    write_batch(table_uri, 6, rows_of(range(100, 110), "a"))  # acknowledged before the stuck request
+    server = server_pid()
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.connect(str(Endpoint.for_environment().socket))  # connects, never sends a request
+    client = subprocess.Popen([sys.executable, "-c", _STUCK_CLIENT.format(tests=str(Path(__file__).parent), uri=table_uri)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not (markers / "write.wrote.batch-7").exists():
+        assert client.poll() is None, client.stderr.read().decode()[-2000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    client.kill()
+    client.wait()
+    silent.close()
+    deadline = time.monotonic() + 60
+    while _alive(server):
+        assert time.monotonic() < deadline, "the writer process outlived its killed client"
+        time.sleep(0.1)
+    assert {i: f"a{i}" for i in range(100, 110)}.items() <= stored(table_uri).items()
+
+
+def test_decimals_and_dates_cross_to_the_writer_process_aligned(socket_dir, table_uri):
+    """Rows travel to the writer process as Arrow IPC and are read there without a copy, except
+    buffers misaligned for their type: Lance refuses a decimal128 buffer that is not 16-byte
+    aligned (it panicked on one at an 8-byte offset), which IPC's 8-byte padding allows."""
+    import datetime as dt
+    from decimal import Decimal
+
+    schema = pa.schema([("id", pa.int64()), ("note", pa.string()), ("amount", pa.decimal128(12, 2)), ("day", pa.date32())])
+    table = Table.create(table_uri, schema, ["id"], "bucket(id, 2)")
+    want = {}
+    for b in range(12):  # notes of varying lengths move the decimal buffer's offset in the stream
+        ids = range(b * 10, b * 10 + 7)
+        rows = pa.table({"id": list(ids), "note": ["x" * (b * 3 + i) for i in range(7)],
+                         "amount": [Decimal(i * 7 + b) / 100 for i in ids], "day": [dt.date(2026, 1, 1 + b)] * 7}).cast(table.write_schema)
+        ProcessShards(table_uri).write(table.writer.route(rows))
+        want.update({r["id"]: r for r in rows.to_pylist()})
+    table.close()
+    got = {r["id"]: r for r in readers.open(table_uri, consistency="strong").scan().to_pylist()}
+    assert got == want

@@ -250,7 +250,7 @@ def read_tasks(bound: int | None, min_rows_per_task: int | None, slots: int) -> 
 def kafka_stream(spark, bootstrap: str, topic: str, *, starting_offsets: str = "earliest",
                  max_offsets_per_trigger: int | None = None, kafka_options: dict[str, str] | None = None,
                  prepare_for: MemwalSink | None = None, min_records_per_read_task: int | None = MIN_ROWS_PER_TASK,
-                 adaptive: AdaptiveSizing | None = None, kafka_source: str | None = None):
+                 adaptive: AdaptiveSizing | None = None, kafka_source: str | None = None, whole_partitions: bool = False):
     """A Kafka topic as a streaming DataFrame with the schema of Spark's Kafka source (key,
     value, topic, partition, offset, timestamp, timestampType), read by ``kafka_source``
     (:data:`KAFKA_SOURCES`; default: Spark's connector when it is on the classpath, see
@@ -268,6 +268,11 @@ def kafka_stream(spark, bootstrap: str, topic: str, *, starting_offsets: str = "
     takes no policy, so its bound is the policy's largest (``max_rows``, within
     ``max_bytes``): a backlog drains in micro-batches of at most that size, and a caught-up
     query's micro-batches hold what arrived meanwhile.
+
+    ``whole_partitions`` (without ``prepare_for``): the records, grouped into the read tasks of
+    :func:`read_tasks` by whole topic-partitions, never split: a task reads each of its
+    partitions in offset order, and no two tasks hold records of one partition (what a writer
+    in the reading task needs to apply a key's records in order).
     """
     source = choose_kafka_source(spark, kafka_source)
     if source == "spark":
@@ -288,9 +293,11 @@ def kafka_stream(spark, bootstrap: str, topic: str, *, starting_offsets: str = "
         for k, v in (kafka_options or {}).items():
             reader = reader.option(k if k.startswith("kafka.") else f"kafka.{k}", v)
         df = reader.load()
-        if prepare_for is None:
-            return df
         tasks = read_tasks(limit, min_records_per_read_task, default_parallelism(spark))
+        if prepare_for is None:
+            # Fewer read tasks than topic-partitions: each Python task costs a micro-batch its
+            # start (a small micro-batch of four partitions ran in two waves of two tasks).
+            return df.coalesce(tasks) if whole_partitions and tasks is not None else df
         # Spark's source plans one task per topic-partition; merged (no shuffle) into fewer,
         # each starts one Python worker for the prepare stage, not one per partition, and
         # three partitions on two slots no longer take two waves.
@@ -486,9 +493,10 @@ def _ingest_one_stage(spark, *, bootstrap: str, topic: str, table_uri: str, chec
     listener = MemwalProgressListener(reports, name, adaptive if source == "spark" else None, observers, log_reports=True)
     spark.streams.addListener(listener)
     # Whole topic-partitions per task, never split (a partition's records must be written in
-    # offset order, which two tasks of one partition at once would not keep).
+    # offset order, which two tasks of one partition at once would not keep), grouped into
+    # fewer tasks for small micro-batches.
     stream = kafka_stream(spark, bootstrap, topic, starting_offsets=starting_offsets, max_offsets_per_trigger=max_offsets_per_trigger,
-                          kafka_options=kafka_options, adaptive=adaptive, kafka_source=source, min_records_per_read_task=None)
+                          kafka_options=kafka_options, adaptive=adaptive, kafka_source=source, whole_partitions=True)
     from pyspark.sql import functions as F
 
     # The records each micro-batch read, in the query's progress (what a Spark Connect client

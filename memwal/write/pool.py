@@ -616,11 +616,15 @@ class ShardWriterPool:
                         policy.operation_retries)
             time.sleep(policy.backoff(attempt))
 
-    def flush(self, shard_ids: list[str] | None = None) -> None:
+    def flush(self, shard_ids: list[str] | None = None, *, reopen_fenced: bool = True) -> None:
         """Close writers, which flushes their MemTables to SSTables; they reopen on next use.
 
         A writer fenced before it could flush (by a GC drain or another writer's claim) has
         its acknowledged writes in the WAL: reopening replays them, closing flushes them.
+        ``reopen_fenced=False`` (a flush for freshness alone, by a writer process's sweeper or
+        its idle exit) leaves them to whoever holds the shard now, or to maintenance, which
+        flushes a shard whose writer's lease ended (:meth:`flush_stranded`): claiming a shard
+        back only to flush it fences its new owner.
         """
         for shard_id in list(self._writers) if shard_ids is None else shard_ids:
             with self._lock(shard_id):
@@ -639,6 +643,9 @@ class ShardWriterPool:
                             self._reflush(shard_id, e)
                             continue
                     self._count(shard_id, fenced_retries=1)
+                    if not reopen_fenced:
+                        log.info("writer of shard %s was fenced before its flush; its writes are its new owner's", shard_id)
+                        continue
                     log.info("writer of shard %s was fenced before its flush; reopening to flush", shard_id)
                     try:
                         self._open(shard_id).close()

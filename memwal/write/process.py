@@ -68,10 +68,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from memwal.errors import WriterProcessError
 from memwal.storage import StorageConfig
 from memwal.write.protocol import FULL, ShardRecords, ShardWriteResult, WriteMode
-from memwal.write.wire import from_payload, routed_rows, shard_records, to_payload
+from memwal.write.wire import records_from_payload, records_payload
 from memwal.write.worker import WORKER, WriteRequest
 
 log = logging.getLogger("memwal.write.process")
@@ -83,6 +85,8 @@ IDLE_ENV = "MEMWAL_WRITER_PROCESS_IDLE_SECONDS"
 #: A running request whose client has been gone this long ends the process (see
 #: :meth:`WriterProcessServer._orphaned`).
 ORPHAN_EXIT_SECONDS = 30.0
+#: Overrides it for servers this environment starts (tests).
+ORPHAN_ENV = "MEMWAL_WRITER_PROCESS_ORPHAN_SECONDS"
 #: How long a handler waits for the request of a client that connected.
 REQUEST_READ_SECONDS = 60.0
 #: Overrides the directory of the sockets (default: a per-user directory in the temporary directory).
@@ -144,21 +148,30 @@ def _private_dir(path: Path) -> Path:
 # -- wire format: length-prefixed frames -------------------------------------------------
 
 
-def _send(sock: socket.socket, *frames: bytes) -> None:
-    sock.sendall(b"".join(_LEN.pack(len(f)) + f for f in frames))
+def _send(sock: socket.socket, *frames: bytes | pa.Buffer) -> None:
+    """Length-prefixed frames, each sent from its own memory (a payload is not copied)."""
+    for frame in frames:
+        view = memoryview(frame)
+        sock.sendall(_LEN.pack(view.nbytes))
+        if view.nbytes:
+            sock.sendall(view)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(min(n - len(buf), 1 << 20))
-        if not chunk:
+def _recv_exact(sock: socket.socket, n: int) -> pa.Buffer | None:
+    # Into a buffer Arrow allocated (64-byte aligned): the IPC frames are read from it without a
+    # copy, and Lance refuses arrays whose memory is not aligned for their type (a bytearray's is not).
+    buf = pa.allocate_buffer(n)
+    view = memoryview(buf).cast("B")
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], min(n - got, 1 << 22))
+        if not k:
             return None
-        buf += chunk
-    return bytes(buf)
+        got += k
+    return buf
 
 
-def _recv(sock: socket.socket) -> bytes | None:
+def _recv(sock: socket.socket) -> pa.Buffer | None:
     head = _recv_exact(sock, _LEN.size)
     if head is None:
         return None
@@ -176,18 +189,21 @@ class WriterProcessClient:
         self.idle_exit_seconds = idle_exit_seconds
 
     def write(self, request: WriteRequest, records: Sequence[ShardRecords]) -> list[ShardWriteResult]:
-        """``request.run(records)``, run by the writer process (the shards in parallel there)."""
+        """``request.run(records)``, run by the writer process (the shards in parallel there).
+        Each shard's records travel as one Arrow IPC frame, sent from the buffer they were
+        written into."""
         if not records:
             return []
-        body = to_payload(routed_rows(records))
-        return self._call(("write", request, None), body, f"a write of shard(s) {', '.join(r.shard_id for r in records)}")
+        shards = [(r.shard_id, r.values) for r in records]
+        frames = [records_payload(r) for r in records]
+        return self._call(("write", request, shards), frames, f"a write of shard(s) {', '.join(r.shard_id for r in records)}")
 
     def flush(self, request: WriteRequest, shard_ids: Sequence[str] | None = None) -> None:
         """``request.flush(shard_ids)`` in the writer process: its open writers of the table flush."""
-        self._call(("flush", request, None if shard_ids is None else list(shard_ids)), b"", "a flush")
+        self._call(("flush", request, None if shard_ids is None else list(shard_ids)), [], "a flush")
 
-    def _call(self, header: tuple[Any, ...], body: bytes, what: str) -> Any:
-        request = (pickle.dumps(header), body)
+    def _call(self, header: tuple[Any, ...], frames: list[pa.Buffer], what: str) -> Any:
+        request = (pickle.dumps(header), *frames)
         # A server exiting idle answers "closing" to what it had queued: such a request was
         # not begun, so sending it again (to the next server) is the same request once.
         for _ in range(5):
@@ -356,7 +372,7 @@ class WriterProcessServer:
                     conn.close()
             listener.close()
             self._stopping.set()
-            WORKER.clear()  # flush: eventual readers see the last writes
+            WORKER.clear(reopen_fenced=False)  # flush: eventual readers see the last writes
             try:
                 if ep.pid_file.read_text() == str(os.getpid()):
                     ep.pid_file.unlink()
@@ -402,24 +418,28 @@ class WriterProcessServer:
             # A client sends its request right after connecting: one that stays silent this long
             # is gone (killed between connect and send), and its handler must not wait forever.
             conn.settimeout(REQUEST_READ_SECONDS)
-            header, body = _recv(conn), _recv(conn)
-            if header is None or body is None:
+            header = _recv(conn)
+            if header is None:
+                return
+            kind, request, arg = pickle.loads(header)
+            frames = [_recv(conn) for _ in (arg if kind == "write" else ())]
+            if any(f is None for f in frames):
                 return
             conn.settimeout(None)
             with self._lock:
                 self._peers[threading.get_ident()] = (_peer_pid(conn), time.monotonic())
             try:
-                kind, request, arg = pickle.loads(header)
                 if kind == "write":
-                    rows = from_payload(body)
-                    schema = WORKER.table(request.uri, request.storage).state.write_schema
-                    result: Any = request.run(shard_records(rows, schema))
+                    result: Any = request.run([records_from_payload(sid, tuple(values), frame)
+                                               for (sid, values), frame in zip(arg, frames)])
                 elif kind == "flush":
                     result = request.flush(arg)
                 else:
                     raise WriterProcessError(f"unknown request {kind!r}")
                 reply = (_OK, pickle.dumps(result))
-            except Exception as e:  # noqa: BLE001 - every error goes back to the task
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:  # noqa: BLE001 - every error goes back to the task; a panic in Lance's Rust code is a BaseException (pyo3's)
                 log.warning("%s failed: %s", "request", "".join(traceback.format_exception(e)).rstrip())
                 reply = (_ERROR, _pickled_error(e))
             _send(conn, *reply)
@@ -452,7 +472,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _pickled_error(e: Exception) -> bytes:
+def _pickled_error(e: BaseException) -> bytes:
     e.add_note(f"(raised in writer process {os.getpid()}:\n{''.join(traceback.format_exception(e)).rstrip()})")
     try:
         data = pickle.dumps(e)
@@ -470,7 +490,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle-exit-seconds", type=float, default=float(os.environ.get(IDLE_ENV, IDLE_EXIT_SECONDS)))
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
-    WriterProcessServer(Endpoint(Path(args.socket)), args.idle_exit_seconds).serve()
+    orphan = float(os.environ.get(ORPHAN_ENV, ORPHAN_EXIT_SECONDS))
+    WriterProcessServer(Endpoint(Path(args.socket)), args.idle_exit_seconds, orphan).serve()
     return 0
 
 

@@ -59,7 +59,7 @@ import pyarrow.compute as pc
 
 from memwal.errors import FencedError, InvalidArgumentError, SchemaMismatchError
 from memwal.failpoints import failpoint
-from memwal.lsm import newest_per_key
+from memwal.lsm import last_per_key, newest_per_key
 from memwal.partial import PRESENT, check_merge, fold, resolve
 from memwal.routing import RoutedBatch, route
 from memwal.schema import key_schema
@@ -387,6 +387,8 @@ class TableWriter:
             # One kind of record, in the caller's order: Lance keeps each key's last row (a
             # later row of a put, a later put), which is the newest record per key.
             return self._as_given(records, deletes, n)
+        if mode.merge == "full":
+            return self._plan_full(records, mode, deletes)
         rows = records.rows.append_column(_DELETE, pa.array(deletes, pa.bool_()))
         if records.present is not None:
             rows = rows.append_column(PRESENT, records.present)
@@ -408,13 +410,38 @@ class TableWriter:
             # The deleted keys (their last record is a delete), with that delete's sequence.
             last = newest_per_key(rows.select(pk + ([seq] if seq else []) + [_DELETE]), pk)
             dels = last.filter(last.column(_DELETE)).drop_columns([_DELETE])
+        return ShardPlan(records.shard_id, records.values, dels, ups, n, stale)
+
+    def _plan_full(self, records: ShardRecords, mode: WriteMode, deletes: np.ndarray) -> ShardPlan:
+        """Full upserts and deletes: each key's newest record (by sequence, then arrival),
+        found from the key and order columns alone, then the rows taken once: a batch's rows
+        (vectors, wide strings) are copied once, not once per step."""
+        pk = list(self.state.primary_key)
+        seq = mode.sequence_field
+        rows = records.rows
+        n = rows.num_rows
+        narrow = rows.select(pk + ([seq] if seq is not None and seq not in pk else []))
+        order = None if records.order is None else np.asarray(records.order, np.int64)
+        if seq is not None or (order is not None and bool(np.any(order[1:] < order[:-1]))):
+            by = pa.table({**({"s": narrow.column(seq)} if seq is not None else {}),
+                           "o": pa.array(np.arange(n, dtype=np.int64) if order is None else order, pa.int64())})
+            # Arrow's sort is stable: equal sequences keep their arrival order.
+            positions = np.asarray(pc.sort_indices(by, sort_keys=([("s", "ascending")] if seq is not None else []) + [("o", "ascending")]))
+            chosen = positions[last_per_key(narrow.take(pa.array(positions)), pk)]
         else:
-            newest = newest_per_key(rows.select(self.state.write_schema.names + [_DELETE]), pk)
-            if mode.drop_stale:
-                newest, stale = self._drop_stale(records.shard_id, newest, str(seq))
-            mask = newest.column(_DELETE)
-            dels = newest.filter(mask).select(pk + ([seq] if seq else []))
-            ups = newest.filter(pc.invert(mask)).select(self.state.write_schema.names)
+            chosen = last_per_key(narrow, pk)
+        stale = 0
+        if mode.drop_stale:
+            newest = narrow.take(pa.array(chosen)).append_column(_DELETE, pa.array(deletes[chosen], pa.bool_())).append_column(
+                _ORDER, pa.array(chosen, pa.int64()))
+            newest, stale = self._drop_stale(records.shard_id, newest, str(seq))
+            chosen = np.asarray(newest.column(_ORDER).to_numpy(), np.int64)
+        gone = deletes[chosen]
+        if len(chosen) == n and not gone.any():  # every record is its key's newest, all upserts
+            ups = rows.select(self.state.write_schema.names)
+        else:
+            ups = rows.select(self.state.write_schema.names).take(pa.array(chosen[~gone]))
+        dels = rows.select(pk + ([seq] if seq is not None else [])).take(pa.array(chosen[gone]))
         return ShardPlan(records.shard_id, records.values, dels, ups, n, stale)
 
     def _as_given(self, records: ShardRecords, deletes: np.ndarray, n: int) -> ShardPlan:
@@ -528,16 +555,16 @@ class TableWriter:
             lock = self._shard(shard_id).lock
             if lock.acquire(blocking=False):
                 try:
-                    self.writers.flush([shard_id])
+                    self.writers.flush([shard_id], reopen_fenced=False)
                     flushed.append(shard_id)
                 finally:
                     lock.release()
         return flushed
 
-    def close(self) -> None:
-        """Flush and release every writer."""
+    def close(self, *, reopen_fenced: bool = True) -> None:
+        """Flush and release every writer (``reopen_fenced``: see :meth:`ShardWriterPool.flush`)."""
         try:
-            self.writers.close()
+            self.writers.flush(reopen_fenced=reopen_fenced)
         finally:
             if self._executor is not None:
                 self._executor.shutdown()

@@ -69,14 +69,26 @@ def routed_schema(write_schema: pa.Schema, presence: pa.StructType | None = None
 
 
 def to_payload(rows: pa.Table | pa.RecordBatch) -> bytes:
+    return ipc_buffer(rows).to_pybytes()
+
+
+def ipc_buffer(rows: pa.Table | pa.RecordBatch) -> pa.Buffer:
+    """``rows`` as an Arrow IPC stream in one buffer (no copy to Python bytes)."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, rows.schema) as w:
         w.write(rows)
-    return sink.getvalue().to_pybytes()
+    return sink.getvalue()
+
+
+#: IPC streams align buffers to 8 bytes; Lance (arrow-rs) refuses a buffer not aligned for its
+#: type (decimal128: 16; it panics). Arrow's type-specific alignment lets a decimal at 8 bytes
+#: through (tests/test_writer_process.py), so buffers not at 64 bytes are copied as they are read
+#: (one copy of what a message holds).
+_ALIGNED = pa.ipc.IpcReadOptions(ensure_alignment=pa.ipc.Alignment.At64Byte)
 
 
 def from_payload(data: bytes | pa.Buffer) -> pa.Table:
-    with pa.ipc.open_stream(data) as r:
+    with pa.ipc.open_stream(data, options=_ALIGNED) as r:
         return r.read_all()
 
 
@@ -138,3 +150,33 @@ def shard_records(rows: pa.Table, write_schema: pa.Schema, shards: dict[str, Sha
             present=mine.column(PRESENT) if PRESENT in mine.schema.names else None,
         ))
     return out
+
+
+def records_payload(records: ShardRecords) -> pa.Buffer:
+    """One shard's records as an Arrow IPC stream: its rows, each row's operation and arrival
+    order, and for partial records their presence (the shard travels beside it)."""
+    rows = records.rows
+    n = rows.num_rows
+    rows = rows.append_column(pa.field(DELETE, pa.bool_()),
+                              pa.array(np.zeros(n, bool) if records.deletes is None else np.asarray(records.deletes, bool)))
+    if records.order is not None:
+        rows = rows.append_column(pa.field(ORDER, pa.int64()), pa.array(np.asarray(records.order, np.int64)))
+    if records.present is not None:
+        rows = rows.append_column(pa.field(PRESENT, records.present.type, nullable=False), records.present)
+    return ipc_buffer(rows)
+
+
+def records_from_payload(shard_id: str, values: ShardValues, payload: pa.Buffer | bytes | bytearray) -> ShardRecords:
+    """What :func:`records_payload` sent (read without copying the rows out of ``payload``)."""
+    with pa.ipc.open_stream(pa.py_buffer(payload) if not isinstance(payload, pa.Buffer) else payload, options=_ALIGNED) as r:
+        rows = r.read_all()
+    names = rows.schema.names
+    extra = [c for c in (DELETE, ORDER, PRESENT) if c in names]
+    return ShardRecords(
+        shard_id,
+        values,
+        rows.drop_columns(extra),
+        deletes=np.asarray(rows.column(DELETE).to_numpy(zero_copy_only=False), bool),
+        order=rows.column(ORDER).to_numpy() if ORDER in names else None,
+        present=rows.column(PRESENT) if PRESENT in names else None,
+    )

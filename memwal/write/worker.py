@@ -40,8 +40,8 @@ class WorkerTable:
     def load(cls, uri: str, storage: StorageConfig) -> "WorkerTable":
         return cls(TableWriter(TableState.load(uri, storage)))
 
-    def close(self) -> None:
-        self.writer.close()
+    def close(self, *, reopen_fenced: bool = True) -> None:
+        self.writer.close(reopen_fenced=reopen_fenced)
 
 
 class WorkerCache:
@@ -71,13 +71,14 @@ class WorkerCache:
         for t in tables:
             t.writer.flush_overdue()
 
-    def clear(self) -> None:
-        """Flush and forget every table (tests, shutdown)."""
+    def clear(self, *, reopen_fenced: bool = True) -> None:
+        """Flush and forget every table (tests, shutdown; ``reopen_fenced``: see
+        :meth:`~memwal.write.pool.ShardWriterPool.flush`)."""
         with self._lock:
             tables, self._tables = list(self._tables.values()), {}
         for t in tables:
             try:
-                t.close()
+                t.close(reopen_fenced=reopen_fenced)
             except Exception:  # noqa: BLE001 - best effort at shutdown
                 pass
 
