@@ -2,7 +2,12 @@
 separate JVMs with their own Python workers (as on a real cluster, with the pip pyspark), and
 one of them is SIGKILLed mid-stream. Spark replaces it and replays the lost tasks; the new
 writers fence the dead executor's shards and replay their WALs; the table equals the model,
-and no record is applied twice (each is in one micro-batch; no key appears twice)."""
+and no record is applied twice (each is in one micro-batch; no key appears twice).
+
+The topic's partitions line up with the table's shards (the producer partitions by shard:
+:func:`memwal.streaming.partitioning.partitions`), so the tasks that read write, one stage
+per micro-batch, each shard from one executor (the exchange by shard, what ``--exchange auto``
+picks on a cluster, runs in tests/test_observe_ingest.py's cluster test)."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from brokers import produce
 from test_streaming import SCHEMA, approx, table_rows, workload
 
 from memwal import Table, readers
+from memwal.streaming.partitioning import partitions
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 
@@ -66,9 +72,10 @@ def test_ingest_on_local_cluster_survives_a_killed_executor(kafka, tmp_path):
     topic = f"cluster-{time.monotonic_ns()}"
     kafka.create_topic(topic, 4)
     records, model = workload(3000, 500, seed=21, partitions=4)
-    produce(kafka, topic, records)
     uri = str(tmp_path / "users")
     Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)").close()
+    aligned = partitions(uri, [{"id": int(key)} for key, _, _ in records], 4)
+    produce(kafka, topic, [(key, value, int(p)) for (key, value, _), p in zip(records, aligned)])
     checkpoint = tmp_path / "ckpt"
     here = str(Path(__file__).resolve().parents[1])
     env = {
@@ -78,10 +85,10 @@ def test_ingest_on_local_cluster_survives_a_killed_executor(kafka, tmp_path):
         "SPARK_WORKER_DIR": str(tmp_path / "spark-work"),  # not under the pip package's SPARK_HOME
     }
     command = [
-        sys.executable, "-m", "memwal", "ingest",
+        sys.executable, "-m", "memwal", "-v", "ingest",
         "--master", "local-cluster[2,1,1024]",
         "--bootstrap", kafka.bootstrap, "--topic", topic, "--table", uri, "--checkpoint", str(checkpoint),
-        "--available-now", "--max-offsets-per-trigger", "200", "--max-write-tasks", "2",
+        "--available-now", "--max-offsets-per-trigger", "200", "--exchange", "none",
     ]
     log = (tmp_path / "ingest.log").open("w")
     p = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=tmp_path)
@@ -109,3 +116,8 @@ def test_ingest_on_local_cluster_survives_a_killed_executor(kafka, tmp_path):
     assert approx(table_rows(uri)) == approx(model)
     ids = readers.open(uri).scan(columns=["id"]).column("id").to_pylist()
     assert len(ids) == len(set(ids)), "a key appears twice"
+    # one stage a micro-batch; a shard written by two executors' writer processes only where
+    # the killed executor's tasks moved to the other one
+    lines = [line for line in (tmp_path / "ingest.log").read_text().splitlines() if "] batch " in line or ": batch " in line]
+    assert lines and all("(1 stage)" in line for line in lines), lines[:5]
+    assert sum("written by several processes" in line for line in lines) <= 2, lines

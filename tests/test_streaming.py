@@ -64,7 +64,7 @@ def test_ingest_end_to_end_equals_the_model(spark, kafka, tmp_path, kafka_source
     assert all(p["timestamp"] for p in progress.values())  # each trigger's start, for cadence
 
 
-def test_dead_letters_of_a_mixed_stream(spark, kafka, tmp_path, kafka_source):
+def test_dead_letters_of_a_mixed_stream(spark, kafka, tmp_path):
     topic = f"mixed-{time.monotonic_ns()}"
     kafka.create_topic(topic, 3)
     records, model = workload(3000, 500, seed=2)
@@ -91,7 +91,7 @@ def test_dead_letters_of_a_mixed_stream(spark, kafka, tmp_path, kafka_source):
         available_now=True,
         max_offsets_per_trigger=1000,
         options=SinkOptions(source="kafka-json", max_row_bytes=4096),
-        kafka_source=kafka_source,
+        kafka_source="spark",
     )
     job.await_termination()
     assert job.query.exception() is None
@@ -110,7 +110,7 @@ def test_dead_letters_of_a_mixed_stream(spark, kafka, tmp_path, kafka_source):
     assert all(d["value"] is not None for d in dlq if d["key"] != b"b6")
 
 
-def test_sequence_field_orders_versions(spark, kafka, tmp_path, kafka_source):
+def test_sequence_field_orders_versions(spark, kafka, tmp_path):
     topic = f"seq-{time.monotonic_ns()}"
     kafka.create_topic(topic, 1)
     schema = pa.schema([("id", pa.int64()), ("v", pa.string()), ("version", pa.int64())])
@@ -124,7 +124,7 @@ def test_sequence_field_orders_versions(spark, kafka, tmp_path, kafka_source):
     produce(kafka, topic, [rec(1, "new", 5), rec(1, "old", 3), rec(2, "a", 1)])
     opts = SinkOptions(source="kafka-json", sequence_field="version", drop_stale_across_batches=True)
     ckpt = str(tmp_path / "ckpt")
-    run = dict(bootstrap=kafka.bootstrap, topic=topic, table_uri=uri, checkpoint=ckpt, available_now=True, options=opts, kafka_source=kafka_source)
+    run = dict(bootstrap=kafka.bootstrap, topic=topic, table_uri=uri, checkpoint=ckpt, available_now=True, options=opts, kafka_source="spark")
     job = ingest(spark, **run)
     job.await_termination()
     produce(kafka, topic, [rec(1, "late", 4), rec(2, "b", 2)])
@@ -237,13 +237,19 @@ def ingest_to_failpoint(kafka, tmp_path, name: str, records: int, keys: int, see
     return p, uri, ckpt, topic, model
 
 
-def test_sigkill_mid_batch_then_restart_from_checkpoint(kafka, tmp_path):
-    # Pause in a write task of micro-batch 2, after it wrote a shard: two batches are
-    # committed, the third is half written. Then kill the whole driver process tree.
+def test_a_writer_process_killed_mid_batch_then_a_restart_from_the_checkpoint(kafka, tmp_path):
+    """The executor's writer process is SIGKILLed while it writes micro-batch 2 (two batches
+    committed, the third partly written: some shards, not all). The task that sent the write
+    fails (WriterProcessError), so the batch is not committed and the query stops; restarted
+    from its checkpoint, it runs the batch again through a new writer process, which claims the
+    shards and replays their WALs. The table equals the model, no key twice. (A SIGKILL of the
+    whole driver mid-stream: tests/test_spark_format.py, tests/test_s3_ingest.py, tests/test_feed_spark.py.)"""
     p, uri, ckpt, topic, model = ingest_to_failpoint(kafka, tmp_path, "crash", 8000, 1000, 3, "write.wrote.batch-2=pause")
-    os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
-    assert p.returncode == -signal.SIGKILL
+    writer = int((tmp_path / "markers" / "write.wrote.batch-2").read_text())  # the failpoint wrote the pid standing at it
+    assert writer != p.pid
+    os.kill(writer, signal.SIGKILL)
+    out, err = p.communicate(timeout=300)
+    assert b"WriterProcessError" in err, err.decode()[-3000:]
     half = table_rows(uri, "strong")
     assert half and approx(half) != approx(model)  # the crash left the table partly written
     p = ingest_cli(uri, ckpt, kafka, topic, None, "--max-offsets-per-trigger", "2000")
@@ -251,6 +257,8 @@ def test_sigkill_mid_batch_then_restart_from_checkpoint(kafka, tmp_path):
     assert p.returncode == 0, err.decode()[-3000:]
     assert "batch 2:" in err.decode()  # Spark replayed the interrupted batch
     assert approx(table_rows(uri)) == approx(model)
+    ids = readers.open(uri).scan(columns=["id"]).column("id").to_pylist()
+    assert len(ids) == len(set(ids))
     scanned = subprocess.run([sys.executable, "-m", "memwal", "scan", uri, "--json"], capture_output=True, text=True, check=True)
     assert approx({r["id"]: r for r in map(json.loads, scanned.stdout.splitlines())}) == approx(model)
 
@@ -331,10 +339,15 @@ def test_two_concurrent_queries_on_the_same_shard(spark, kafka, tmp_path):
     job, failed_here = run_here()
     # The other query goes on, with the writer this one fenced (each of its writes into
     # micro-batch 3 stands at the point once more: let them all through).
-    while other.poll() is None:
-        marker.unlink(missing_ok=True)
-        time.sleep(0.05)
-    other.wait(timeout=300)
+    deadline = time.monotonic() + 300
+    try:
+        while other.poll() is None:
+            assert time.monotonic() < deadline, "the other query did not finish"
+            marker.unlink(missing_ok=True)
+            time.sleep(0.05)
+    finally:
+        if other.poll() is None:  # a failed assertion leaves no query (and its writer process) behind
+            os.killpg(other.pid, signal.SIGKILL)
     reader.join(60)
     err = b"".join(err_lines).decode()
     fenced = job.reports.totals().get("fenced_retries", 0)
