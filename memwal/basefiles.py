@@ -82,6 +82,12 @@ def compact_files_within(
     return sum(r.metrics.fragments_removed for r in results), sum(r.metrics.fragments_added for r in results)
 
 
+#: Below this many bytes on disk the disk bound is not a ratio: a small table's fixed files
+#: (indexes, manifests, bloom filters, the MemWAL's) outweigh its rows many times over (the
+#: demo's 414 KB table was "over its disk bound" after its first maintenance cycle).
+DISK_RATIO_FLOOR_BYTES = 64 << 20
+
+
 @dataclass(frozen=True)
 class BoundsReport:
     """What one end-of-cycle pass over the base's versions did, and the footprint it left."""
@@ -215,7 +221,8 @@ class BaseFiles:
             over.append("manifest_bytes")
         if f.versions > b.max_base_versions + 1:  # the bound counts versions kept beyond the newest
             over.append("base_versions")
-        if f.disk_bytes is not None and b.max_disk_ratio is not None and f.disk_bytes > b.max_disk_ratio * max(f.live_bytes, 1):
+        if (f.disk_bytes is not None and b.max_disk_ratio is not None and f.disk_bytes > DISK_RATIO_FLOOR_BYTES
+                and f.disk_bytes > b.max_disk_ratio * max(f.live_bytes, 1)):
             over.append("disk")
         return over
 

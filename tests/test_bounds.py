@@ -227,9 +227,15 @@ def test_maintenance_removes_base_versions_over_their_bound(table_uri):
     assert r.count() == 30 and r.get(0)["name"] == "f00"
 
 
-def test_manifest_size_and_disk_are_measured_and_reported(table_uri):
+def test_manifest_size_and_disk_are_measured_and_reported(table_uri, monkeypatch):
+    import memwal.basefiles
+
     table = Table.create(table_uri, PEOPLE, ["id"], "unsharded", initial_data=people(range(1000, 1010)))
     _flushes(table, 2)
+    # A table this small is under the disk ratio's floor: its fixed files are most of it.
+    small = _maintenance(table.state, Bounds(max_disk_ratio=1.0)).run_cycle()
+    assert small.disk_bytes is not None and small.disk_bytes > small.live_bytes and "disk" not in small.bounds_exceeded
+    monkeypatch.setattr(memwal.basefiles, "DISK_RATIO_FLOOR_BYTES", 0)  # as a large table would be
     # A manifest bound of 1 byte cannot be met: it is reported (after compact_files ran).
     # A disk bound of 1x the live data cannot be met either: versions go down to the newest.
     m = _maintenance(table.state, Bounds(max_manifest_bytes=1, max_disk_ratio=1.0), max_generations_per_commit=1)
