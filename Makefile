@@ -1,6 +1,7 @@
 # The two commands of the README's Quick start, and what they need.
 #   make demo   end-to-end demo on a local embedded setup
 #   make test   lint (ruff, the import-layer contract) and the whole test suite
+#   make test-full   make test with every property test's full example count and the whole fault matrix
 #   make soak-tests  the tests marked soak (each over ~40 s; the default suite leaves them out)
 #   make crash  1000 randomized writer/maintenance SIGKILL trials (bench/crash.py; TRIALS=N to change)
 # Both create .venv/ and install memwal with its pinned dependencies, then fetch the JVM
@@ -14,7 +15,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 JARS := .jars/.complete
 
-.PHONY: demo test soak-tests crash system-deps clean
+.PHONY: demo test test-full soak-tests crash system-deps clean
 
 system-deps:
 	@command -v java >/dev/null 2>&1 || { echo "installing Java (for Spark)"; \
@@ -22,11 +23,12 @@ system-deps:
 	@command -v mvn >/dev/null 2>&1 || { echo "installing Maven (fetches the JVM artifacts)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends maven; }
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml tools/dev_install.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# compat: the checkout on the Python path, so Spark's data source lookup finds pyspark_memwal
-	$(PY) -m pip install -q -e ".[dev]" --config-settings editable_mode=compat
+	# The pinned dependencies, and this checkout on the environment's path (so Spark's data
+	# source lookup finds pyspark_memwal; tools/dev_install.py says why not an editable install)
+	$(PY) tools/dev_install.py $(VENV) dev
 	touch $@
 
 # Each group is fetched again only when its pom or the pinned versions change (memwal/jvm).
@@ -40,7 +42,16 @@ demo: system-deps $(VENV)/.installed $(JARS)
 test: system-deps $(VENV)/.installed $(JARS)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest
+	$(PY) -m pytest --junitxml=.test-results/junit.xml
+
+# What make test leaves out for time, with the same gate otherwise: every property test at its full
+# example count and the whole fault matrix of docs/faults.md (MEMWAL_TEST_PROFILE=full, see
+# tests/helpers.py). Run it before a release and after changes to the write path, the readers or
+# the storage layer; it takes about 5 minutes more than make test.
+test-full: system-deps $(VENV)/.installed $(JARS)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+	MEMWAL_TEST_PROFILE=full $(PY) -m pytest --junitxml=.test-results/junit-full.xml
 
 soak-tests: system-deps $(VENV)/.installed $(JARS)
 	$(PY) -m pytest -m soak
@@ -50,4 +61,4 @@ crash: $(VENV)/.installed $(JARS)
 	$(PY) bench/crash.py --trials $(TRIALS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .jars
+	rm -rf $(VENV) build *.egg-info .pytest_cache .jars .test-results

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import json
 import random
 
@@ -123,3 +125,14 @@ def run_sink_batch(uri: str, options, data: pa.Table, batch_id: int):
     out = list(Write(uri, options, batch_id, options.dead_letter_uri or dead_letter_uri(uri))(iter(exchange)))
     messages = [pickle.loads(b.column(MESSAGE)[0].as_py()).message for b in out]
     return TableWrite(TableState.load(uri), options.write_mode(), dead_letter_uri=options.dead_letter_uri).commit(messages, batch_id)
+
+
+#: How many examples property tests run: "dev" (``make test``, the default) a third of each
+#: test's count, at least a few; "full" (``make test-full``, ``MEMWAL_TEST_PROFILE=full``) all of
+#: them. The expensive ones (real Lance tables per example) are the ones that scale.
+PROFILE = os.environ.get("MEMWAL_TEST_PROFILE", "dev")
+
+
+def examples(n: int, least: int = 5) -> int:
+    """``n`` examples under the full profile, a third of them (at least ``least``) otherwise."""
+    return n if PROFILE == "full" else max(min(n, least), n // 3)

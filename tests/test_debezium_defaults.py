@@ -21,6 +21,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from helpers import examples
 from brokers import produce
 from debezium_events import AvroTopic, Column, PostgresTable, orders_table, random_order
 from registry import Registry
@@ -223,7 +224,7 @@ def test_damaged_avro_envelopes_are_dead_letters_on_both_paths(avro_topic):
         assert sorted(int(p) for p in d.positions) == [i for i in range(12) if i not in (2, 4, 6)]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(seed=st.integers(0, 10**6), damages=st.lists(st.tuples(st.sampled_from(["cut", "trailing", "flip", "random", "none"]),
                                                              st.integers(0, 10**6)), min_size=1, max_size=10))
 def test_the_layout_walk_of_nested_envelopes_agrees_with_fastavro(seed, damages):
@@ -379,8 +380,8 @@ DEBEZIUM_DEFAULTS_SEED = int(os.environ.get("MEMWAL_TEST_SEED", "38"))
 @pytest.mark.spark
 @pytest.mark.kafka
 @pytest.mark.slow
-def test_4000_default_debezium_change_events_through_a_broker_equal_the_source(spark, kafka, tmp_path, kafka_source):
-    topic = f"shop.public.orders.{kafka_source}.{random.randrange(1 << 30)}"
+def test_4000_default_debezium_change_events_through_a_broker_equal_the_source(spark, kafka, tmp_path):
+    topic = f"shop.public.orders.{random.randrange(1 << 30)}"
     kafka.create_topic(topic, 3)
     records, model, tombstones = orders_stream(4000, DEBEZIUM_DEFAULTS_SEED)
     produce(kafka, topic, records)
@@ -390,7 +391,7 @@ def test_4000_default_debezium_change_events_through_a_broker_equal_the_source(s
     Table.create(uri, event.schema, list(event.primary_key or ()), "bucket(id, 4)").close()
     job = ingest(spark, bootstrap=kafka.bootstrap, topic=topic, table_uri=uri, checkpoint=str(tmp_path / "ckpt"), available_now=True,
                  max_offsets_per_trigger=1000, options=SinkOptions(source="kafka-json", value_format="debezium-json"),
-                 kafka_source=kafka_source)
+                 kafka_source="spark")
     job.await_termination()
     assert job.query.exception() is None
     assert read_dead_letters(dead_letter_uri(uri)).num_rows == 0

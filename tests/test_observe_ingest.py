@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 AGE_SECONDS = 120
 
 
-def test_ingest_metrics_during_an_ingest_equal_what_was_produced(spark, kafka, tmp_path, kafka_source):
+def test_ingest_metrics_during_an_ingest_equal_what_was_produced(spark, kafka, tmp_path):
     topic = f"observed-{time.monotonic_ns()}"
     kafka.create_topic(topic, 2)
     records, _model = workload(1200, 300, seed=7, partitions=2)
@@ -52,7 +52,7 @@ def test_ingest_metrics_during_an_ingest_equal_what_was_produced(spark, kafka, t
             seen.append((batch, scrape(server.url)))
 
         job = ingest(spark, bootstrap=kafka.bootstrap, topic=topic, table_uri=uri, checkpoint=str(tmp_path / "ckpt"),
-                     available_now=True, max_offsets_per_trigger=400, kafka_source=kafka_source,
+                     available_now=True, max_offsets_per_trigger=400, kafka_source="spark",
                      observers=[metrics, scrape_now])
         job.await_termination()
         assert job.query.exception() is None

@@ -330,7 +330,7 @@ def test_sink_stages_fold_json_records_and_a_replayed_batch_changes_nothing(tabl
 
 @pytest.mark.spark
 @pytest.mark.kafka
-def test_ingest_partial_json_records_end_to_end(spark, kafka, tmp_path, kafka_source):
+def test_ingest_partial_json_records_end_to_end(spark, kafka, tmp_path):
     from brokers import produce
 
     from memwal.streaming import SinkOptions, ingest
@@ -357,12 +357,12 @@ def test_ingest_partial_json_records_end_to_end(spark, kafka, tmp_path, kafka_so
         rec({"id": 9, "name": "new"}, 1),
         (b"nokey", json.dumps({"name": "orphan"}).encode(), 0),
     ])
-    job = ingest(spark, bootstrap=kafka.bootstrap, topic=topic, table_uri=uri, checkpoint=ckpt, available_now=True, options=opts, kafka_source=kafka_source)
+    job = ingest(spark, bootstrap=kafka.bootstrap, topic=topic, table_uri=uri, checkpoint=ckpt, available_now=True, options=opts, kafka_source="spark")
     job.await_termination()
     assert job.query.exception() is None
     # batch 2 (a second query run): merges over what batch 1 stored
     produce(kafka, topic, [rec({"id": 9, "score": 9.0}, 1), rec({"id": 0, "name": None, "vec": [0.0, 0.0]}, 0)])
-    job = ingest(spark, bootstrap=kafka.bootstrap, topic=topic, table_uri=uri, checkpoint=ckpt, available_now=True, options=opts, kafka_source=kafka_source)
+    job = ingest(spark, bootstrap=kafka.bootstrap, topic=topic, table_uri=uri, checkpoint=ckpt, available_now=True, options=opts, kafka_source="spark")
     job.await_termination()
     assert job.query.exception() is None
     got = {r["id"]: r for r in Table.open(uri).reader().scan().to_pylist()}

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from helpers import examples
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from memwal import IndexConfig, Table, WriterConfig, paths, readers
@@ -162,7 +163,7 @@ class ReadMachine(RuleBasedStateMachine):
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-ReadMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=25, deadline=None)
+ReadMachine.TestCase.settings = settings(max_examples=examples(25), stateful_step_count=25, deadline=None)
 TestReadsEqualTheModel = ReadMachine.TestCase
 
 

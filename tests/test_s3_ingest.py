@@ -41,10 +41,14 @@ def test_the_stages_carry_the_drivers_storage():
 @pytest.mark.s3
 @pytest.mark.spark
 @pytest.mark.kafka
-def test_ingest_into_an_s3_table_equals_the_model(spark, kafka, s3_server, tmp_path, monkeypatch, kafka_source):
+def test_ingest_into_an_s3_table_equals_the_model(spark, kafka, s3_server, tmp_path, monkeypatch):
+    """The store configured only by the standard AWS_* variables of the driver's process (set
+    after its JVM and Python workers started, so only what the driver resolves reaches them)."""
     for var, _key in ENVIRONMENT_VARIABLES:
         monkeypatch.delenv(var, raising=False)
     opts = s3_server.storage_options()
+    for var, value in s3_server.env().items():
+        monkeypatch.setenv(var, value)
     topic = f"s3-{time.monotonic_ns()}"
     kafka.create_topic(topic, 3)
     records, model = workload(3000, 400, seed=11)
@@ -63,8 +67,7 @@ def test_ingest_into_an_s3_table_equals_the_model(spark, kafka, s3_server, tmp_p
         checkpoint=str(tmp_path / "ckpt"),  # Spark's own files: a local path (s3a:// needs hadoop-aws)
         available_now=True,
         max_offsets_per_trigger=1000,
-        storage_options=opts,
-        kafka_source=kafka_source,
+        kafka_source="spark",
     )
     job.await_termination()
     assert job.query.exception() is None
@@ -84,16 +87,12 @@ def test_ingest_into_an_s3_table_equals_the_model(spark, kafka, s3_server, tmp_p
 @pytest.mark.s3
 @pytest.mark.spark
 @pytest.mark.kafka
-@pytest.mark.parametrize("configured_by", ["flags", "environment"])
-def test_memwal_ingest_into_s3(kafka, s3_server, tmp_path, configured_by):
+def test_memwal_ingest_into_s3(kafka, s3_server, tmp_path):
     """`memwal ingest --available-now` configured only by `--storage-option` flags (no AWS_*
-    variable anywhere), or only by the standard AWS_* variables (no flag)."""
+    variable anywhere; the variables alone configure the ingest above)."""
     env = {k: v for k, v in os.environ.items() if k not in {var for var, _key in ENVIRONMENT_VARIABLES}}
     opts = s3_server.storage_options()
-    if configured_by == "flags":
-        flags = [arg for k, v in opts.items() for arg in ("--storage-option", f"{k}={v}")]
-    else:
-        flags, env = [], {**env, **s3_server.env()}
+    flags = [arg for k, v in opts.items() for arg in ("--storage-option", f"{k}={v}")]
     topic = f"s3-cli-{time.monotonic_ns()}"
     kafka.create_topic(topic, 2)
     records, model = workload(2000, 300, seed=12, partitions=2)

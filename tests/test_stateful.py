@@ -15,6 +15,7 @@ import tempfile
 import pyarrow as pa
 from hypothesis import settings
 from hypothesis import strategies as st
+from helpers import examples
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from memwal import StaleCompactionError, Table, WriterConfig, readers
@@ -213,5 +214,5 @@ class LsmMachine(RuleBasedStateMachine):
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-LsmMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=50, deadline=None)
+LsmMachine.TestCase.settings = settings(max_examples=examples(60), stateful_step_count=50, deadline=None)
 TestLsm = LsmMachine.TestCase

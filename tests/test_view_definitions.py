@@ -20,6 +20,7 @@ import lance
 import pyarrow as pa
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from helpers import examples
 
 from memwal import Table, WriterConfig
 from memwal.compactor import Compactor
@@ -96,7 +97,7 @@ round_strategy = st.tuples(
 )
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(
     group_by=st.lists(st.sampled_from(["flag", "status", "ship", "price"]), min_size=1, max_size=3, unique=True),
     aggs=st.lists(st.sampled_from(sorted(AGGREGATES)), min_size=1, max_size=4, unique=True),

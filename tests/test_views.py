@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
+from helpers import examples
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from memwal import Table, WriterConfig
@@ -157,7 +158,7 @@ class ViewMachine(RuleBasedStateMachine):
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-ViewMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=20, deadline=None)
+ViewMachine.TestCase.settings = settings(max_examples=examples(40), stateful_step_count=20, deadline=None)
 TestViewsEqualTheirQuery = ViewMachine.TestCase
 
 
