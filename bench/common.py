@@ -185,3 +185,85 @@ def work_dir(path: str | None, prefix: str) -> Iterator[str]:
     finally:
         if not path:
             shutil.rmtree(work, ignore_errors=True)
+
+
+#: Process categories of a Spark ingest on this machine, by what their command line holds.
+_CPU_CATEGORIES = (
+    ("writer process", ("memwal.write.process",)),
+    ("driver's Python workers (data source setup, commit)", ("python_streaming_sink_runner", "create_data_source", "commit_data_source")),
+    ("Python workers (tasks)", ("pyspark.daemon", "pyspark/daemon")),
+    ("Kafka broker", ("kafka.Kafka", "KafkaRaftServer", "kafka-broker")),
+    ("Spark JVM", ("org.apache.spark", "spark-kafka", "pyspark/jars")),
+)
+
+
+class CpuByProcess:
+    """CPU seconds spent by each kind of process (the Spark JVM, its Python workers, memwal's
+    writer process, the broker, this process) while the ``with`` block runs, sampled from
+    /proc twice a second: where a run's cores went, beside its wall time."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.seconds: dict[str, float] = {}
+        self.processes: dict[str, int] = {}
+        self._first: dict[int, tuple[str, int]] = {}
+        self._last: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _category(pid: int, cmd: str) -> str | None:
+        if pid == os.getpid():
+            return "this process (driver)"
+        for name, needles in _CPU_CATEGORIES:
+            if any(n in cmd for n in needles):
+                return name
+        return None
+
+    def _sample(self) -> None:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            pid = int(entry)
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                ticks = int(fields[11]) + int(fields[12])
+                if pid not in self._first:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+                    cat = self._category(pid, cmd)
+                    if cat is None:
+                        continue
+                    self._first[pid] = (cat, ticks)
+                self._last[pid] = ticks
+            except (OSError, IndexError, ValueError):
+                continue
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            self._sample()
+
+    def __enter__(self) -> "CpuByProcess":
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        hz = os.sysconf("SC_CLK_TCK")
+        out: dict[str, float] = {}
+        count: dict[str, int] = {}
+        for pid, (cat, first) in self._first.items():
+            out[cat] = out.get(cat, 0.0) + (self._last.get(pid, first) - first) / hz
+            count[cat] = count.get(cat, 0) + 1
+        self.seconds = dict(sorted(out.items(), key=lambda kv: -kv[1]))
+        #: How many processes of each kind ran (a kind started anew per micro-batch shows here).
+        self.processes = count
+
+    def line(self) -> str:
+        return ", ".join(f"{k} {v:.1f}" + (f" ({self.processes[k]} processes)" if self.processes.get(k, 1) > 1 else "")
+                         for k, v in self.seconds.items() if v >= 0.05)

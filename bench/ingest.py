@@ -177,21 +177,20 @@ def run_naive(spark, broker, topic: str, uri: str, ckpt: str, batch: int, availa
     return sink, elapsed
 
 
-#: The memwal sink's layouts ``--axes --variants`` can run side by side in each cell (each
-#: against the same cell's naive sink): ingest's default (the executor's writer process, which
-#: runs a small micro-batch's prepare and write in one stage, and Spark's topic-partitions
-#: merged into one wave of read tasks); writes in the Python workers, in two stages (the
-#: default before); Spark's one read task per topic-partition, also in two stages (the layout
-#: before both).
+#: memwal's layouts ``--axes --variants`` can run side by side in each cell (each against the
+#: same cell's naive sink): ingest's default on one executor, the tasks that read write
+#: (``format("memwal")``, one stage); the exchange by shard first (the ``foreachBatch`` sink,
+#: two stages, what ``ingest`` runs on a cluster whose topic is not partitioned by shard, and
+#: the default before).
 VARIANTS = {
     "default": {},
-    "no-writer-process": {"writer_process": False},
-    "task-per-partition": {"writer_process": False, "min_records_per_read_task": None},
+    "exchange": {"exchange": "shard"},
 }
 
 
 def run_memwal(spark, broker, topic: str, uri: str, ckpt: str, batch: int, tasks: int | None, available_now: bool = True, stop: threading.Event | None = None,
-               started: list | None = None, kafka_source: str = "spark", min_records_per_read_task: int | None = MIN_ROWS_PER_TASK, **sink_options):
+               started: list | None = None, kafka_source: str = "spark", min_records_per_read_task: int | None = MIN_ROWS_PER_TASK,
+               exchange: str = "auto", **sink_options):
     job = ingest(
         spark,
         bootstrap=broker.bootstrap,
@@ -203,6 +202,7 @@ def run_memwal(spark, broker, topic: str, uri: str, ckpt: str, batch: int, tasks
         available_now=available_now,
         max_offsets_per_trigger=batch,
         options=SinkOptions(source="kafka-json", op_field=None, max_write_tasks=tasks, **sink_options),
+        exchange=exchange,
     )
     if started is not None:
         started.append(job)
@@ -794,9 +794,11 @@ def main() -> None:
             base = base_rows(args.base_rows)
             naive_uri = os.path.join(work, "naive")
             lance.write_dataset(base, naive_uri)
-            # None: ingest's default (one write task per 50k rows of a micro-batch, up to
-            # Spark's slots: one here)
-            variants = {"memwal": None, "memwal (2 write tasks = slots)": 2, "memwal (1 task per shard)": 4}
+            # ingest's default (one stage: the tasks that read write), and the exchange by shard
+            # with its write tasks: ingest's default there (one per 50k rows of a micro-batch, up to
+            # Spark's slots: one here), and one per shard
+            variants = {"memwal": ("none", None), "memwal (exchange by shard)": ("shard", None),
+                        "memwal (exchange, 1 task per shard)": ("shard", 4)}
             uris = {}
             for name in variants:
                 uris[name] = os.path.join(work, name.replace(" ", "_").replace("(", "").replace(")", ""))
@@ -812,8 +814,9 @@ def main() -> None:
             naive, elapsed = run_naive(spark, broker, topic, naive_uri, os.path.join(work, "ckpt-naive"), args.batch_rows)
             assert lance.dataset(naive_uri).count_rows() == args.base_rows + args.batches * (args.batch_rows // 2)
             rows.append(("naive (merge_insert per batch)", naive.rows, sum(naive.durations), elapsed, naive.durations))
-            for name, tasks in variants.items():
-                job, elapsed = run_memwal(spark, broker, topic, uris[name], os.path.join(work, f"ckpt-{tasks}"), args.batch_rows, tasks)
+            for name, (exchange, tasks) in variants.items():
+                job, elapsed = run_memwal(spark, broker, topic, uris[name], os.path.join(work, f"ckpt-{exchange}-{tasks}"), args.batch_rows, tasks,
+                                          exchange=exchange)
                 durations = [r.seconds for r in job.reports.reports]
                 total_rows = int(job.reports.totals()["rows"])
                 count = readers.open(uris[name]).count()
