@@ -126,8 +126,14 @@ def floor_source(decode: bool):
 def run_floor(spark, broker, topic: str, work: str, batch: int, decode: bool) -> float:
     source = floor_source(decode)
     spark.dataSource.register(source)
+    from memwal.streaming.job import FETCH_MAX_WAIT_MS, MIN_ROWS_PER_TASK, read_tasks
+    from memwal.streaming.session import default_parallelism
+
+    # Read as memwal's ingest reads (its fetch wait, whole partitions grouped into its read tasks).
     df = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", broker.bootstrap).option("subscribe", topic)
-          .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", str(batch)).load())
+          .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", str(batch))
+          .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS)).load())
+    df = df.coalesce(read_tasks(batch, MIN_ROWS_PER_TASK, default_parallelism(spark)))
     t0 = time.perf_counter()
     q = (df.writeStream.format(source.name()).option("checkpointLocation", os.path.join(work, f"ckpt-{source.name()}"))
          .trigger(availableNow=True).start())

@@ -2,7 +2,7 @@
 
 The naive sink is what a user writes today: ``foreachBatch`` decoding the Kafka JSON with
 Spark's ``from_json``, collecting the micro-batch and running Lance ``merge_insert`` on
-the driver. The memwal sink is :func:`memwal.streaming.ingest`. Both read the same
+the driver. The memwal sink is :func:`memwal.streaming.job`. Both read the same
 records from the same local broker through the same Kafka source.
 
 Workload (as in ../shared/notes/baselines.md): a base table of ``--base-rows`` rows
@@ -65,7 +65,7 @@ from probe_reader import ProbeReader  # noqa: E402
 from memwal import Table, WriterConfig, readers  # noqa: E402
 from memwal.streaming import SinkOptions, ingest, kafka_stream, local_session  # noqa: E402
 from memwal.streaming.adaptive import AdaptiveSizing  # noqa: E402
-from memwal.streaming.ingest import MIN_ROWS_PER_TASK  # noqa: E402
+from memwal.streaming.job import MIN_ROWS_PER_TASK  # noqa: E402
 from memwal.streaming.local_broker import start_local_broker  # noqa: E402
 
 PROBE = -1

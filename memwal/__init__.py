@@ -51,7 +51,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Table": "memwal.table",
     "WriteResult": "memwal.table",
-    "WriteReport": "memwal.write.api",
+    "WriteReport": "memwal.write.messages",
     "Bounds": "memwal.metadata",
     "IndexConfig": "memwal.metadata",
     "WriterConfig": "memwal.metadata",

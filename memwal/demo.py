@@ -135,7 +135,7 @@ def run_kafka_flow(workdir: str, records: int, keys: int) -> bool:
     with start_local_broker(os.path.join(workdir, "broker")) as broker:
         print(f"== Kafka broker up on {broker.bootstrap} in {broker.start_seconds:.1f}s")
         t0 = time.perf_counter()
-        spark = local_session(app="memwal-demo")
+        spark = local_session(app="memwal-demo", fast_start=False)  # the full JIT: the JVM reads and converts every record
         print(f"== Spark (local[2]) up in {time.perf_counter() - t0:.1f}s")
         broker.create_topic("users", 4)
         Table.create(uri, SCHEMA, ["id"], "bucket(id, 4)").close()

@@ -32,7 +32,8 @@ from memwal.state import TableState, resolve_storage, table_exists
 from memwal.storage import StorageConfig
 from memwal.status import TableStatus, table_status
 from memwal.write.api import TableWrite, WriteBatch, WriteReport
-from memwal.write.protocol import ShardRecords, TableWriter, WriteMode
+from memwal.write.messages import WriteMode
+from memwal.write.protocol import ShardRecords, TableWriter
 from memwal.write.pool import ShardWriterPool
 
 if TYPE_CHECKING:

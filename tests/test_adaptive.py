@@ -120,7 +120,7 @@ def test_a_backlog_drains_in_bounded_batches_then_steady_ones(spark, kafka, tmp_
 def test_read_tasks_of_spark_kafka_micro_batches(bound, min_rows, slots):
     """Spark's source's partitions are merged into one wave of tasks (at most the slots), each
     with at least ``min_rows`` of the bound when the bound allows; None leaves Spark's plan."""
-    from memwal.streaming.ingest import read_tasks
+    from memwal.streaming.job import read_tasks
 
     tasks = read_tasks(bound, min_rows, slots)
     if min_rows is None:
@@ -135,7 +135,7 @@ def test_read_tasks_of_spark_kafka_micro_batches(bound, min_rows, slots):
 
 
 def test_read_tasks_examples():
-    from memwal.streaming.ingest import MIN_ROWS_PER_TASK, read_tasks
+    from memwal.streaming.job import MIN_ROWS_PER_TASK, read_tasks
 
     assert read_tasks(10_000, MIN_ROWS_PER_TASK, 2) == 1  # a steady micro-batch: one Python task
     assert read_tasks(400_000, MIN_ROWS_PER_TASK, 2) == 2  # a catch-up's: every slot

@@ -26,7 +26,7 @@ from test_streaming import SCHEMA, approx, table_rows, workload
 import memwal
 from memwal import Table
 from memwal.streaming import BatchReport, MemwalSink, SinkOptions, ingest
-from memwal.streaming.ingest import observed_metrics
+from memwal.streaming.job import observed_metrics
 from memwal.streaming.session import default_parallelism, is_connect
 
 REPO = Path(memwal.__file__).resolve().parent.parent

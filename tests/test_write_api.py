@@ -26,7 +26,7 @@ from memwal import Table, readers
 from memwal.state import TableState
 from memwal.write.api import TableWrite, WriteBatch, WriteReport
 from memwal.write.dead_letters import dead_letter_uri, read_dead_letters
-from memwal.write.wire import DEAD_SCHEMA, ERROR, KEY, KPART, OFFSET, ORDER, RAW, TOPIC
+from memwal.write.messages import DEAD_SCHEMA, ERROR, KEY, KPART, OFFSET, ORDER, RAW, TOPIC
 from memwal.write.worker import WORKER, WorkerShards
 
 SCHEMA = pa.schema(

@@ -53,7 +53,7 @@ from pyspark.sql.datasource import (
 
 from memwal.spark.options import FormatOptions
 from memwal.sqltext import quote_ident, sql_literal
-from memwal.write.wire import from_payload, to_payload
+from memwal.write.messages import from_payload, to_payload
 
 _OPS = {EqualTo: "=", GreaterThan: ">", GreaterThanOrEqual: ">=", LessThan: "<", LessThanOrEqual: "<="}
 

@@ -73,10 +73,15 @@ class MemwalDataSource(DataSource):
         return ChangeFeedStreamReader(self._state().uri, self.opts, schema)
 
     def _writer_args(self, schema: Any, *, streaming: bool) -> tuple[str, FormatOptions, Any]:
-        from memwal.spark.write import sink_options
+        from memwal import paths
+        from memwal.spark.write import reads_kafka, sink_options
 
-        state = self._state()
         columns = [f.name for f in schema.fields]
+        if reads_kafka(self.opts, columns):
+            # Kafka records need nothing of the table to plan their write, and Spark makes the
+            # writer again for every micro-batch's commit: no table load (and no Lance) there.
+            return paths.normalize_uri(self.opts.path), self.opts, sink_options(self.opts, columns, [], streaming=streaming)
+        state = self._state()
         return state.uri, self.opts, sink_options(self.opts, columns, state.schema.names, streaming=streaming)
 
     def writer(self, schema: Any, overwrite: bool) -> Any:

@@ -42,11 +42,13 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
 from memwal.errors import InvalidArgumentError
-from memwal.feed import CHANGE_TYPE
 from memwal.spark.options import FormatOptions
-from memwal.streaming.exchange import PART
 from memwal.streaming.options import SinkOptions
-from memwal.write.api import TableWrite, WriteBatch, WriteMessage, WriteReport
+from memwal.write.messages import WriteMessage, WriteReport
+
+#: The change feed's operation column (memwal.feed.CHANGE_TYPE: that module loads Lance, and the
+#: driver's commit of a micro-batch imports this one).
+CHANGE_TYPE = "_change_type"
 
 log = logging.getLogger("memwal.spark")
 
@@ -134,8 +136,10 @@ def write_task(uri: str, opts: FormatOptions, sink: SinkOptions, batches: Iterat
 
     from pyspark import TaskContext
 
+    from memwal.streaming.exchange import PART
     from memwal.streaming.prepare import Prepare, timestamp_range
     from memwal.streaming.write_task import shard_writes
+    from memwal.write.api import TableWrite, WriteBatch
     from memwal.write.wire import shard_records
     from memwal.write.worker import WORKER
 
@@ -151,6 +155,9 @@ def write_task(uri: str, opts: FormatOptions, sink: SinkOptions, batches: Iterat
     # One batch written while the next is read and prepared: the writer process writes while
     # this process decodes. One at a time, so the task's batches are applied in order.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="memwal-task-write") as writer:
+        # The writer process starts (or loads the table) while this task reads its first records.
+        warm = getattr(write.shards, "warm", None)
+        pending_warm: Future[None] | None = writer.submit(warm) if warm is not None else None
         it = iter(batches)
         while True:
             t0 = time.perf_counter()
@@ -175,15 +182,18 @@ def write_task(uri: str, opts: FormatOptions, sink: SinkOptions, batches: Iterat
             pending = writer.submit(write.prepare, prepared, label=label)
         if pending is not None:
             message = message.merge(pending.result())
+        if pending_warm is not None:
+            pending_warm.result()  # (its error, if the writes did not already raise one)
     return TaskMessage(message)
 
 
 def commit(uri: str, opts: FormatOptions, sink: SinkOptions, messages: list[Any], batch_id: int | None) -> WriteReport:
     """Commit a write (``batch_id`` None: flush every shard written) or a micro-batch."""
-    from memwal.write.worker import WORKER
+    from memwal.write.api import TableWrite
 
-    state = WORKER.table(uri, opts.storage).state
-    write = TableWrite(state, sink.write_mode(), dead_letter_uri=sink.dead_letter_uri)
+    # The table is loaded only to record dead letters or to flush (a batch write): a
+    # micro-batch's commit, in a Python process of the driver, loads no Lance otherwise.
+    write = TableWrite(uri=uri, storage=opts.storage, mode=sink.write_mode(), dead_letter_uri=sink.dead_letter_uri)
     report = write.commit([m.message for m in messages if isinstance(m, TaskMessage)], batch_id, flush=batch_id is None, stages=1)
     log.info("format(memwal) %s", report.line())
     if opts.report_dir:
@@ -193,7 +203,7 @@ def commit(uri: str, opts: FormatOptions, sink: SinkOptions, messages: list[Any]
 
 def publish(report: WriteReport, directory: str) -> None:
     """Leave a micro-batch's report where the query's listener reads it
-    (:func:`memwal.streaming.ingest.read_report`): the commit runs in a Python process of the
+    (:func:`memwal.streaming.job.read_report`): the commit runs in a Python process of the
     driver that is not the one running the query's listener."""
     import json
     import os

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from memwal.sharding import ShardingSpec, ShardValues
 from memwal.streaming.options import SinkOptions
-from memwal.write.wire import DELETE, SHARD, SHARDS_KEY, to_payload
+from memwal.write.messages import DELETE, SHARD, SHARDS_KEY, to_payload
 
 #: The write partition (task) each routed row goes to; the other internal columns and the
 #: payload format are the write side's (:mod:`memwal.write.wire`).

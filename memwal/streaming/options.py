@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memwal.metadata import check_durability
-from memwal.write.protocol import WriteMode
+from memwal.write.messages import WriteMode
 
 
 @dataclass(frozen=True)

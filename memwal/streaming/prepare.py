@@ -24,7 +24,8 @@ from memwal.sharding import ShardValues
 from memwal.state import TableState
 from memwal.storage import StorageConfig
 from memwal.write.dead_letters import record_json
-from memwal.write.wire import DEAD_SCHEMA, OFFSET_BITS, routed_schema
+from memwal.write.messages import DEAD_SCHEMA, OFFSET_BITS
+from memwal.write.wire import routed_schema
 from memwal.write.worker import WORKER
 from memwal.streaming.decode import ValueDecoder, check_rows, json_presence, operations, value_decoder
 from memwal.streaming.exchange import EXCHANGE_SCHEMA, PART, Prepared, exchange_rows, shard_partitions

@@ -1,7 +1,7 @@
 """One micro-batch of an ingest query as observers see it: a typed record joining Spark's
 progress with the sink's report, and the Kafka lag it leaves per partition.
 
-The driver's :class:`~memwal.streaming.ingest.MemwalProgressListener` builds a
+The driver's :class:`~memwal.streaming.job.MemwalProgressListener` builds a
 :class:`BatchProgress` for every micro-batch and hands it to its observers (the Prometheus
 adapter :class:`memwal.observe.ingest.IngestMetrics`, the CLI's progress bar). Everything in
 it was measured on the driver or came back from the executors inside the batch's summary rows
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from memwal.streaming.adaptive import SizeDecision
-from memwal.write.api import WriteReport
+from memwal.write.messages import WriteReport
 from memwal.streaming.timing import BatchTiming
 
 

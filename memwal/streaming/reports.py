@@ -15,7 +15,7 @@ import os
 import threading
 from dataclasses import fields
 
-from memwal.write.api import WriteReport
+from memwal.write.messages import WriteReport
 
 log = logging.getLogger("memwal.streaming")
 

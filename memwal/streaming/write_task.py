@@ -22,7 +22,8 @@ from memwal.storage import StorageConfig
 from memwal.streaming.exchange import COUNT_SKIPPED, DEAD_PAYLOAD, PAYLOAD
 from memwal.streaming.options import SinkOptions
 from memwal.write.api import ShardWrites, TableWrite, WriteBatch, WriteMessage
-from memwal.write.wire import from_payload, shard_records, shards_of
+from memwal.write.messages import from_payload
+from memwal.write.wire import shard_records, shards_of
 from memwal.write.worker import WORKER, WorkerShards
 
 #: The write stage's output: one row per task, its write message pickled.

@@ -21,7 +21,7 @@ from memwal.jsonvalues import row_to_json
 from memwal.schema import with_primary_key
 from memwal.state import resolve_storage
 from memwal.storage import StorageConfig
-from memwal.write.wire import ERROR, KEY, KPART, OFFSET, ORDER, RAW, TOPIC
+from memwal.write.messages import ERROR, KEY, KPART, OFFSET, ORDER, RAW, TOPIC
 
 #: What the functions here take as storage: a resolved config, or Lance options resolved over the environment.
 Storage = StorageConfig | Mapping[str, str] | None

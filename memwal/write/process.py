@@ -72,7 +72,8 @@ import pyarrow as pa
 
 from memwal.errors import WriterProcessError
 from memwal.storage import StorageConfig
-from memwal.write.protocol import FULL, ShardRecords, ShardWriteResult, WriteMode
+from memwal.write.messages import FULL, ShardWriteResult, WriteMode
+from memwal.write.protocol import ShardRecords
 from memwal.write.wire import records_from_payload, records_payload
 from memwal.write.worker import WORKER, WriteRequest
 
@@ -202,6 +203,11 @@ class WriterProcessClient:
         """``request.flush(shard_ids)`` in the writer process: its open writers of the table flush."""
         self._call(("flush", request, None if shard_ids is None else list(shard_ids)), [], "a flush")
 
+    def warm(self, request: WriteRequest) -> None:
+        """Start the writer process if nobody listens, and have it load the table: a task does
+        this while it reads its first records, so its first write does not wait for either."""
+        self._call(("warm", request, None), [], "a warm-up")
+
     def _call(self, header: tuple[Any, ...], frames: list[pa.Buffer], what: str) -> Any:
         request = (pickle.dumps(header), *frames)
         # A server exiting idle answers "closing" to what it had queued: such a request was
@@ -293,6 +299,9 @@ class ProcessShards:
 
     def flush(self, shard_ids: list[str] | None = None) -> None:
         client(self.idle_exit_seconds).flush(WriteRequest(self.uri, self.storage), shard_ids)
+
+    def warm(self) -> None:
+        client(self.idle_exit_seconds).warm(WriteRequest(self.uri, self.storage))
 
 
 _clients: dict[tuple[Endpoint, float | None], WriterProcessClient] = {}
@@ -434,6 +443,8 @@ class WriterProcessServer:
                                                for (sid, values), frame in zip(arg, frames)])
                 elif kind == "flush":
                     result = request.flush(arg)
+                elif kind == "warm":
+                    result = WORKER.table(request.uri, request.storage) and None
                 else:
                     raise WriterProcessError(f"unknown request {kind!r}")
                 reply = (_OK, pickle.dumps(result))

@@ -60,11 +60,12 @@ import pyarrow.compute as pc
 from memwal.errors import FencedError, InvalidArgumentError, SchemaMismatchError
 from memwal.failpoints import failpoint
 from memwal.lsm import last_per_key, newest_per_key
-from memwal.partial import PRESENT, check_merge, fold, resolve
+from memwal.partial import PRESENT, fold, resolve
 from memwal.routing import RoutedBatch, route
 from memwal.schema import key_schema
 from memwal.sharding import ShardValues
 from memwal.state import TableState
+from memwal.write.messages import FULL, ShardWriteResult, WriteMode
 from memwal.write.pool import ShardWriterPool
 
 log = logging.getLogger(__name__)
@@ -89,32 +90,6 @@ _DELETE = "__memwal_write_delete"
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-@dataclass(frozen=True)
-class WriteMode:
-    """How records become writes (the same for every shard of a batch)."""
-
-    #: "full": a record replaces its key's row. "partial": it changes the columns it carries.
-    merge: str = "full"
-    #: Orders versions of a key (highest wins), ties by arrival order.
-    sequence_field: str | None = None
-    #: Drop records older than their key's stored version (needs ``sequence_field``).
-    drop_stale: bool = False
-
-    def __post_init__(self) -> None:
-        check_merge(self.merge)
-        if self.drop_stale and self.sequence_field is None:
-            raise InvalidArgumentError("dropping stale records needs a sequence field")
-
-    @property
-    def reads_stored(self) -> bool:
-        """Whether a plan depends on stored data (then it is decided as the shard's owner)."""
-        return self.drop_stale or self.merge == "partial"
-
-
-#: Full upserts and deletes, in arrival order: the mode of a write that says nothing else.
-FULL = WriteMode()
 
 
 @dataclass(frozen=True)
@@ -151,32 +126,6 @@ class ShardPlan:
     upserts: pa.Table
     records: int
     stale_dropped: int = 0
-
-
-@dataclass(frozen=True)
-class ShardWriteResult:
-    """What writing one shard's records did: the record a caller reports (picklable)."""
-
-    shard_id: str
-    records: int
-    upserts: int
-    deletes: int
-    stale_dropped: int = 0
-    #: Plans made: 1, plus one per fence between deciding and writing.
-    decisions: int = 1
-    fenced_retries: int = 0
-    writer_opens: int = 0
-    #: Seconds the shard's writes were delayed or stalled by the table's bounds, and how many
-    #: of its writes were.
-    stall_seconds: float = 0.0
-    backpressure_waits: int = 0
-    #: MemTables sealed with the writer open (timed seals), and writers closed to flush one.
-    seals: int = 0
-    flushes: int = 0
-    seconds: float = 0.0
-    #: The process that wrote the shard (``host:pid``): a shard written by several in one
-    #: batch costs fenced retries (each claims it from the other).
-    writer: str = ""
 
 
 @dataclass
@@ -299,7 +248,7 @@ class TableWriter:
 
     # -- the protocol -------------------------------------------------------------------------
 
-    def write(self, batches: Sequence[ShardRecords], mode: WriteMode = WriteMode(), *, label: str = "") -> list[ShardWriteResult]:
+    def write(self, batches: Sequence[ShardRecords], mode: WriteMode = FULL, *, label: str = "") -> list[ShardWriteResult]:
         """:meth:`write_shard` for every shard of a batch, in parallel; results in order. A
         batch names each shard once (its records of one shard in arrival order are one
         :class:`ShardRecords`): two of one shard would be written in no defined order."""
@@ -312,7 +261,7 @@ class TableWriter:
                     self._executor = ThreadPoolExecutor(max_workers=MAX_SHARD_THREADS, thread_name_prefix="memwal-write")
         return in_parallel(lambda b: self.write_shard(b, mode, label=label), list(batches), self._executor)
 
-    def write_shard(self, records: ShardRecords, mode: WriteMode = WriteMode(), *, label: str = "") -> ShardWriteResult:
+    def write_shard(self, records: ShardRecords, mode: WriteMode = FULL, *, label: str = "") -> ShardWriteResult:
         """Write one shard's records: durable (in the shard's WAL) on return.
 
         ``label`` names the batch in failpoints (``write.decided.<label>``: decided, not yet
@@ -376,7 +325,7 @@ class TableWriter:
 
     # -- planning -------------------------------------------------------------------------------
 
-    def plan(self, records: ShardRecords, mode: WriteMode = WriteMode()) -> ShardPlan:
+    def plan(self, records: ShardRecords, mode: WriteMode = FULL) -> ShardPlan:
         """What ``records`` come to under ``mode``, reading the stored data it needs (strongly:
         the caller owns the shard's writer, see the module docstring)."""
         pk = list(self.state.primary_key)

@@ -1,4 +1,4 @@
-"""Records and dead letters as they travel between processes: Arrow IPC, one format for all.
+"""Records as they travel between processes: Arrow IPC, one format for all.
 
 A shard's records (:class:`~memwal.write.protocol.ShardRecords`) leave the process that routed
 them as *routed rows*: each row's shard id, arrival order and operation beside the table's
@@ -23,40 +23,8 @@ import pyarrow.compute as pc
 from memwal.partial import PRESENT
 from memwal.routing import check_row_shards
 from memwal.sharding import ShardValues
+from memwal.write.messages import DELETE, ORDER, SHARD, SHARDS_KEY, from_payload, ipc_buffer
 from memwal.write.protocol import ShardRecords
-
-# Columns beside the table's (names chosen not to collide with user columns: memwal table
-# columns may not start with "_").
-SHARD = "__memwal_shard"
-ORDER = "__memwal_order"
-DELETE = "__memwal_delete"
-ERROR = "__memwal_error"
-TOPIC = "__memwal_topic"
-KPART = "__memwal_kafka_partition"
-OFFSET = "__memwal_offset"
-KEY = "__memwal_key"
-RAW = "__memwal_raw"
-
-#: A record's arrival order is ``partition << OFFSET_BITS | offset``: Kafka offsets fit in 40
-#: bits for a long time (10^12 records per partition).
-OFFSET_BITS = 40
-
-#: Schema metadata key of routed rows: JSON ``{shard id: [shard values...]}`` of their shards.
-SHARDS_KEY = b"memwal.shards"
-
-#: Records that cannot be written: why, and where they came from (Kafka coordinates; for
-#: records that arrived as columns, their order and the record as JSON in ``RAW``).
-DEAD_SCHEMA = pa.schema(
-    [
-        pa.field(ORDER, pa.int64()),
-        pa.field(ERROR, pa.string()),
-        pa.field(TOPIC, pa.string()),
-        pa.field(KPART, pa.int32()),
-        pa.field(OFFSET, pa.int64()),
-        pa.field(KEY, pa.binary()),
-        pa.field(RAW, pa.binary()),
-    ]
-)
 
 
 def routed_schema(write_schema: pa.Schema, presence: pa.StructType | None = None) -> pa.Schema:
@@ -66,30 +34,6 @@ def routed_schema(write_schema: pa.Schema, presence: pa.StructType | None = None
     internal = [pa.field(SHARD, pa.string(), nullable=False), pa.field(ORDER, pa.int64()), pa.field(DELETE, pa.bool_())]
     tail = [pa.field(PRESENT, presence, nullable=False)] if presence is not None else []
     return pa.schema(internal + list(write_schema) + tail)
-
-
-def to_payload(rows: pa.Table | pa.RecordBatch) -> bytes:
-    return ipc_buffer(rows).to_pybytes()
-
-
-def ipc_buffer(rows: pa.Table | pa.RecordBatch) -> pa.Buffer:
-    """``rows`` as an Arrow IPC stream in one buffer (no copy to Python bytes)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, rows.schema) as w:
-        w.write(rows)
-    return sink.getvalue()
-
-
-#: IPC streams align buffers to 8 bytes; Lance (arrow-rs) refuses a buffer not aligned for its
-#: type (decimal128: 16; it panics). Arrow's type-specific alignment lets a decimal at 8 bytes
-#: through (tests/test_writer_process.py), so buffers not at 64 bytes are copied as they are read
-#: (one copy of what a message holds).
-_ALIGNED = pa.ipc.IpcReadOptions(ensure_alignment=pa.ipc.Alignment.At64Byte)
-
-
-def from_payload(data: bytes | pa.Buffer) -> pa.Table:
-    with pa.ipc.open_stream(data, options=_ALIGNED) as r:
-        return r.read_all()
 
 
 def with_shards(rows: pa.Table, shards: dict[str, ShardValues]) -> pa.Table:
@@ -168,8 +112,7 @@ def records_payload(records: ShardRecords) -> pa.Buffer:
 
 def records_from_payload(shard_id: str, values: ShardValues, payload: pa.Buffer | bytes | bytearray) -> ShardRecords:
     """What :func:`records_payload` sent (read without copying the rows out of ``payload``)."""
-    with pa.ipc.open_stream(pa.py_buffer(payload) if not isinstance(payload, pa.Buffer) else payload, options=_ALIGNED) as r:
-        rows = r.read_all()
+    rows = from_payload(payload if isinstance(payload, (pa.Buffer, bytes)) else pa.py_buffer(payload))
     names = rows.schema.names
     extra = [c for c in (DELETE, ORDER, PRESENT) if c in names]
     return ShardRecords(

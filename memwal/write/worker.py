@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 from memwal.state import TableState
 from memwal.storage import StorageConfig
-from memwal.write.protocol import FULL, ShardRecords, ShardWriteResult, TableWriter, WriteMode
+from memwal.write.messages import FULL, ShardWriteResult, WriteMode
+from memwal.write.protocol import ShardRecords, TableWriter
 
 
 @dataclass

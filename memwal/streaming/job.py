@@ -1,4 +1,4 @@
-"""Kafka -> Spark Structured Streaming -> memwal, wired up in one call (``memwal ingest``)."""
+"""Kafka -> Spark Structured Streaming -> memwal, wired up in one call (``memwal ingest``): the ingest job."""
 
 from __future__ import annotations
 
@@ -191,6 +191,9 @@ MIN_ROWS_PER_TASK = 50_000
 #: own source (:mod:`memwal.streaming.kafka_source`, on librdkafka: for pip-only installs).
 KAFKA_SOURCES = ("spark", "python")
 
+#: Spark's Kafka source reads with this ``fetch.max.wait.ms`` unless told otherwise (see :func:`kafka_stream`).
+FETCH_MAX_WAIT_MS = 10
+
 #: The class Spark resolves ``format("kafka")`` to.
 _KAFKA_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 
@@ -285,6 +288,12 @@ def kafka_stream(spark, bootstrap: str, topic: str, *, starting_offsets: str = "
         )
         if limit:
             reader = reader.option("maxOffsetsPerTrigger", str(limit))
+        # A task reads fixed offset ranges: once a partition's range is read, the consumer's next
+        # fetch of it (sent ahead) waits up to fetch.max.wait.ms (Kafka's default: 500 ms) for
+        # records the task does not want. A micro-batch of 25k records over four partitions
+        # read in one task spent 2.4 s there, 0.37 s with 10 ms.
+        if not any(k.removeprefix("kafka.") == "fetch.max.wait.ms" for k in (kafka_options or {})):
+            reader = reader.option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))
         if prepare_for is not None and min_records_per_read_task is not None:
             # A large micro-batch's topic-partitions are split into ranges of this size, so
             # the merge into read tasks below shares them out evenly (three partitions in
