@@ -14,7 +14,7 @@ from memwal.streaming.adaptive import AdaptiveSizing, SizeDecision, bound_decisi
 from memwal.streaming.kafka_source import SHORT_NAME, register
 from memwal.streaming.progress import BatchObserver, BatchProgress, partition_lag
 from memwal.streaming.reports import Reports
-from memwal.streaming.session import default_parallelism
+from memwal.streaming.session import default_parallelism, make_active
 from memwal.streaming.sink import MemwalSink, SinkOptions
 from memwal.streaming.timing import BatchTiming
 
@@ -388,6 +388,9 @@ def ingest(
     options = options or SinkOptions(source="kafka-json")
     if options.source != "kafka-json":
         raise ValueError("ingest reads Kafka: options.source must be 'kafka-json'")
+    # Python data sources (format("memwal"), memwal's Kafka source) are found by name through
+    # the calling thread's active session: ingest may be called from any thread.
+    make_active(spark)
     source = choose_kafka_source(spark, kafka_source)
     name = query_name or f"memwal-ingest-{topic}"
     use_exchange = exchange_needed(spark, exchange)

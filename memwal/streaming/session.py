@@ -154,6 +154,17 @@ def is_connect(spark) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect.")
 
 
+def make_active(spark) -> None:
+    """Make ``spark`` the active session of the JVM thread behind the calling Python thread.
+
+    Spark finds a Python data source by name (``format("memwal")``) only through the JVM's
+    active session, which is per thread: from a Python thread other than the one that built
+    the session, the lookup fails with DATA_SOURCE_NOT_FOUND. A Spark Connect session has no
+    JVM here (its server resolves the name)."""
+    if not is_connect(spark):
+        spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+
+
 def default_parallelism(spark) -> int:
     """``spark``'s default parallelism (its task slots, unless configured otherwise), at least 1.
 
