@@ -9,8 +9,12 @@ Apache Kafka 4 broker; each variant drains it from the start with ``availableNow
   Python sink in the scan stage can reach at all);
 - ``decode-floor``: the same writer decoding each batch with memwal's JSON decoder, writing
   nothing (the floor of a one-stage Python sink);
+- ``jvm-decode-floor``: the records decoded in the JVM by Spark's ``from_json`` and handed to
+  the counting writer as Arrow columns (the floor of decoding in Spark instead of in Python);
 - ``one-stage``: ``memwal ingest`` as it runs by default on one executor: ``format("memwal")``,
   the tasks that read decode, route and write (through the executor's writer process);
+- ``jvm-decode``: ``from_json`` in Spark, then ``writeStream.format("memwal")`` of the decoded
+  columns: one stage, the decode in the JVM (upserts only: what the comparison needs);
 - ``exchange``: ``memwal ingest --exchange shard``: the ``foreachBatch`` sink, prepare, an
   exchange by shard, write tasks (the layout before one-stage, and the cluster fallback);
 - ``naive``: ``foreachBatch`` with Spark's ``from_json``, ``collect`` and Lance ``merge_insert``
@@ -47,7 +51,10 @@ from ingest import _copy, cached_base, open_broker, run_naive  # noqa: E402
 from memwal import Table  # noqa: E402
 from memwal.streaming import SinkOptions, ingest, local_session  # noqa: E402
 
-VARIANTS = ("read-floor", "decode-floor", "one-stage", "exchange", "naive", "python")
+VARIANTS = ("read-floor", "decode-floor", "jvm-decode-floor", "one-stage", "jvm-decode", "exchange", "naive", "python")
+
+#: The records' value as Spark's ``from_json`` reads it (what the ``jvm-*`` variants and the naive sink decode with).
+JSON_DDL = "id BIGINT, val DOUBLE, name STRING, vec ARRAY<FLOAT>"
 
 
 def backlog(cache: str, records: int, base: int, size: int = 10_000) -> pa.Table:
@@ -123,20 +130,44 @@ def floor_source(decode: bool):
     return Source
 
 
-def run_floor(spark, broker, topic: str, work: str, batch: int, decode: bool) -> float:
-    source = floor_source(decode)
-    spark.dataSource.register(source)
+def kafka_read(spark, broker, topic: str, batch: int):
+    """Spark's connector read as memwal's ingest reads (its fetch wait, whole partitions
+    grouped into its read tasks)."""
     from memwal.streaming.job import FETCH_MAX_WAIT_MS, MIN_ROWS_PER_TASK, read_tasks
     from memwal.streaming.session import default_parallelism
 
-    # Read as memwal's ingest reads (its fetch wait, whole partitions grouped into its read tasks).
     df = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", broker.bootstrap).option("subscribe", topic)
           .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", str(batch))
           .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS)).load())
-    df = df.coalesce(read_tasks(batch, MIN_ROWS_PER_TASK, default_parallelism(spark)))
+    return df.coalesce(read_tasks(batch, MIN_ROWS_PER_TASK, default_parallelism(spark)))
+
+
+def jvm_decoded(df):
+    """The records' values decoded by Spark's ``from_json``, as the table's columns."""
+    from pyspark.sql import functions as F
+
+    return df.select(F.from_json(F.col("value").cast("string"), JSON_DDL).alias("r")).select("r.*")
+
+
+def run_floor(spark, broker, topic: str, work: str, batch: int, decode: str | None) -> float:
+    """``decode``: None (count the Kafka records), ``"python"`` (memwal's decoder in the
+    writer) or ``"jvm"`` (``from_json`` before the writer, which counts)."""
+    source = floor_source(decode == "python")
+    spark.dataSource.register(source)
+    df = kafka_read(spark, broker, topic, batch)
+    if decode == "jvm":
+        df = jvm_decoded(df)
     t0 = time.perf_counter()
-    q = (df.writeStream.format(source.name()).option("checkpointLocation", os.path.join(work, f"ckpt-{source.name()}"))
+    q = (df.writeStream.format(source.name()).option("checkpointLocation", os.path.join(work, f"ckpt-{source.name()}-{decode}"))
          .trigger(availableNow=True).start())
+    q.awaitTermination()
+    return time.perf_counter() - t0
+
+
+def run_jvm_decode(spark, broker, topic: str, uri: str, ckpt: str, batch: int) -> float:
+    df = jvm_decoded(kafka_read(spark, broker, topic, batch))
+    t0 = time.perf_counter()
+    q = df.writeStream.format("memwal").option("checkpointLocation", ckpt).trigger(availableNow=True).start(uri)
     q.awaitTermination()
     return time.perf_counter() - t0
 
@@ -174,14 +205,21 @@ def main() -> int:
             spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(args.arrow_batch))
         # Warm-up, not measured: the first query of a session starts the Python workers, loads
         # the connector's classes and JIT-compiles the read path.
-        run_floor(spark, broker, topic, os.path.join(work, "warm-up"), args.batch, decode=False)
+        run_floor(spark, broker, topic, os.path.join(work, "warm-up"), args.batch, decode=None)
         rates = results["rows_per_s"]
         results["cpu_seconds"] = {}
         for variant in args.variants:
             cpu = CpuByProcess().__enter__()
             t0 = time.perf_counter()
-            if variant in ("read-floor", "decode-floor"):
-                elapsed = run_floor(spark, broker, topic, work, args.batch, decode=variant == "decode-floor")
+            if variant in ("read-floor", "decode-floor", "jvm-decode-floor"):
+                decode = {"read-floor": None, "decode-floor": "python", "jvm-decode-floor": "jvm"}[variant]
+                elapsed = run_floor(spark, broker, topic, work, args.batch, decode=decode)
+            elif variant == "jvm-decode":
+                uri = _copy(mem_base, os.path.join(work, "t-jvm-decode"))
+                elapsed = run_jvm_decode(spark, broker, topic, uri, os.path.join(work, "ckpt-jvm-decode"), args.batch)
+                from memwal import readers
+
+                results.setdefault("live_rows", {})["jvm-decode"] = readers.open(uri).scan(columns=["id"]).num_rows
             elif variant in ("one-stage", "exchange"):
                 uri = _copy(mem_base, os.path.join(work, f"t-{variant}"))
                 job = ingest(spark, bootstrap=broker.bootstrap, topic=topic, table_uri=uri, checkpoint=os.path.join(work, f"ckpt-{variant}"),
@@ -222,7 +260,7 @@ def main() -> int:
         spark.stop()
     print()
     for a, b in (("one-stage", "python"), ("one-stage", "decode-floor"), ("one-stage", "naive"), ("one-stage", "exchange"),
-                 ("decode-floor", "read-floor")):
+                 ("decode-floor", "read-floor"), ("jvm-decode-floor", "decode-floor"), ("jvm-decode", "one-stage"), ("jvm-decode", "naive")):
         if a in rates and b in rates:
             print(f"{a} / {b}: {rates[a] / rates[b]:.2f}x")
     report(results, args.json)
