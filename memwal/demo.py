@@ -3,9 +3,10 @@
 1. starts an Apache Kafka 4 broker on 127.0.0.1 (KRaft, one node; its jars fetched by
    ``make demo`` with Maven) and a local Spark with Spark's own Kafka connector;
 2. creates a table sharded ``bucket(id, 4)`` and produces synthetic upserts and deletes
-   (integers, strings, a float vector) to a 3-partition topic;
-3. ingests the topic with memwal's Spark sink (Spark's Kafka source -> Structured Streaming
-   -> shards);
+   (integers, strings, a float vector) to a 4-partition topic whose partitions line up with the
+   shards (:func:`memwal.streaming.partitioning.partitions`, what a producer computes);
+3. ingests the topic through Spark's Kafka source into ``format("memwal")``: one stage per
+   micro-batch, the tasks that read the records write them; prints the ingest rate;
 4. reads the table back and checks it equals what the producer sent (last write per key);
    runs a vector search and checks it against brute force;
 5. defines two materialized views (a filter, and an aggregate per score band);
@@ -129,6 +130,7 @@ def run_kafka_flow(workdir: str, records: int, keys: int) -> bool:
     from memwal.render import render_status
     from memwal.streaming import ingest, local_session
     from memwal.streaming.local_broker import start_local_broker
+    from memwal.streaming.partitioning import partitions
 
     uri = os.path.join(workdir, "users")
     print("== starting a local Apache Kafka broker and Spark (local[2])")
@@ -143,7 +145,9 @@ def run_kafka_flow(workdir: str, records: int, keys: int) -> bool:
 
         rows, model = synthetic_records(records, keys, seed=7)
         t0 = time.perf_counter()
-        broker.produce("users", ((str(r["id"]).encode(), json.dumps(r).encode(), r["id"] % 4) for r in rows))
+        # Each record goes to its shard's partition: a shard is then written from one task
+        parts = partitions(uri, [{"id": r["id"]} for r in rows], 4)
+        broker.produce("users", ((str(r["id"]).encode(), json.dumps(r).encode(), int(p)) for r, p in zip(rows, parts)))
         print(f"== produced {len(rows)} records ({sum(r['op'] == 'delete' for r in rows)} deletes) "
               f"over {keys} keys to topic users in {time.perf_counter() - t0:.1f}s")
 
