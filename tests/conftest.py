@@ -6,7 +6,16 @@ from memwal.runtime import configure_process
 
 configure_process()  # Lance's log filter, before Lance is imported
 
+import os  # noqa: E402
+
 import pytest  # noqa: E402
+
+# Under pytest-xdist (make test runs two workers) each worker is its own test session: its own
+# broker, SparkSession and S3 server. The variable below also gives each worker its own
+# executor writer processes (their socket key hashes the MEMWAL_* environment), so a test that
+# kills its writer process or arms a failpoint in it never reaches the other worker's writes.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["MEMWAL_TEST_WORKER"] = os.environ["PYTEST_XDIST_WORKER"]
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile(
