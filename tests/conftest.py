@@ -26,11 +26,23 @@ settings.register_profile(
 settings.load_profile("memwal")
 
 
+#: The files that take longest (docs/test-durations.md), longest first. ``make test`` hands whole
+#: files to its two workers in collection order: these go out first so that the last files
+#: left are short ones and both workers finish together. A stale list costs balance, not
+#: correctness.
+LONGEST_FILES = ("test_streaming.py", "test_faults_s3.py", "test_spark_format.py", "test_s3_ingest.py", "test_cluster.py",
+                 "test_observe_ingest.py", "test_feed_spark.py", "test_s3.py", "test_cli.py", "test_kafka_source.py",
+                 "test_debezium_defaults.py", "test_cli_errors.py", "test_adaptive.py", "test_upgrade.py", "test_readers.py")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The Spark Connect tests run first: PySpark refuses to start a Connect client in a
     process that already runs a classic SparkSession (SESSION_ALREADY_EXIST), and the classic
-    session (the ``spark`` fixture) lives until the whole test session ends."""
-    items.sort(key=lambda item: 0 if item.path.name == "test_connect.py" else 1)
+    session (the ``spark`` fixture) lives until the whole test session (or xdist worker)
+    ends; under xdist the first file handed out is the first its worker runs. Then the
+    longest files (``LONGEST_FILES``), then the rest in their order."""
+    rank = {name: i + 1 for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: 0 if item.path.name == "test_connect.py" else rank.get(item.path.name, len(rank) + 1))
 
 
 @pytest.fixture
