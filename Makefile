@@ -42,7 +42,7 @@ demo: system-deps $(VENV)/.installed $(JARS)
 test: system-deps $(VENV)/.installed $(JARS)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --junitxml=.test-results/junit.xml
+	$(PY) -m pytest --junitxml=.test-results/junit.xml
 
 # What make test leaves out for time, with the same gate otherwise: every property test at its full
 # example count and the whole fault matrix of docs/faults.md (MEMWAL_TEST_PROFILE=full, see
@@ -51,7 +51,7 @@ test: system-deps $(VENV)/.installed $(JARS)
 test-full: system-deps $(VENV)/.installed $(JARS)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-	MEMWAL_TEST_PROFILE=full $(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --junitxml=.test-results/junit-full.xml
+	MEMWAL_TEST_PROFILE=full $(PY) -m pytest --junitxml=.test-results/junit-full.xml
 
 soak-tests: system-deps $(VENV)/.installed $(JARS)
 	$(PY) -m pytest -m soak

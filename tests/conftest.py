@@ -6,16 +6,7 @@ from memwal.runtime import configure_process
 
 configure_process()  # Lance's log filter, before Lance is imported
 
-import os  # noqa: E402
-
 import pytest  # noqa: E402
-
-# Under pytest-xdist (make test runs two workers) each worker is its own test session: its own
-# broker, SparkSession and S3 server. The variable below also gives each worker its own
-# executor writer processes (their socket key hashes the MEMWAL_* environment), so a test that
-# kills its writer process or arms a failpoint in it never reaches the other worker's writes.
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ["MEMWAL_TEST_WORKER"] = os.environ["PYTEST_XDIST_WORKER"]
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile(
@@ -26,23 +17,11 @@ settings.register_profile(
 settings.load_profile("memwal")
 
 
-#: The files that take longest (docs/test-durations.md), longest first. ``make test`` hands whole
-#: files to its two workers in collection order: these go out first so that the last files
-#: left are short ones and both workers finish together. A stale list costs balance, not
-#: correctness.
-LONGEST_FILES = ("test_streaming.py", "test_faults_s3.py", "test_spark_format.py", "test_s3_ingest.py", "test_cluster.py",
-                 "test_observe_ingest.py", "test_feed_spark.py", "test_s3.py", "test_cli.py", "test_kafka_source.py",
-                 "test_debezium_defaults.py", "test_cli_errors.py", "test_adaptive.py", "test_upgrade.py", "test_readers.py")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The Spark Connect tests run first: PySpark refuses to start a Connect client in a
     process that already runs a classic SparkSession (SESSION_ALREADY_EXIST), and the classic
-    session (the ``spark`` fixture) lives until the whole test session (or xdist worker)
-    ends; under xdist the first file handed out is the first its worker runs. Then the
-    longest files (``LONGEST_FILES``), then the rest in their order."""
-    rank = {name: i + 1 for i, name in enumerate(LONGEST_FILES)}
-    items.sort(key=lambda item: 0 if item.path.name == "test_connect.py" else rank.get(item.path.name, len(rank) + 1))
+    session (the ``spark`` fixture) lives until the whole test session ends."""
+    items.sort(key=lambda item: 0 if item.path.name == "test_connect.py" else 1)
 
 
 @pytest.fixture
