@@ -6,8 +6,14 @@ from memwal.runtime import configure_process
 
 configure_process()  # Lance's log filter, before Lance is imported
 
+import os  # noqa: E402
+
 import pytest  # noqa: E402
+from helpers import submit_args  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
+
+# Child processes that launch a driver JVM launch it for a short run (helpers.SHORT_RUN_JAVA_OPTIONS).
+os.environ.setdefault("PYSPARK_SUBMIT_ARGS", submit_args())
 
 settings.register_profile(
     "memwal",

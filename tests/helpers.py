@@ -127,6 +127,19 @@ def run_sink_batch(uri: str, options, data: pa.Table, batch_id: int):
     return TableWrite(TableState.load(uri), options.write_mode(), dead_letter_uri=options.dead_letter_uri).commit(messages, batch_id)
 
 
+#: The driver JVMs the tests start in child processes (``memwal ingest``, scripts) run for
+#: seconds on small topics: launched as memwal launches its own short commands (C1-only JIT,
+#: the serial GC: ``session.LAUNCH_DEFAULTS``), not with the full JIT ``memwal ingest`` picks for
+#: a query that runs for hours. A command-line ingest of 2,000 records took 21-24 s this way
+#: against 26 s with the full JIT (2026-11-29). conftest puts them in the tests' environment.
+SHORT_RUN_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def submit_args(*conf: str) -> str:
+    """``PYSPARK_SUBMIT_ARGS`` for a child process: the short-run launch and ``--conf`` ``conf``."""
+    return " ".join(["--driver-java-options", f"'{SHORT_RUN_JAVA_OPTIONS}'", *(f"--conf {c}" for c in conf), "pyspark-shell"])
+
+
 #: How many examples property tests run: "dev" (``make test``, the default) a third of each
 #: test's count, at least a few; "full" (``make test-full``, ``MEMWAL_TEST_PROFILE=full``) all of
 #: them. The expensive ones (real Lance tables per example) are the ones that scale.

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from brokers import produce
+from helpers import submit_args
 from test_streaming import SCHEMA, approx, table_rows, workload
 
 from memwal import Table, readers
@@ -81,7 +82,7 @@ def test_ingest_on_local_cluster_survives_a_killed_executor(kafka, tmp_path):
     env = {
         **os.environ,
         # executors are separate JVMs started by the in-driver workers: they import memwal from here
-        "PYSPARK_SUBMIT_ARGS": f"--conf spark.executorEnv.PYTHONPATH={here} pyspark-shell",
+        "PYSPARK_SUBMIT_ARGS": submit_args(f"spark.executorEnv.PYTHONPATH={here}"),
         "SPARK_WORKER_DIR": str(tmp_path / "spark-work"),  # not under the pip package's SPARK_HOME
     }
     command = [
