@@ -13,6 +13,7 @@ import io
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -437,6 +438,8 @@ def test_the_command_line_a_new_user_runs(kafka, tmp_path):
                    "--format", "debezium-json", "--available-now", "--cores", "1")
     assert p.returncode == 0, p.stderr.decode()[-3000:]
     assert f" 2 dead letter(s), {tombstones} skipped" in p.stdout.decode(), p.stdout
+    # into a pipe, no progress bar (on a terminal: tests/test_observe_ingest.py)
+    assert f"ingesting {topic}" not in p.stderr.decode() and not re.search(r"[\d,]+/[\d,]+ records", p.stderr.decode()), p.stderr.decode()[-3000:]
     got = {r["id"]: r for r in readers.open(uri).scan().to_pylist()}
     assert got == {k: canonical(v) for k, v in model.items()}
     dead = read_dead_letters(dead_letter_uri(uri)).to_pylist()
