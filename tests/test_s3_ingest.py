@@ -84,32 +84,6 @@ def test_ingest_into_an_s3_table_equals_the_model(spark, kafka, s3_server, tmp_p
     assert "not valid JSON" in dlq[0]["error"] and dlq[0]["target"] == state.uri
 
 
-@pytest.mark.s3
-@pytest.mark.spark
-@pytest.mark.kafka
-def test_memwal_ingest_into_s3(kafka, s3_server, tmp_path):
-    """`memwal ingest --available-now` configured only by `--storage-option` flags (no AWS_*
-    variable anywhere; the variables alone configure the ingest above)."""
-    env = {k: v for k, v in os.environ.items() if k not in {var for var, _key in ENVIRONMENT_VARIABLES}}
-    opts = s3_server.storage_options()
-    flags = [arg for k, v in opts.items() for arg in ("--storage-option", f"{k}={v}")]
-    topic = f"s3-cli-{time.monotonic_ns()}"
-    kafka.create_topic(topic, 2)
-    records, model = workload(2000, 300, seed=12, partitions=2)
-    produce(kafka, topic, records)
-    uri = s3_server.fresh_uri("users")
-    Table.create(uri, SCHEMA, ["id"], "bucket(id, 2)", storage_options=opts).close()
-    p = subprocess.run(
-        [sys.executable, "-m", "memwal", "ingest", "--bootstrap", kafka.bootstrap, "--topic", topic, "--table", uri,
-         "--checkpoint", str(tmp_path / "ckpt"), "--available-now", "--max-offsets-per-trigger", "1000", *flags],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600,
-    )
-    assert p.returncode == 0, p.stderr[-4000:]
-    assert f"ingested {len(records)} records" in p.stdout
-    rows = {r["id"]: r for r in readers.Reader(TableState.load(uri, opts), consistency="eventual").scan().to_pylist()}
-    assert approx(rows) == approx(model)
-
-
 def committed_batches(s3_server, checkpoint: str) -> int:
     """Micro-batches the query committed to its checkpoint on S3 (``commits/<batch id>``)."""
     import boto3
@@ -129,9 +103,11 @@ def committed_batches(s3_server, checkpoint: str) -> int:
 def test_memwal_ingest_with_an_s3a_checkpoint_survives_a_kill(kafka, s3_server, tmp_path):
     """`memwal ingest --kafka-source spark` into an s3:// table with its checkpoint on s3a://,
     both configured only by the AWS_* variables: SIGKILLed mid-stream (micro-batches committed,
-    more to come), then run again with --available-now: the table equals the model, and the
-    second run went on from the checkpoint rather than starting over."""
-    env = {**{k: v for k, v in os.environ.items() if k not in {var for var, _key in ENVIRONMENT_VARIABLES}}, **s3_server.env()}
+    more to come), then run again with --available-now, configured only by `--storage-option`
+    flags (no AWS_* variable anywhere): the table equals the model, and the second run went on
+    from the checkpoint rather than starting over."""
+    bare = {k: v for k, v in os.environ.items() if k not in {var for var, _key in ENVIRONMENT_VARIABLES}}
+    env = {**bare, **s3_server.env()}
     topic = f"s3a-{time.monotonic_ns()}"
     kafka.create_topic(topic, 2)
     records, model = workload(4000, 500, seed=13, partitions=2)
@@ -159,7 +135,8 @@ def test_memwal_ingest_with_an_s3a_checkpoint_survives_a_kill(kafka, s3_server, 
         log.close()
     killed_at = committed_batches(s3_server, checkpoint)
     assert killed_at < len(records) // 250, "the first run ended before the kill"
-    second = subprocess.run([*command, "--available-now"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    flags = [arg for k, v in opts.items() for arg in ("--storage-option", f"{k}={v}")]
+    second = subprocess.run([*command, "--available-now", *flags], capture_output=True, text=True, env=bare, cwd=tmp_path, timeout=600)
     assert second.returncode == 0, second.stderr[-4000:]
     ingested = int(second.stdout.split("ingested ", 1)[1].split(" ", 1)[0])
     assert 0 < ingested < len(records)  # resumed from the checkpoint on S3

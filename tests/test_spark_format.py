@@ -1,6 +1,6 @@
 """``format("memwal")``: reads, writes and streams through Spark's Python Data Source API.
 
-Real SparkSessions (the session fixture; a plain one in a subprocess; local-cluster), real
+Real SparkSessions (the session fixture; a plain one on local-cluster in a subprocess), real
 tables with base rows, SSTables and WAL tails, a real Kafka broker for the stream.
 """
 
@@ -138,27 +138,6 @@ def test_batch_writes_upsert_delete_and_merge_partial(spark, tmp_path):
         df.write.format("memwal").mode("overwrite").save(uri)
 
 
-def test_a_plain_session_finds_the_format_without_registration(tmp_path):
-    """A SparkSession memwal did not build (no local_session, no register call, pushdown off)."""
-    uri = str(tmp_path / "t")
-    layered_table(uri)
-    eventual = readers.open(uri).scan().num_rows
-    script = textwrap.dedent(f"""
-        from pyspark.sql import SparkSession
-        spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
-        df = spark.read.format("memwal").load({uri!r})
-        print("rows", df.count(), df.where("id = 150").count())
-        spark.createDataFrame([(9001, "eu")], "id long, region string").write.format("memwal") \\
-            .mode("append").option("merge", "partial").save({uri!r})
-        print("after", spark.read.format("memwal").load({uri!r}).where("id = 9001").count())
-    """)
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
-    assert p.returncode == 0, p.stderr[-4000:]
-    assert f"rows {eventual} 1" in p.stdout
-    assert "after 1" in p.stdout
-
-
 @settings(max_examples=8, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["upsert", "delete", "flush", "compact"]), st.lists(st.integers(0, 60), min_size=1, max_size=15)),
                 min_size=1, max_size=8))
@@ -188,27 +167,32 @@ def test_spark_read_equals_reader_scan_equals_model(spark, tmp_path_factory, ste
     assert via_spark == model
 
 
-STREAM_SCRIPT = """
-import json, sys
+def kafka_into_memwal(spark, bootstrap: str, topic: str, uri: str, ckpt: str, max_per_trigger: str) -> list[int]:
+    """Spark's Kafka source -> ``writeStream.format("memwal")`` to the end of ``topic``: the
+    records each micro-batch took."""
+    kafka = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
+             .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", max_per_trigger).load())
+    query = (kafka.writeStream.format("memwal").option("checkpointLocation", ckpt).trigger(availableNow=True).start(uri))
+    query.awaitTermination()
+    return [p["numInputRows"] for p in query.recentProgress]
+
+
+STREAM_SCRIPT = f"""
+import sys
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from test_spark_format import kafka_into_memwal
 from memwal.streaming import local_session
-spark = local_session(app="format-stream")
-bootstrap, topic, uri, ckpt, max_per_trigger = sys.argv[1:6]
-kafka = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
-         .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", max_per_trigger).load())
-query = (kafka.writeStream.format("memwal").option("checkpointLocation", ckpt).trigger(availableNow=True).start(uri))
-query.awaitTermination()
-print("progress", json.dumps([p["numInputRows"] for p in query.recentProgress]))
-spark.stop()
+kafka_into_memwal(local_session(app="format-stream"), *sys.argv[1:6])
 """
 
 
 @pytest.mark.kafka
 @pytest.mark.slow
-def test_kafka_into_write_stream_equals_the_model_also_after_a_kill(kafka, tmp_path):
+def test_kafka_into_write_stream_equals_the_model_also_after_a_kill(spark, kafka, tmp_path):
     """Spark's Kafka source -> writeStream.format("memwal") in a process SIGKILLed mid-stream
-    (micro-batches committed, more to come), then run again: the table equals the model, bad
-    records are dead letters, and the second run went on from the checkpoint."""
-    import json
+    (micro-batches committed, more to come), then run again (in this process's session): the
+    table equals the model, bad records are dead letters, and the second run went on from the
+    checkpoint."""
     import signal
 
     from brokers import produce
@@ -244,9 +228,7 @@ def test_kafka_into_write_stream_equals_the_model_also_after_a_kill(kafka, tmp_p
             os.killpg(first.pid, signal.SIGKILL)
             first.wait()
         log.close()
-    second = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=600)
-    assert second.returncode == 0, second.stderr[-4000:]
-    taken = json.loads(second.stdout.split("progress ", 1)[1].splitlines()[0])
+    taken = kafka_into_memwal(spark, kafka.bootstrap, topic, uri, ckpt, "300")
     assert 0 < sum(taken) < len(records)  # resumed from the checkpoint
     Table.open(uri).flush_stranded(0)
     from helpers import approx, table_rows
@@ -256,25 +238,29 @@ def test_kafka_into_write_stream_equals_the_model_also_after_a_kill(kafka, tmp_p
     assert [d["key"] for d in dlq] == [b"bad"]
 
 
+#: A SparkSession memwal did not build (no local_session, no register call, pushdown off) on
+#: local-cluster: two executor JVMs with their own Python workers read the splits and prepare the write.
 CLUSTER_SCRIPT = """
 import json, sys
-from memwal.streaming import local_session
+from pyspark.sql import SparkSession
 uri = sys.argv[1]
-spark = local_session(app="format-cluster", master="local-cluster[2,1,1024]")
+spark = SparkSession.builder.master("local-cluster[2,1,1024]").config("spark.ui.enabled", "false").getOrCreate()
 df = spark.read.format("memwal").load(uri)
 parts = df.rdd.getNumPartitions()
 rows = [r.asDict() for r in df.collect()]
+one = df.where("id = 150").count()
 spark.createDataFrame([(i, "cl", 1.5) for i in range(5000, 5400)], "id long, region string, score double") \\
     .repartition(3).write.format("memwal").mode("append").option("merge", "partial").save(uri)
-print("result", json.dumps({"partitions": parts, "ids": sorted(r["id"] for r in rows),
+print("result", json.dumps({"partitions": parts, "ids": sorted(r["id"] for r in rows), "one": one,
                             "after": spark.read.format("memwal").load(uri).where("region = 'cl'").count()}))
 spark.stop()
 """
 
 
 @pytest.mark.slow
-def test_reads_and_writes_on_local_cluster(tmp_path):
-    """Two executor JVMs with their own Python workers read the splits and prepare the write."""
+def test_a_plain_session_on_local_cluster_finds_the_format_and_reads_and_writes(tmp_path):
+    """The format without registration, in a session built by Spark's own builder, on
+    separate executor JVMs: every row read, one key found, a partial-merge append written."""
     import json
 
     uri = str(tmp_path / "t")
@@ -282,9 +268,9 @@ def test_reads_and_writes_on_local_cluster(tmp_path):
     want = sorted(r["id"] for r in readers.open(uri).scan(columns=["id"]).to_pylist())
     script = tmp_path / "cluster.py"
     script.write_text(CLUSTER_SCRIPT)
-    env = {**os.environ, "SPARK_WORKER_DIR": str(tmp_path / "spark-work")}
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_WORKER_DIR": str(tmp_path / "spark-work")}
     p = subprocess.run([sys.executable, str(script), uri], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
     assert p.returncode == 0, p.stderr[-4000:]
     got = json.loads(p.stdout.split("result ", 1)[1].splitlines()[0])
-    assert got["partitions"] >= 2 and got["ids"] == want
+    assert got["partitions"] >= 2 and got["ids"] == want and got["one"] == 1
     assert got["after"] == 400

@@ -265,7 +265,16 @@ def ingest_to_failpoint(kafka, tmp_path, name: str, records: int, keys: int, see
     return p, uri, ckpt, topic, model
 
 
-def test_a_writer_process_killed_mid_batch_then_a_restart_from_the_checkpoint(kafka, tmp_path):
+def restart_here(spark, kafka, topic: str, uri: str, ckpt: str, max_offsets: int = 2000, **sink: object):
+    """A query of this process's session run from ``ckpt`` to the end of ``topic`` (a restart
+    needs a new query, not a new process: the crash and the stop were the command line's)."""
+    job = ingest(spark, bootstrap=kafka.bootstrap, topic=topic, table_uri=uri, checkpoint=ckpt, available_now=True,
+                 max_offsets_per_trigger=max_offsets, options=SinkOptions(source="kafka-json", **sink))
+    job.await_termination()
+    return job
+
+
+def test_a_writer_process_killed_mid_batch_then_a_restart_from_the_checkpoint(spark, kafka, tmp_path):
     """The executor's writer process is SIGKILLed while it writes micro-batch 2 (two batches
     committed, the third partly written: some shards, not all). The task that sent the write
     fails (WriterProcessError), so the batch is not committed and the query stops; restarted
@@ -280,10 +289,8 @@ def test_a_writer_process_killed_mid_batch_then_a_restart_from_the_checkpoint(ka
     assert b"WriterProcessError" in err, err.decode()[-3000:]
     half = table_rows(uri, "strong")
     assert half and approx(half) != approx(model)  # the crash left the table partly written
-    p = ingest_cli(uri, ckpt, kafka, topic, None, "--max-offsets-per-trigger", "2000")
-    out, err = p.communicate(timeout=300)
-    assert p.returncode == 0, err.decode()[-3000:]
-    assert "batch 2:" in err.decode()  # Spark replayed the interrupted batch
+    job = restart_here(spark, kafka, topic, uri, ckpt)
+    assert job.reports.report(2) is not None  # Spark replayed the interrupted batch
     assert approx(table_rows(uri)) == approx(model)
     ids = readers.open(uri).scan(columns=["id"]).column("id").to_pylist()
     assert len(ids) == len(set(ids))
@@ -292,7 +299,7 @@ def test_a_writer_process_killed_mid_batch_then_a_restart_from_the_checkpoint(ka
 
 
 @pytest.mark.parametrize("exchange", ["none", "shard"])
-def test_a_query_stopped_mid_batch_stops_cleanly_and_a_restart_completes_the_table(kafka, tmp_path, exchange):
+def test_a_query_stopped_mid_batch_stops_cleanly_and_a_restart_completes_the_table(spark, kafka, tmp_path, exchange):
     """`memwal ingest` interrupted while a write of micro-batch 1 is under way: Spark stops the
     query as a stop, not a failure, the process exits cleanly, and a restart from the
     checkpoint completes the table. With an exchange the write runs in the ``foreachBatch``
@@ -307,9 +314,7 @@ def test_a_query_stopped_mid_batch_stops_cleanly_and_a_restart_completes_the_tab
     if exchange == "shard":
         assert b"BatchInterruptedError" in err  # the stop reached Spark as the sink's short error
     assert b"ingested" in out
-    p = ingest_cli(uri, ckpt, kafka, topic, None, "--max-offsets-per-trigger", "2000")
-    out, err = p.communicate(timeout=300)
-    assert p.returncode == 0, err.decode()[-3000:]
+    restart_here(spark, kafka, topic, uri, ckpt)
     assert approx(table_rows(uri)) == approx(model)
 
 
@@ -390,9 +395,7 @@ def test_two_concurrent_queries_on_the_same_shard(spark, kafka, tmp_path):
         job, again = run_here()
         assert again is None, again
     if other.returncode:
-        rerun = ingest_cli(uri, str(tmp_path / "ckpt-b"), kafka, topics[1], None, *cli_args)
-        _, rerun_err = rerun.communicate(timeout=300)
-        assert rerun.returncode == 0, rerun_err.decode()[-3000:]
+        restart_here(spark, kafka, topics[1], uri, str(tmp_path / "ckpt-b"), 100, flush_interval_seconds=0)
     Table.open(uri).flush_stranded(0)
     expected = {**models[0], **models[1]}
     assert approx(table_rows(uri)) == approx(expected)
