@@ -254,8 +254,13 @@ def test_an_operation_whose_commit_fails_twice_succeeds(s3_server, proxy, op, fa
 #: A WAL put timing out every time takes 80-90 s on the loaded 2-core machine (3 s timeouts x client
 #: tries x Lance's 3 WAL tries x memwal's repeat, each repeat reopening): it runs with the long soak;
 #: the default suite has a timeout past the bounds on view refresh and a put past them in the CLI test.
-PAST_BOUNDS = [pytest.param("put", "timeout", marks=pytest.mark.soak), ("flush", "503 SlowDown"),
-               ("compaction", "connection reset"), ("index catch-up", "500 InternalError"), ("view refresh", "timeout"),
+#: A 5xx on the flush's claim keeps Lance's claim retries busy for 30-40 s (a reset: 7 s): under the
+#: dev profile the flush meets a reset past the bounds, and a 503 past them meets the compaction
+#: (test_maintenance_reports_a_failing_store_not_a_damaged_shard); ``make test-full`` runs the 503 on the flush too.
+PAST_BOUNDS = [pytest.param("put", "timeout", marks=pytest.mark.soak),
+               pytest.param("flush", "503 SlowDown",
+                            marks=() if PROFILE == "full" else pytest.mark.skip(reason="a 5xx past the bounds on a flush runs in make test-full")),
+               ("flush", "connection reset"), ("compaction", "connection reset"), ("index catch-up", "500 InternalError"), ("view refresh", "timeout"),
                ("read", "connection reset")]
 
 
@@ -392,7 +397,8 @@ def test_a_table_lives_through_random_faults(s3_server, proxy, seed):
 
 
 def test_the_cli_exits_5_when_the_store_stays_unavailable(s3_server, proxy, tmp_path):
-    # the retries are tested past the bounds above; here only the exit code is (with them, ~60 s)
+    # the retries are tested past the bounds above; here only the exit code is (with them, ~60 s;
+    # a reset rather than a 5xx, which keeps Lance's own WAL retries busy for ~30 s)
     opts = {**options(s3_server, proxy), "client_max_retries": "0", "memwal_operation_retries": "0"}
     uri = s3_server.fresh_uri("t")
     Table.create(uri, SCHEMA, ["id"], "unsharded", storage_options=opts).close()
@@ -400,7 +406,7 @@ def test_the_cli_exits_5_when_the_store_stays_unavailable(s3_server, proxy, tmp_
     data.write_text('{"id": 1, "name": "x", "amount": "1.25"}\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     flags = [a for k, v in opts.items() for a in ("--storage-option", f"{k}={v}")]
-    with proxy.faults(rule(Fault.slow_down(), "PUT", path=r"/wal/")):
+    with proxy.faults(rule(Fault.reset(), "PUT", path=r"/wal/")):
         p = subprocess.run([sys.executable, "-m", "memwal", "put", uri, str(data), *flags],
                            capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 5, p.stderr
