@@ -31,8 +31,8 @@ $(VENV)/.installed: pyproject.toml tools/dev_install.py
 	$(PY) tools/dev_install.py $(VENV) dev
 	touch $@
 
-# Each group is fetched again only when its pom or the pinned versions change (memwal/jvm).
-$(JARS): $(VENV)/.installed memwal/jvm/__init__.py $(wildcard memwal/jvm/*.pom.xml)
+# Each group is fetched (or built) again only when its pom, sources or the pinned versions change (memwal/jvm).
+$(JARS): $(VENV)/.installed memwal/jvm/__init__.py $(wildcard memwal/jvm/*.pom.xml) $(wildcard memwal/jvm/realtime/*.java)
 	$(PY) -m memwal.jvm fetch
 	touch $@
 

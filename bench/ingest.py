@@ -215,6 +215,18 @@ def run_memwal(spark, broker, topic: str, uri: str, ckpt: str, batch: int, tasks
     return job, time.perf_counter() - t0
 
 
+def run_real_time(spark, broker, topic: str, uri: str, work: str, stop: threading.Event, started: list):
+    """memwal's Real-Time Mode ingest (memwal.streaming.realtime) until ``stop`` is set."""
+    from memwal.streaming.realtime import ingest_real_time
+
+    job = ingest_real_time(spark, bootstrap=broker.bootstrap, topic=topic, table_uri=uri, checkpoint=os.path.join(work, f"ckpt-rt-{topic}"),
+                           options=SinkOptions(source="kafka-json", op_field=None))
+    started.append(job)
+    stop.wait()
+    job.stop()
+    return job, 0.0
+
+
 # -- freshness -----------------------------------------------------------------------------------
 
 
@@ -417,7 +429,7 @@ def run_freshness_only(args) -> dict:
     """Phase 2 alone: a memwal table of ``--base-rows`` rows, the ingest query at
     ``--freshness-rate``, a strong reader in another process."""
     with work_dir(args.workdir, "memwal-bench-freshness-") as work:
-        spark = local_session(app="memwal-bench", fast_start=not args.full_jit)
+        spark = local_session(app="memwal-bench", fast_start=not args.full_jit, cores=args.cores)
         spark.sparkContext.setLogLevel("ERROR")
         try:
             with open_broker(os.path.join(work, "broker")) as broker:
@@ -430,6 +442,12 @@ def run_freshness_only(args) -> dict:
 
                 rows = []
                 for source in args.kafka_sources:
+                    if source == "real-time":
+                        f = freshness(broker, "memwal-real-time", lambda topic, stop, started: run_real_time(spark, broker, topic, uri, work, stop, started),
+                                      "strong", uri, args.freshness_rate, args.freshness_seconds, args.base_rows)
+                        rows.append(print_freshness("memwal, Real-Time Mode, strong reader", f, args.freshness_rate, verdict=True))
+                        continue
+
                     def run(topic, stop, started, source=source):
                         return run_memwal(spark, broker, topic, uri, os.path.join(work, f"ckpt-{topic}"), args.batch_rows, None, False, stop, started,
                                           kafka_source=source, single_stage_max_rows=args.single_stage_max_rows,
@@ -752,6 +770,7 @@ def main() -> None:
                    help=f"--axes: the memwal sink's layouts to run in each cell, each against the naive sink ({', '.join(VARIANTS)})")
     p.add_argument("--fast-start-jvm", dest="full_jit", action="store_false",
                    help="launch the driver JVM as tests do (C1 JIT only) instead of as memwal ingest does (the full JIT)")
+    p.add_argument("--cores", type=int, default=2, help="the session's task slots (Real-Time Mode needs one per Kafka partition: 3 here)")
     p.add_argument("--kafka-sources", type=lambda v: v.split(","), default=["spark", "python"],
                    help="the Kafka sources to run, each against the naive sink on the same source: spark (Spark's connector), python (memwal's)")
     args = p.parse_args()

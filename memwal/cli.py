@@ -267,6 +267,11 @@ def build_parser() -> argparse.ArgumentParser:
         "python: memwal's own source on librdkafka (for pip-only installs)")
     s.add_argument("--trigger-interval", type=float, metavar="S", help="seconds between micro-batches (default: as fast as possible)")
     s.add_argument("--available-now", action="store_true", help="process what the topic holds now, then stop")
+    s.add_argument("--real-time", action="store_true",
+        help="Spark's Real-Time Mode: each record reaches the table's writers within milliseconds, not per micro-batch "
+        "(one long-running task per Kafka partition; docs/deploy.md, \"Real-time ingest\")")
+    s.add_argument("--real-time-batch", type=float, default=10.0, metavar="S",
+        help="with --real-time: seconds between Spark's offset checkpoints (at least 5; a crash replays at most this much)")
     s.add_argument("--starting-offsets", default="earliest", help="earliest (default), latest, or JSON per partition")
     s.add_argument("--max-offsets-per-trigger", type=int, metavar="N", help="records per micro-batch at most")
     s.add_argument("--format", default="json", choices=("json", "debezium-json", "avro"),

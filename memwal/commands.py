@@ -520,6 +520,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         # '' on the command line: records carry no operation field (all upserts)
         **({} if args.op_field is None else {"op_field": args.op_field or None}),
     )
+    if args.real_time:
+        return _ingest_real_time(args, options)
     # An ingest query runs for minutes to days: the full JIT (session.LONG_RUNNING_LAUNCH).
     spark = local_session(**_given(cores=args.cores), master=args.master, fast_start=False)
     server = _metrics_server(args, args.table)
@@ -575,6 +577,29 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         f"{int(totals.get('dead_letters', 0))} dead letter(s)"
         + (f", {int(totals['skipped'])} skipped" if totals.get("skipped") else "")
     )
+    return 0
+
+
+def _ingest_real_time(args: argparse.Namespace, options: Any) -> int:
+    """``memwal ingest --real-time``: runs until stopped (Ctrl-C or a signal)."""
+    from memwal.streaming import local_session
+    from memwal.streaming.realtime import ingest_real_time, partition_count
+
+    if args.available_now or args.trigger_interval is not None or args.max_offsets_per_trigger is not None:
+        raise InvalidArgumentError("--real-time runs until stopped, record by record: it takes no --available-now, --trigger-interval "
+                         "or --max-offsets-per-trigger")
+    # One long-running task per Kafka partition: a local session gets a task slot for each.
+    cores = args.cores if args.cores is not None else max(2, partition_count(args.bootstrap, args.topic))
+    spark = local_session(cores=cores, master=args.master, fast_start=False)
+    job = ingest_real_time(spark, bootstrap=args.bootstrap, topic=args.topic, table_uri=args.table, checkpoint=args.checkpoint,
+                           options=options, batch_seconds=args.real_time_batch, starting_offsets=args.starting_offsets,
+                           storage_options=_storage(args))
+    try:
+        job.await_termination()
+    except KeyboardInterrupt:
+        job.stop()
+    finally:
+        spark.stop()
     return 0
 
 

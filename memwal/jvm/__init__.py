@@ -14,6 +14,10 @@ dependencies Maven copies into ``<jars dir>/<group>/``:
 ``s3a``
     ``hadoop-aws`` at the Hadoop version pyspark bundles, for ``s3a://`` checkpoints.
 
+One more group is built here rather than fetched: ``realtime``, memwal's own Real-Time Mode
+writer (``realtime/*.java``, :mod:`memwal.streaming.realtime`), compiled by the JDK's ``javac``
+against the installed pyspark's jars into ``<jars dir>/realtime/``.
+
 The folder is ``$MEMWAL_JARS`` if set, else ``.jars/`` beside the ``memwal`` package folder
 (the repository root for a checkout); Maven's own cache goes to ``<jars dir>/m2``, so
 nothing lands outside it. ``python -m memwal.jvm fetch`` (run by ``make demo``/``make test``)
@@ -34,7 +38,10 @@ from pathlib import Path
 from typing import Final
 
 #: The groups, in the order ``fetch`` takes them.
-GROUPS: Final = ("spark-kafka", "kafka-broker", "s3a")
+GROUPS: Final = ("spark-kafka", "kafka-broker", "s3a", "realtime")
+
+#: The groups compiled from this package's Java sources (``<group>/*.java``), not fetched.
+BUILT: Final = ("realtime",)
 
 #: Maven's dependency plugin, pinned so a fetch does the same thing on every machine.
 DEPENDENCY_PLUGIN: Final = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
@@ -57,9 +64,16 @@ def jars_dir() -> Path:
 
 
 def pom(group: str) -> Path:
-    if group not in GROUPS:
-        raise ValueError(f"unknown jar group {group!r}; one of {', '.join(GROUPS)}")
+    if group not in GROUPS or group in BUILT:
+        raise ValueError(f"unknown fetched jar group {group!r}; one of {', '.join(g for g in GROUPS if g not in BUILT)}")
     return Path(__file__).resolve().parent / f"{group}.pom.xml"
+
+
+def sources(group: str) -> list[Path]:
+    """A built group's Java sources."""
+    if group not in BUILT:
+        raise ValueError(f"unknown built jar group {group!r}; one of {', '.join(BUILT)}")
+    return sorted((Path(__file__).resolve().parent / group).glob("*.java"))
 
 
 def spark_version() -> str:
@@ -91,13 +105,17 @@ def _properties(group: str) -> dict[str, str]:
 
 
 def _stamp_text(group: str) -> str:
+    if group in BUILT:
+        digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources(group))).hexdigest()[:16]
+        return f"sources={digest} spark={spark_version()}\n"
     digest = hashlib.sha256(pom(group).read_bytes()).hexdigest()[:16]
     props = " ".join(f"{k}={v}" for k, v in sorted(_properties(group).items()))
     return f"pom={digest} {props}".strip() + "\n"
 
 
 def group_dir(group: str, root: Path | None = None) -> Path:
-    pom(group)  # validates the name
+    if group not in GROUPS:
+        raise ValueError(f"unknown jar group {group!r}; one of {', '.join(GROUPS)}")
     return (root or jars_dir()) / group
 
 
@@ -136,6 +154,8 @@ def fetch(group: str, root: Path | None = None, *, force: bool = False, quiet: b
     target = group_dir(group, root)
     if not force and is_fetched(group, root):
         return FetchResult(group, len(jars(group, root)), False)
+    if group in BUILT:
+        return _build(group, root)
     mvn = shutil.which("mvn")
     if mvn is None:
         raise JarsError("Maven (mvn) is not on PATH: install it (Debian: apt-get install maven)")
@@ -162,6 +182,34 @@ def fetch(group: str, root: Path | None = None, *, force: bool = False, quiet: b
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     return FetchResult(group, len(jars(group, root)), True)
+
+
+def _jdk_tool(name: str) -> str:
+    home = os.environ.get("JAVA_HOME")
+    found = str(Path(home) / "bin" / name) if home and (Path(home) / "bin" / name).exists() else shutil.which(name)
+    if found is None:
+        raise JarsError(f"the JDK's {name} is not on PATH (nor in $JAVA_HOME/bin): install a JDK 17+ (Debian: apt-get install openjdk-17-jdk-headless)")
+    return found
+
+
+def _build(group: str, root: Path) -> FetchResult:
+    """Compile a built group against the installed pyspark's jars into its folder."""
+    staging = root / f".{group}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    classes = staging / "classes"
+    classes.mkdir(parents=True)
+    javac = [_jdk_tool("javac"), "--release", "17", "-nowarn", "-cp", str(pyspark_jars() / "*"), "-d", str(classes), *map(str, sources(group))]
+    for argv in (javac, [_jdk_tool("jar"), "--create", "--file", str(staging / f"memwal-{group}.jar"), "-C", str(classes), "."]):
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        if proc.returncode != 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise JarsError(f"could not build the {group} jar ({Path(argv[0]).name}):\n" + (proc.stdout + proc.stderr)[-3000:])
+    shutil.rmtree(classes)
+    (staging / STAMP).write_text(_stamp_text(group))
+    target = group_dir(group, root)
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return FetchResult(group, 1, True)
 
 
 def main(argv: list[str] | None = None) -> int:

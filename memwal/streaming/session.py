@@ -108,7 +108,7 @@ def session_settings(
 #: Spark's Kafka connector and S3A. On a local master they join the JVMs' own classpath
 #: (``extraClassPath``: nothing is copied, and the 650 MB AWS SDK bundle costs nothing
 #: measurable at start-up); on a cluster master they are shipped with ``spark.jars``.
-SPARK_JAR_GROUPS: Final = ("spark-kafka", "s3a")
+SPARK_JAR_GROUPS: Final = ("spark-kafka", "s3a", "realtime")
 
 
 def jar_settings(master: str | None, configured: Mapping[str, str], groups: tuple[str, ...] = SPARK_JAR_GROUPS) -> dict[str, str]:

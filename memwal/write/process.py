@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import pickle
@@ -431,7 +432,7 @@ class WriterProcessServer:
             if header is None:
                 return
             kind, request, arg = pickle.loads(header)
-            frames = [_recv(conn) for _ in (arg if kind == "write" else ())]
+            frames = [_recv(conn) for _ in (arg if kind == "write" else [None] if kind == "kafka" else ())]
             if any(f is None for f in frames):
                 return
             conn.settimeout(None)
@@ -445,14 +446,16 @@ class WriterProcessServer:
                     result = request.flush(arg)
                 elif kind == "warm":
                     result = WORKER.table(request.uri, request.storage) and None
+                elif kind == "kafka":  # a JVM client (memwal.streaming.realtime): answers in text
+                    result = request.run(frames[0])
                 else:
                     raise WriterProcessError(f"unknown request {kind!r}")
-                reply = (_OK, pickle.dumps(result))
+                reply = (_OK, json.dumps(result).encode() if kind == "kafka" else pickle.dumps(result))
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as e:  # noqa: BLE001 - every error goes back to the task; a panic in Lance's Rust code is a BaseException (pyo3's)
                 log.warning("%s failed: %s", "request", "".join(traceback.format_exception(e)).rstrip())
-                reply = (_ERROR, _pickled_error(e))
+                reply = (_ERROR, f"{type(e).__name__}: {e}".encode() if kind == "kafka" else _pickled_error(e))
             _send(conn, *reply)
         except OSError as e:  # the task went away (killed, cancelled): its write is retried
             log.warning("connection lost: %s", e)
@@ -493,13 +496,24 @@ def _pickled_error(e: BaseException) -> bytes:
         return pickle.dumps(WriterProcessError(f"{type(e).__name__}: {e}"))
 
 
+def ensure_command(endpoint: Endpoint) -> list[str]:
+    """A command that starts ``endpoint``'s writer process unless one listens, and returns once
+    one does (for clients that are not Python: the JVM's real-time writer)."""
+    return [sys.executable, "-m", "memwal.write.process", "--socket", str(endpoint.socket), "--ensure"]
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m memwal.write.process", description="memwal's per-executor writer process")
     p.add_argument("--socket", required=True)
     p.add_argument("--idle-exit-seconds", type=float, default=float(os.environ.get(IDLE_ENV, IDLE_EXIT_SECONDS)))
+    p.add_argument("--ensure", action="store_true", help="start the process unless one listens on --socket, then exit")
     args = p.parse_args(argv)
+    if args.ensure:
+        _private_dir(Path(args.socket).parent)
+        WriterProcessClient(Endpoint(Path(args.socket)))._connect().close()
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
     orphan = float(os.environ.get(ORPHAN_ENV, ORPHAN_EXIT_SECONDS))
     WriterProcessServer(Endpoint(Path(args.socket)), args.idle_exit_seconds, orphan).serve()
