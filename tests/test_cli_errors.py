@@ -85,6 +85,8 @@ CASES = [
     ("repair no table", ["repair", "{d}/nowhere", "--dry-run"], 2, ["nowhere"]),
     ("init schema from a directory", ["init", "{d}/new", "--schema-from", "{d}/dir.parquet", "--primary-key", "id"], 2,
      ["dir.parquet"]),
+    ("ingest real time available now", ["ingest", "--real-time", "--available-now", "--bootstrap", "127.0.0.1:1", "--topic", "t",
+                                        "--table", "{t}", "--checkpoint", "{d}/ckpt"], 2, ["--real-time", "--available-now"]),
 ]
 
 
