@@ -29,6 +29,14 @@ def test_local_n_only_when_nothing_names_a_master():
     assert resolve_master("", "", "*") == "local[*]"
 
 
+def test_cores_asked_for_replace_the_launchers_default_master():
+    """spark-submit reports local[*] when nothing named a master: cores asked for win over it,
+    and only over it."""
+    assert resolve_master(None, "local[*]", 3) == "local[3]"
+    assert resolve_master(None, "local[*]", 2, cores_given=False) == "local[*]"
+    assert resolve_master(None, "local[4]", 3) == "local[4]"
+
+
 @pytest.mark.parametrize("master", ["local", "local[2]", "local[*]", "local[4,2]", "local-cluster[2,1,1024]"])
 def test_local_masters(master):
     assert is_local_master(master)

@@ -70,12 +70,20 @@ def is_local_master(master: str) -> bool:
     return master == "local" or master.startswith(("local[", "local-cluster["))
 
 
-def resolve_master(explicit: str | None, configured: str | None, cores: int | str) -> str:
+#: The master ``spark-submit`` assumes when nothing names one. The launcher reports it as
+#: configured, so memwal cannot tell it from one a user named: cores asked of
+#: :func:`local_session` (``memwal ingest --cores``, a real-time query's slot per partition) replace it.
+SUBMIT_DEFAULT_MASTER: Final = "local[*]"
+
+
+def resolve_master(explicit: str | None, configured: str | None, cores: int | str, *, cores_given: bool = True) -> str:
     """The master to run on: ``explicit`` (``--master``), else what the launcher configured
-    (``spark-submit``, ``PYSPARK_SUBMIT_ARGS``, ``spark-defaults.conf``), else ``local[cores]``."""
+    (``spark-submit``, ``PYSPARK_SUBMIT_ARGS``, ``spark-defaults.conf``), else ``local[cores]``;
+    ``local[cores]`` also over the launcher's default :data:`SUBMIT_DEFAULT_MASTER` when
+    ``cores_given``."""
     if explicit:
         return explicit
-    if configured:
+    if configured and not (configured == SUBMIT_DEFAULT_MASTER and cores_given):
         return configured
     return f"local[{cores}]"
 
@@ -219,7 +227,7 @@ def launcher_conf(launch: Mapping[str, str] | None = None) -> dict[str, str]:
     return dict(SparkConf(loadDefaults=True).getAll())
 
 
-def local_session(app: str = "memwal", cores: int | str = 2, memory: str = "1g", master: str | None = None,
+def local_session(app: str = "memwal", cores: int | str | None = None, memory: str = "1g", master: str | None = None,
                   *, fast_start: bool = True):
     """A SparkSession for memwal: on ``master`` if given, else on the launcher's master, else
     on ``local[cores]`` (see the module docstring for what wins).
@@ -241,7 +249,7 @@ def local_session(app: str = "memwal", cores: int | str = 2, memory: str = "1g",
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     launch = LAUNCH_DEFAULTS if fast_start else LONG_RUNNING_LAUNCH
     configured = launcher_conf({**launch, "spark.driver.memory": memory, **jar_settings(None, {})})
-    chosen = resolve_master(master, configured.get("spark.master"), cores)
+    chosen = resolve_master(master, configured.get("spark.master"), 2 if cores is None else cores, cores_given=cores is not None)
     if is_local_master(chosen):
         # Local executors run this interpreter (read when the SparkContext is created). On a
         # cluster its path means nothing on other machines: the deployment names the Python.
