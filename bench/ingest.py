@@ -223,16 +223,31 @@ def writer_epochs(uri: str) -> int:
     return sum(m.writer_epoch for sid in store.list_shards() if (m := store.read_shard(sid)) is not None)
 
 
-def run_real_time(spark, broker, topic: str, uri: str, work: str, stop: threading.Event, started: list):
-    """memwal's Real-Time Mode ingest (memwal.streaming.realtime) until ``stop`` is set."""
+def run_real_time(spark, broker, topic: str, uri: str, work: str, stop: threading.Event, started: list, flush_interval: float = 2.0):
+    """memwal's Real-Time Mode ingest (memwal.streaming.realtime) until ``stop`` is set, with
+    maintenance running beside it (as ``memwal ingest --real-time --maintain``): seals every
+    ``flush_interval`` seconds make SSTables that only compaction keeps under the table's bounds."""
+    from memwal.maintenance import Maintenance, MaintenanceConfig
+    from memwal.state import TableState
     from memwal.streaming.realtime import ingest_real_time
 
+    maintenance = Maintenance(TableState.load(uri), MaintenanceConfig(interval_seconds=1.0))
+    maintenance.start()
     job = ingest_real_time(spark, bootstrap=broker.bootstrap, topic=topic, table_uri=uri, checkpoint=os.path.join(work, f"ckpt-rt-{topic}"),
-                           options=SinkOptions(source="kafka-json", op_field=None))
+                           options=SinkOptions(source="kafka-json", op_field=None, flush_interval_seconds=flush_interval))
     started.append(job)
     stop.wait()
     job.stop()
+    maintenance.stop()
+    print(f"  SSTables per shard at the end: {sstables_per_shard(uri)}")
     return job, 0.0
+
+
+def sstables_per_shard(uri: str) -> dict[str, int]:
+    from memwal.state import TableState
+
+    store = TableState.load(uri).manifests
+    return {sid[:8]: len(m.sstables) for sid in store.list_shards() if (m := store.read_shard(sid)) is not None}
 
 
 # -- freshness -----------------------------------------------------------------------------------
@@ -455,8 +470,10 @@ def run_freshness_only(args) -> dict:
                         # Writer opens, counted from outside: each is a claim, which raises its shard's epoch.
                         epochs = writer_epochs(uri)
                         t_open = time.monotonic()
-                        f = freshness(broker, f"memwal-{source}", lambda topic, stop, started: run_real_time(spark, broker, topic, uri, work, stop, started),
-                                      kind, uri, args.freshness_rate, args.freshness_seconds, args.base_rows)
+                        def rt(topic, stop, started):
+                            return run_real_time(spark, broker, topic, uri, work, stop, started, args.real_time_flush_interval)
+
+                        f = freshness(broker, f"memwal-{source}", rt, kind, uri, args.freshness_rate, args.freshness_seconds, args.base_rows)
                         opens = writer_epochs(uri) - epochs
                         print(f"  writer opens (shard epochs raised) over the whole query, start-up included: {opens} in {time.monotonic() - t_open:.0f}s")
                         f["writer_opens_whole_query"] = opens
@@ -785,6 +802,7 @@ def main() -> None:
                    help=f"--axes: the memwal sink's layouts to run in each cell, each against the naive sink ({', '.join(VARIANTS)})")
     p.add_argument("--fast-start-jvm", dest="full_jit", action="store_false",
                    help="launch the driver JVM as tests do (C1 JIT only) instead of as memwal ingest does (the full JIT)")
+    p.add_argument("--real-time-flush-interval", type=float, default=2.0, help="Real-Time Mode: seconds between MemTable seals (eventual readers)")
     p.add_argument("--cores", type=int, default=2, help="the session's task slots (Real-Time Mode needs one per Kafka partition: 3 here)")
     p.add_argument("--kafka-sources", type=lambda v: v.split(","), default=["spark", "python"],
                    help="the Kafka sources to run, each against the naive sink on the same source: spark (Spark's connector), python (memwal's)")

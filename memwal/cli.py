@@ -270,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--real-time", action="store_true",
         help="Spark's Real-Time Mode: each record reaches the table's writers within milliseconds, not per micro-batch "
         "(one long-running task per Kafka partition; docs/deploy.md, \"Real-time ingest\")")
-    s.add_argument("--real-time-batch", type=float, default=10.0, metavar="S",
+    s.add_argument("--real-time-batch", type=float, default=60.0, metavar="S",
         help="with --real-time: seconds between Spark's offset checkpoints (at least 5; a crash replays at most this much)")
     s.add_argument("--starting-offsets", default="earliest", help="earliest (default), latest, or JSON per partition")
     s.add_argument("--max-offsets-per-trigger", type=int, metavar="N", help="records per micro-batch at most")

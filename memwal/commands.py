@@ -532,16 +532,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         observers.append(IngestMetrics(server.registry))
     bars = _bars(args)
     observers.append(_ingest_progress(bars, args.topic))
-    maintenance = None
-    if args.maintain:
-        from memwal.maintenance import Maintenance
-
-        maintenance = Maintenance(_state(args, args.table))
-        if server is not None:
-            from memwal.observe.maintenance import MaintenanceObserver
-
-            maintenance.observers.append(MaintenanceObserver(server.registry))
-        maintenance.start()
+    maintenance = _maintenance(args, server)
     job = ingest(
         spark,
         bootstrap=args.bootstrap,
@@ -580,6 +571,21 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _maintenance(args: argparse.Namespace, server: Any) -> Any:
+    """``--maintain``: maintenance running beside the ingest (started), else None."""
+    if not args.maintain:
+        return None
+    from memwal.maintenance import Maintenance
+
+    maintenance = Maintenance(_state(args, args.table))
+    if server is not None:
+        from memwal.observe.maintenance import MaintenanceObserver
+
+        maintenance.observers.append(MaintenanceObserver(server.registry))
+    maintenance.start()
+    return maintenance
+
+
 def _ingest_real_time(args: argparse.Namespace, options: Any) -> int:
     """``memwal ingest --real-time``: runs until stopped (Ctrl-C or a signal)."""
     from memwal.streaming import local_session
@@ -591,6 +597,8 @@ def _ingest_real_time(args: argparse.Namespace, options: Any) -> int:
     # One long-running task per Kafka partition: a local session gets a task slot for each.
     cores = args.cores if args.cores is not None else max(2, partition_count(args.bootstrap, args.topic))
     spark = local_session(cores=cores, master=args.master, fast_start=False)
+    # Seals every --flush-interval make SSTables that only compaction keeps under the bounds.
+    maintenance = _maintenance(args, _metrics_server(args, args.table))
     job = ingest_real_time(spark, bootstrap=args.bootstrap, topic=args.topic, table_uri=args.table, checkpoint=args.checkpoint,
                            options=options, batch_seconds=args.real_time_batch, starting_offsets=args.starting_offsets,
                            storage_options=_storage(args))
@@ -599,6 +607,8 @@ def _ingest_real_time(args: argparse.Namespace, options: Any) -> int:
     except KeyboardInterrupt:
         job.stop()
     finally:
+        if maintenance is not None:
+            maintenance.stop()
         spark.stop()
     return 0
 

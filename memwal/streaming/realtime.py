@@ -189,7 +189,7 @@ def ingest_real_time(
     table_uri: str,
     checkpoint: str,
     options: SinkOptions | None = None,
-    batch_seconds: float = 10.0,
+    batch_seconds: float = 60.0,
     linger_ms: int = 5,
     max_rows: int = 5000,
     starting_offsets: str = "earliest",
