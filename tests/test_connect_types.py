@@ -39,9 +39,11 @@ def rows_of(result) -> list:
 
 def expected_decimal(unscaled: int, scale: int, target: pa.DataType):
     """The value in the column, or None if it does not fit exactly."""
+    # Exact arithmetic throughout: abs() would round to the default context's 28 digits, and a
+    # 30-digit value scaled to 38 digits then looked like an overflow (a failing example of 2026-11-29).
     value = decimal.Decimal(unscaled).scaleb(-scale, EXACT)
     in_target = value.scaleb(target.scale, EXACT)
-    if in_target != in_target.to_integral_value() or abs(in_target) >= 10**target.precision:
+    if in_target != in_target.to_integral_value() or in_target.copy_abs() >= 10**target.precision:
         return None
     return value.quantize(decimal.Decimal(1).scaleb(-target.scale), context=EXACT)
 
