@@ -550,17 +550,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         observers=observers,
         exchange=args.exchange,
     )
-    try:
-        with bars:
-            job.await_termination()
-    except KeyboardInterrupt:
-        job.stop()
-    finally:
-        if maintenance is not None:
-            maintenance.stop()
-        # Stopped before the interpreter exits: on a cluster master the executors are released
-        # in order instead of racing the JVM's shutdown (which relaunches them meanwhile).
-        spark.stop()
+    with bars:
+        _run_until_stopped(job, spark, maintenance)
     totals = job.reports.totals()
     print(
         f"ingested {int(totals.get('rows', 0))} records in {int(totals.get('batches', 0))} micro-batch(es): "
@@ -602,6 +593,12 @@ def _ingest_real_time(args: argparse.Namespace, options: Any) -> int:
     job = ingest_real_time(spark, bootstrap=args.bootstrap, topic=args.topic, table_uri=args.table, checkpoint=args.checkpoint,
                            options=options, batch_seconds=args.real_time_batch, starting_offsets=args.starting_offsets,
                            storage_options=_storage(args))
+    _run_until_stopped(job, spark, maintenance)
+    return 0
+
+
+def _run_until_stopped(job: Any, spark: Any, maintenance: Any) -> None:
+    """Wait for an ingest query (Ctrl-C stops it), then stop maintenance and the session."""
     try:
         job.await_termination()
     except KeyboardInterrupt:
@@ -609,8 +606,9 @@ def _ingest_real_time(args: argparse.Namespace, options: Any) -> int:
     finally:
         if maintenance is not None:
             maintenance.stop()
+        # Stopped before the interpreter exits: on a cluster master the executors are released
+        # in order instead of racing the JVM's shutdown (which relaunches them meanwhile).
         spark.stop()
-    return 0
 
 
 def _ingest_progress(bars: ProgressBars, topic: str) -> Any:

@@ -6,6 +6,11 @@ import os
 
 import json
 import random
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 import lance
 import lance.mem_wal
@@ -125,6 +130,25 @@ def run_sink_batch(uri: str, options, data: pa.Table, batch_id: int):
     out = list(Write(uri, options, batch_id, options.dead_letter_uri or dead_letter_uri(uri))(iter(exchange)))
     messages = [pickle.loads(b.column(MESSAGE)[0].as_py()).message for b in out]
     return TableWrite(TableState.load(uri), options.write_mode(), dead_letter_uri=options.dead_letter_uri).commit(messages, batch_id)
+
+
+def sigkill_when(process: subprocess.Popen, ready: Callable[[], bool], log: Path, what: str, timeout: float = 300,
+                 before: Callable[[], None] | None = None) -> None:
+    """Wait until ``ready()`` while ``process`` (started with ``start_new_session``, its output
+    in ``log``) runs, call ``before``, then SIGKILL its process group: the driver and its Python
+    workers. A wait that fails kills it too; ``what`` names the progress it waited for."""
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert process.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
+            time.sleep(0.2)
+        if before is not None:
+            before()
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 #: The driver JVMs the tests start in child processes (``memwal ingest``, scripts) run for

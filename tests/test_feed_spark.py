@@ -5,8 +5,6 @@ Kafka -> table -> change feed -> second table survives a SIGKILL of both queries
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -150,7 +148,7 @@ def test_kafka_to_table_to_change_feed_to_second_table_also_after_a_kill(kafka, 
     queries in a process SIGKILLed once each has committed micro-batches, then run again to the
     end: the second table equals the first, which equals the model."""
     from brokers import produce
-    from helpers import approx, table_rows, workload
+    from helpers import approx, sigkill_when, table_rows, workload
 
     schema = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.float64()), ("vec", pa.list_(pa.float32(), 4))])
     topic = f"feed-{time.monotonic_ns()}"
@@ -171,19 +169,8 @@ def test_kafka_to_table_to_change_feed_to_second_table_also_after_a_kill(kafka, 
         d = tmp_path / "ckpt" / name / "commits"
         return sum(1 for f in d.iterdir() if f.name.isdigit()) if d.exists() else 0
 
-    try:
-        deadline = time.monotonic() + 600
-        while commits("ingest") < 2 or commits("feed") < 1:
-            assert first.poll() is None, (tmp_path / "first.log").read_text()[-4000:]
-            assert time.monotonic() < deadline, "the streams made no progress"
-            time.sleep(0.2)
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait()
-    finally:
-        if first.poll() is None:
-            os.killpg(first.pid, signal.SIGKILL)
-            first.wait()
-        log.close()
+    with log:
+        sigkill_when(first, lambda: commits("ingest") >= 2 and commits("feed") >= 1, tmp_path / "first.log", "progress of both streams", 600)
     fed_before = commits("feed")
     second = subprocess.run([*args, "drain"], capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert second.returncode == 0, second.stderr[-4000:]

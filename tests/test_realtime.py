@@ -3,8 +3,6 @@ connector on a real Kafka 4 broker, the JVM writer handing records to the writer
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -12,7 +10,7 @@ import time
 import pyarrow as pa
 import pytest
 from brokers import produce
-from helpers import approx, table_rows, workload
+from helpers import approx, sigkill_when, table_rows, workload
 from hypothesis import given
 from hypothesis import strategies as st
 from test_streaming import SCHEMA
@@ -107,22 +105,15 @@ def test_a_real_time_ingest_killed_and_restarted_equals_the_model(spark, kafka, 
     first = subprocess.Popen([sys.executable, "-m", "memwal", "ingest", "--real-time", "--real-time-batch", "5", "--bootstrap", kafka.bootstrap,
                               "--topic", topic, "--table", uri, "--checkpoint", str(ckpt)],
                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        commits = ckpt / "commits"
-        while not commits.exists() or not any(f.name.isdigit() for f in commits.iterdir()):
-            assert first.poll() is None, (tmp_path / "first.log").read_text()[-4000:]
-            assert time.monotonic() < deadline, "no real-time batch was checkpointed"
-            time.sleep(0.2)
-        produce(kafka, topic, records[1500:2200])  # into the batch the kill interrupts
+    commits = ckpt / "commits"
+
+    def into_the_next_batch() -> None:  # records the kill interrupts
+        produce(kafka, topic, records[1500:2200])
         time.sleep(1)
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait()
-    finally:
-        if first.poll() is None:
-            os.killpg(first.pid, signal.SIGKILL)
-            first.wait()
-        log.close()
+
+    with log:
+        sigkill_when(first, lambda: commits.exists() and any(f.name.isdigit() for f in commits.iterdir()), tmp_path / "first.log",
+                     "checkpointed real-time batch", before=into_the_next_batch)
     produce(kafka, topic, records[2200:])
     job = ingest_real_time(spark, bootstrap=kafka.bootstrap, topic=topic, table_uri=uri, checkpoint=str(ckpt), batch_seconds=5,
                            options=SinkOptions(source="kafka-json"))

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
 from brokers import produce
+from helpers import sigkill_when
 from test_streaming import SCHEMA, approx, workload
 
 from memwal import Table, jvm, readers
@@ -120,19 +120,8 @@ def test_memwal_ingest_with_an_s3a_checkpoint_survives_a_kill(kafka, s3_server, 
                "--table", uri, "--checkpoint", checkpoint, "--max-offsets-per-trigger", "250"]
     log = (tmp_path / "first.log").open("w")
     first = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        while committed_batches(s3_server, checkpoint) < 3:
-            assert first.poll() is None, (tmp_path / "first.log").read_text()[-4000:]
-            assert time.monotonic() < deadline, "the query made no progress"
-            time.sleep(0.2)
-        os.killpg(first.pid, signal.SIGKILL)  # the driver and its Python workers
-        first.wait()
-    finally:
-        if first.poll() is None:
-            os.killpg(first.pid, signal.SIGKILL)
-            first.wait()
-        log.close()
+    with log:
+        sigkill_when(first, lambda: committed_batches(s3_server, checkpoint) >= 3, tmp_path / "first.log", "three committed micro-batches")
     killed_at = committed_batches(s3_server, checkpoint)
     assert killed_at < len(records) // 250, "the first run ended before the kill"
     flags = [arg for k, v in opts.items() for arg in ("--storage-option", f"{k}={v}")]

@@ -193,10 +193,9 @@ def test_kafka_into_write_stream_equals_the_model_also_after_a_kill(spark, kafka
     (micro-batches committed, more to come), then run again (in this process's session): the
     table equals the model, bad records are dead letters, and the second run went on from the
     checkpoint."""
-    import signal
 
     from brokers import produce
-    from helpers import workload
+    from helpers import sigkill_when, workload
 
     from memwal.write.dead_letters import dead_letter_uri, read_dead_letters
 
@@ -215,19 +214,9 @@ def test_kafka_into_write_stream_equals_the_model_also_after_a_kill(spark, kafka
     log = (tmp_path / "first.log").open("w")
     first = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True)
     commits = tmp_path / "ckpt" / "commits"
-    try:
-        deadline = time.monotonic() + 300
-        while not commits.exists() or sum(1 for f in commits.iterdir() if f.name.isdigit()) < 3:
-            assert first.poll() is None, (tmp_path / "first.log").read_text()[-4000:]
-            assert time.monotonic() < deadline, "the stream made no progress"
-            time.sleep(0.2)
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait()
-    finally:
-        if first.poll() is None:
-            os.killpg(first.pid, signal.SIGKILL)
-            first.wait()
-        log.close()
+    with log:
+        sigkill_when(first, lambda: commits.exists() and sum(1 for f in commits.iterdir() if f.name.isdigit()) >= 3,
+                     tmp_path / "first.log", "three committed micro-batches")
     taken = kafka_into_memwal(spark, kafka.bootstrap, topic, uri, ckpt, "300")
     assert 0 < sum(taken) < len(records)  # resumed from the checkpoint
     Table.open(uri).flush_stranded(0)
