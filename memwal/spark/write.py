@@ -136,11 +136,9 @@ def write_task(uri: str, opts: FormatOptions, sink: SinkOptions, batches: Iterat
 
     from pyspark import TaskContext
 
-    from memwal.streaming.exchange import PART
     from memwal.streaming.prepare import Prepare, timestamp_range
     from memwal.streaming.write_task import shard_writes
-    from memwal.write.api import TableWrite, WriteBatch
-    from memwal.write.wire import shard_records
+    from memwal.write.api import TableWrite
     from memwal.write.worker import WORKER
 
     state = WORKER.table(uri, opts.storage).state
@@ -174,9 +172,8 @@ def write_task(uri: str, opts: FormatOptions, sink: SinkOptions, batches: Iterat
                 data = data.append_column(_OPERATION, pa.array(["delete"] * data.num_rows, pa.string()))
             p = prepare.prepare(state, data, task, first, 1)
             first += data.num_rows
-            lo, hi = timestamp_range(batch) if sink.source != "columns" else (None, None)
-            prepared = WriteBatch(shard_records(p.rows.drop_columns([PART]), state.write_schema, p.shards), p.dead, p.skipped,
-                                  t1 - t0, time.perf_counter() - t1, lo, hi)
+            stamps = timestamp_range(batch) if sink.source != "columns" else (None, None)
+            prepared = p.write_batch(state.write_schema, t1 - t0, time.perf_counter() - t1, stamps)
             if pending is not None:
                 message = message.merge(pending.result())
             pending = writer.submit(write.prepare, prepared, label=label)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +24,9 @@ import pyarrow.compute as pc
 from memwal.sharding import ShardingSpec, ShardValues
 from memwal.streaming.options import SinkOptions
 from memwal.write.messages import DELETE, SHARD, SHARDS_KEY, to_payload
+
+if TYPE_CHECKING:
+    from memwal.write.api import WriteBatch
 
 #: The write partition (task) each routed row goes to; the other internal columns and the
 #: payload format are the write side's (:mod:`memwal.write.wire`).
@@ -98,6 +101,17 @@ class Prepared:
     dead: pa.Table
     #: Records the format skips on purpose (Debezium tombstones): counted, neither rows nor dead letters.
     skipped: int = 0
+
+    def write_batch(self, write_schema: pa.Schema, read_seconds: float, prepare_seconds: float,
+                    timestamps: tuple[int | None, int | None] = (None, None)) -> "WriteBatch":
+        """What the write API takes of it when the task that prepared it also writes it (no
+        exchange): each shard's records, the dead letters, the counts and timings."""
+        # Here, not at the top: the driver's side of the sink imports this module and no Lance.
+        from memwal.write.api import WriteBatch
+        from memwal.write.wire import shard_records
+
+        records = shard_records(self.rows.drop_columns([PART]), write_schema, self.shards)
+        return WriteBatch(records, self.dead, self.skipped, read_seconds, prepare_seconds, *timestamps)
 
 
 

@@ -113,20 +113,15 @@ class KafkaWrite:
     storage: StorageConfig | None = None
 
     def run(self, frame: pa.Buffer) -> dict[str, int]:
-        from memwal.write.api import WriteBatch
-        from memwal.write.wire import shard_records
-
-        from memwal.streaming.exchange import PART
+        from memwal.streaming.prepare import timestamp_range
 
         t0 = time.perf_counter()
         batch, epoch = kafka_batch(frame, self.topic)
         prepare, write = _machinery(self)
         state = write.state
         p = prepare.prepare(state, pa.Table.from_batches([batch]), 0, 0, 1)
-        t1 = time.perf_counter()
-        prepared = WriteBatch(shard_records(p.rows.drop_columns([PART]), state.write_schema, p.shards), p.dead, p.skipped,
-                              0.0, t1 - t0)
-        message = write.prepare(prepared, label=f"real-time-{epoch}")
+        message = write.prepare(p.write_batch(state.write_schema, 0.0, time.perf_counter() - t0, timestamp_range(batch)),
+                                label=f"real-time-{epoch}")
         if message.dead:
             write.commit([message], epoch)
         return {"rows": batch.num_rows, "dead": p.dead.num_rows, "shards": len(p.shards)}
