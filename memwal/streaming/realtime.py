@@ -45,9 +45,6 @@ from memwal.streaming.options import SinkOptions
 
 log = logging.getLogger("memwal.streaming")
 
-#: The JVM writer's class (in the ``realtime`` jar group of :mod:`memwal.jvm`).
-WRITER_CLASS = "memwal.realtime.KafkaRowWriter"
-
 #: Spark's shortest real-time batch (``spark.sql.streaming.realTimeMode.minBatchDuration``).
 MIN_BATCH_SECONDS = 5.0
 
@@ -94,7 +91,7 @@ def kafka_batch(frame: pa.Buffer | bytes, topic: str) -> tuple[pa.RecordBatch, i
     keys = _binary(klen, buf.slice(pos, kbytes))
     values = _binary(vlen, buf.slice(pos + kbytes, vbytes))
     batch = pa.RecordBatch.from_arrays(
-        [keys, values, pa.array([topic] * n, pa.string()), pa.array(partitions, pa.int32()), pa.array(offsets, pa.int64()),
+        [keys, values, pa.repeat(pa.scalar(topic, pa.string()), n), pa.array(partitions, pa.int32()), pa.array(offsets, pa.int64()),
          pa.array(stamps, pa.int64()).cast(pa.timestamp("ms", tz="UTC"))],
         names=["key", "value", "topic", "partition", "offset", "timestamp"],
     )
@@ -127,14 +124,14 @@ class KafkaWrite:
         return {"rows": batch.num_rows, "dead": p.dead.num_rows, "shards": len(p.shards)}
 
 
-_MACHINERY: dict[bytes, tuple[Any, Any]] = {}
+#: Keyed by the request itself (frozen, hashable): equal requests share one.
+_MACHINERY: dict[KafkaWrite, tuple[Any, Any]] = {}
 
 
 def _machinery(request: KafkaWrite) -> tuple[Any, Any]:
     """The request's Prepare (its value decoder) and TableWrite (the process's resident shard
     writers), made by its first frame: the JVM sends the same request for every frame."""
-    key = pickle.dumps(request)
-    found = _MACHINERY.get(key)
+    found = _MACHINERY.get(request)
     if found is None:
         from memwal.streaming.prepare import Prepare
         from memwal.write.api import TableWrite
@@ -145,7 +142,7 @@ def _machinery(request: KafkaWrite) -> tuple[Any, Any]:
         shards = WorkerShards(request.uri, request.storage, sink.durability, sink.flush_interval_seconds)
         found = (Prepare(request.uri, sink, request.storage),
                  TableWrite(state, sink.write_mode(), shards=shards, dead_letter_uri=sink.dead_letter_uri))
-        _MACHINERY[key] = found
+        _MACHINERY[request] = found
     return found
 
 

@@ -432,7 +432,9 @@ class WriterProcessServer:
             if header is None:
                 return
             kind, request, arg = pickle.loads(header)
-            frames = [_recv(conn) for _ in (arg if kind == "write" else [None] if kind == "kafka" else ())]
+            # A write carries a frame per shard; a JVM client's Kafka records, one.
+            count = len(arg) if kind == "write" else 1 if kind == "kafka" else 0
+            frames = [_recv(conn) for _ in range(count)]
             if any(f is None for f in frames):
                 return
             conn.settimeout(None)
