@@ -33,7 +33,7 @@ def test_cores_asked_for_replace_the_launchers_default_master():
     """spark-submit reports local[*] when nothing named a master: cores asked for win over it,
     and only over it."""
     assert resolve_master(None, "local[*]", 3) == "local[3]"
-    assert resolve_master(None, "local[*]", 2, cores_given=False) == "local[*]"
+    assert resolve_master(None, "local[*]", None) == "local[*]"
     assert resolve_master(None, "local[4]", 3) == "local[4]"
 
 

@@ -76,16 +76,16 @@ def is_local_master(master: str) -> bool:
 SUBMIT_DEFAULT_MASTER: Final = "local[*]"
 
 
-def resolve_master(explicit: str | None, configured: str | None, cores: int | str, *, cores_given: bool = True) -> str:
+def resolve_master(explicit: str | None, configured: str | None, cores: int | str | None) -> str:
     """The master to run on: ``explicit`` (``--master``), else what the launcher configured
-    (``spark-submit``, ``PYSPARK_SUBMIT_ARGS``, ``spark-defaults.conf``), else ``local[cores]``;
-    ``local[cores]`` also over the launcher's default :data:`SUBMIT_DEFAULT_MASTER` when
-    ``cores_given``."""
+    (``spark-submit``, ``PYSPARK_SUBMIT_ARGS``, ``spark-defaults.conf``), else ``local[cores]``
+    (``local[2]`` for None); cores asked for (not None) also replace the launcher's default
+    :data:`SUBMIT_DEFAULT_MASTER`."""
     if explicit:
         return explicit
-    if configured and not (configured == SUBMIT_DEFAULT_MASTER and cores_given):
+    if configured and not (configured == SUBMIT_DEFAULT_MASTER and cores is not None):
         return configured
-    return f"local[{cores}]"
+    return f"local[{2 if cores is None else cores}]"
 
 
 def session_settings(
@@ -249,7 +249,7 @@ def local_session(app: str = "memwal", cores: int | str | None = None, memory: s
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     launch = LAUNCH_DEFAULTS if fast_start else LONG_RUNNING_LAUNCH
     configured = launcher_conf({**launch, "spark.driver.memory": memory, **jar_settings(None, {})})
-    chosen = resolve_master(master, configured.get("spark.master"), 2 if cores is None else cores, cores_given=cores is not None)
+    chosen = resolve_master(master, configured.get("spark.master"), cores)
     if is_local_master(chosen):
         # Local executors run this interpreter (read when the SparkContext is created). On a
         # cluster its path means nothing on other machines: the deployment names the Python.
