@@ -215,12 +215,17 @@ def run_memwal(spark, broker, topic: str, uri: str, ckpt: str, batch: int, tasks
     return job, time.perf_counter() - t0
 
 
-def writer_epochs(uri: str) -> int:
-    """The sum of the table's shard epochs (each writer open claims its shard: +1)."""
+def shard_manifests(uri: str) -> dict:
+    """Each shard's current manifest (shard id -> ShardManifest)."""
     from memwal.state import TableState
 
     store = TableState.load(uri).manifests
-    return sum(m.writer_epoch for sid in store.list_shards() if (m := store.read_shard(sid)) is not None)
+    return {sid: m for sid in store.list_shards() if (m := store.read_shard(sid)) is not None}
+
+
+def writer_epochs(uri: str) -> int:
+    """The sum of the table's shard epochs (each writer open claims its shard: +1)."""
+    return sum(m.writer_epoch for m in shard_manifests(uri).values())
 
 
 def run_real_time(spark, broker, topic: str, uri: str, work: str, stop: threading.Event, started: list, flush_interval: float = 2.0):
@@ -239,15 +244,8 @@ def run_real_time(spark, broker, topic: str, uri: str, work: str, stop: threadin
     stop.wait()
     job.stop()
     maintenance.stop()
-    print(f"  SSTables per shard at the end: {sstables_per_shard(uri)}")
+    print(f"  SSTables per shard at the end: { {sid[:8]: len(m.sstables) for sid, m in shard_manifests(uri).items()} }")
     return job, 0.0
-
-
-def sstables_per_shard(uri: str) -> dict[str, int]:
-    from memwal.state import TableState
-
-    store = TableState.load(uri).manifests
-    return {sid[:8]: len(m.sstables) for sid in store.list_shards() if (m := store.read_shard(sid)) is not None}
 
 
 # -- freshness -----------------------------------------------------------------------------------
