@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import subprocess
 import sys
+import time
 
 import lance
 import pyarrow as pa
@@ -25,6 +26,7 @@ from memwal import (
     WriterConfig,
     readers,
 )
+from memwal import paths
 from memwal.write.pool import ShardWriterPool
 
 
@@ -78,6 +80,32 @@ def test_large_write_is_split_at_max_memtable_rows(table_uri):
     status = Table.open(table_uri).status()
     assert status.shards[0].sstables  # MemTables filled up and flushed along the way
     assert len(live(table_uri)) == 1050
+
+
+def test_timed_seals_seal_writes_of_a_few_rows_with_the_writer_open(table_uri):
+    """A due seal is made by the next write however few rows it has (fewer than the batches the
+    MemTable still lacks): its last row is repeated, which no reader sees and the flush drops."""
+    t = Table.create(table_uri, PEOPLE, ["id"], "unsharded")
+    t.writers.seal_interval_seconds = interval = 0.2
+    t.write(people([0]))  # opens the writer: its seal is due an interval later
+    writes = [people([1]), pa.concat_tables([people([2], "a"), people([1], "b"), people([2], "c")]), people([3]), people([3], "d")]
+    for w in writes:
+        time.sleep(interval)
+        t.write(w)
+    assert (t.writers.stats.opens, t.writers.stats.seals, t.writers.stats.flushes) == (1, 4, 0)
+    (shard,) = t.writers.open_shards
+    manifests = Table.open(table_uri).manifests
+    deadline = time.monotonic() + 60
+    while len(manifests.read_shard(shard).sstables) < 4:  # Lance flushes sealed MemTables in the background
+        assert time.monotonic() < deadline, "sealed MemTables were not flushed"
+        time.sleep(0.05)
+        manifests.clear_cache()
+    ssts = sorted(manifests.read_shard(shard).sstables, key=lambda s: s.generation)
+    kept = [lance.dataset(paths.sstable_path(table_uri, shard, s.path)).to_table(columns=["id", "name"]).to_pylist() for s in ssts]
+    assert [sorted((r["id"], r["name"]) for r in rows) for rows in kept] == [
+        [(0, "v0"), (1, "v1")], [(1, "b1"), (2, "c2")], [(3, "v3")], [(3, "d3")]]
+    assert {i: r["name"] for i, r in live(table_uri).items()} == {0: "v0", 1: "b1", 2: "c2", 3: "d3"}  # eventual: SSTables only
+    t.close()
 
 
 def test_writer_is_cached_per_shard(table_uri):

@@ -89,10 +89,17 @@ def _keeps_claiming(shard_id: str, what: str, claimer: str | None = None) -> Fen
 
 
 def in_batches(data: pa.Table, k: int) -> pa.Table:
-    """``data`` as exactly ``k`` non-empty record batches (``1 <= k <= data.num_rows``), slices
-    of one contiguous copy: Lance counts a put's record batches against a MemTable's
-    ``max_memtable_batches``."""
+    """``data`` as exactly ``k >= 1`` non-empty record batches: Lance counts a put's record
+    batches against a MemTable's ``max_memtable_batches``. With ``k <= data.num_rows`` they are
+    slices of one contiguous copy. With fewer rows than ``k``, each row is a batch and the last
+    row is repeated as the batches still missing: Lance drops empty batches without counting
+    them, and a repeat of a put's last row changes nothing readers see (newest row per key, and
+    the last row stays the newest; a flushed MemTable keeps one row per key)."""
     one = data.combine_chunks()
+    if k > one.num_rows:
+        rows = one.to_batches(max_chunksize=1)
+        return pa.Table.from_batches(rows + [one.slice(one.num_rows - 1, 1).to_batches()[0]] * (k - len(rows)),
+                                     schema=data.schema)
     size, extra = divmod(one.num_rows, k)
     starts = [i * size + min(i, extra) for i in range(k + 1)]
     return pa.Table.from_batches([b for i in range(k) for b in one.slice(starts[i], starts[i + 1] - starts[i]).to_batches()],
@@ -515,10 +522,11 @@ class ShardWriterPool:
         MemTable with the writer open. Lance 14.0.2's Python writer has no seal call; it seals
         a MemTable once it holds ``max_memtable_batches`` record batches, counting each record
         batch of a put, and never splits a put across MemTables. So the put is handed over as
-        exactly the batches still missing (slices of its rows): Lance seals after it, and the
-        MemTable, this put included, is flushed to an SSTable in the background. A put with
-        fewer rows than batches missing cannot do it and leaves the seal due for the next one
-        (:meth:`seal_overdue` says when a caller should flush by closing instead)."""
+        exactly the batches still missing (:func:`in_batches`: slices of its rows, or, for a put
+        of fewer rows, its rows with the last one repeated): Lance seals after it, and the
+        MemTable, this put included, is flushed to an SSTable in the background. A shard with no
+        writes cannot seal this way (:meth:`seal_overdue` says when a caller should flush it by
+        closing instead)."""
         for part in split_rows(rows, self.config.max_memtable_rows):
             self._on_storage(shard_id, lambda p=part: self._apply(shard_id, self._batches_op(shard_id, p, "put"), "put", retry_fenced),
                              retry_fenced)
@@ -543,8 +551,8 @@ class ShardWriterPool:
         return now - self._last_seal.get(shard_id, now) >= interval
 
     def seal_overdue(self, shard_id: str, factor: float = 3.0) -> bool:
-        """Whether the shard's timed seal is ``factor`` intervals late (its writes were too small
-        to seal it, or there were none): then the caller flushes it by closing the writer."""
+        """Whether the shard's timed seal is ``factor`` intervals late (no write came to seal
+        it): then the caller flushes it by closing the writer."""
         interval = self.seal_interval_seconds
         if interval is None or shard_id not in self._writers:
             return False
@@ -562,7 +570,7 @@ class ShardWriterPool:
             chunks = data.column(0).num_chunks if data.num_columns else 1
             held = int(w.memtable_stats()["batch_count"])
             missing = limit - held
-            seal = self._seal_due(shard_id) and 1 <= missing <= data.num_rows
+            seal = self._seal_due(shard_id) and missing >= 1 and data.num_rows >= 1
             if seal:
                 data = in_batches(data, missing)
             elif chunks > 1 and held + chunks >= limit:

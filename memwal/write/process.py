@@ -40,7 +40,7 @@ Invariants, and why they hold:
   anyone; what it acknowledged is in the WAL). So a request stuck behind a killed test's
   failpoint or a dead store cannot keep it alive, and its idle exit follows.
 - **MemTables seal on time without writes.** A sweeper thread flushes a shard whose timed seal
-  is overdue (:meth:`ShardWriterPool.seal_overdue`: its writes stopped, or were too small to
+  is overdue (:meth:`ShardWriterPool.seal_overdue`: its writes stopped before a write could
   seal it), so eventual readers see every write within a few seal intervals.
 
 Requests are trusted: they unpickle a :class:`~memwal.write.worker.WriteRequest`. The socket

@@ -291,8 +291,8 @@ class TableWriter:
             if mode.drop_stale:
                 self._record_sequences(plan, str(mode.sequence_field))
             # Resident writers: a write into a shard whose seal was due sealed its MemTable
-            # with the writer open (ShardWriterPool.put); one whose writes were too small to
-            # do it for several intervals is flushed by closing its writer instead.
+            # with the writer open (ShardWriterPool.put); a shard that does not seal that way
+            # (durability "fsync") is flushed by closing its writer once its seal is overdue.
             if self.writers.seal_overdue(shard_id):
                 self.writers.flush([shard_id])
         return ShardWriteResult(
