@@ -59,7 +59,7 @@ import lance  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import AVSC, DIM, SCHEMA, base_rows, batch_rows, git_rev, machine, pct, report, today, trigger_cadence, value_encoder, work_dir  # noqa: E402
+from common import AVSC, DIM, SCHEMA, base_rows, batch_json, batch_rows, git_rev, machine, pct, report, today, trigger_cadence, value_encoder, work_dir  # noqa: E402
 from probe_reader import ProbeReader  # noqa: E402
 
 from memwal import Table, WriterConfig, readers  # noqa: E402
@@ -356,7 +356,7 @@ def freshness(broker, name: str, run, reader_kind: str, uri: str, rate: int, sec
 
 
 def produce_at_rate(broker, topic: str, rate: int, base: int, keep_going, first_batch: int = 0, after_burst=None) -> int:
-    """Produce the workload's records (:func:`batch_rows` over ``base`` ids) to ``topic`` at
+    """Produce the workload's records (:func:`batch_json` over ``base`` ids) to ``topic`` at
     ``rate`` rows/s, a burst every 100 ms, while ``keep_going()``; ``after_burst(producer)``
     runs after each burst. Returns how many records it produced (flushed)."""
     import confluent_kafka
@@ -365,8 +365,8 @@ def produce_at_rate(broker, topic: str, rate: int, base: int, keep_going, first_
     produced, b = 0, first_batch
     while keep_going():
         t0 = time.time()
-        for r in batch_rows(b, rate // 10, base):
-            producer.produce(topic, key=str(r["id"]).encode(), value=json.dumps(r).encode(), partition=r["id"] % 3)
+        for i, value in batch_json(b, rate // 10, base):
+            producer.produce(topic, key=str(i).encode(), value=value, partition=i % 3)
         produced += rate // 10
         if after_burst is not None:
             after_burst(producer)

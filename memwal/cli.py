@@ -293,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="full: a record replaces its key's row (default); partial: a record changes only the columns it carries "
         "(a JSON key it lacks keeps the stored value; null sets null)")
     s.add_argument("--flush-interval", type=float, metavar="S",
-        help="flush MemTables at most every S seconds (eventual readers' freshness; default: the sink's)")
+        help="seal MemTables every S seconds (eventual readers' freshness; default: 2, 1 with --real-time)")
     s.add_argument("--exchange", choices=("auto", "none", "shard"), default="auto",
         help="none: the tasks that read the topic decode and write it, one Spark stage per micro-batch (format('memwal')); "
         "shard: rows are first exchanged by shard, so one task writes each shard (two stages: for a cluster whose topic's "

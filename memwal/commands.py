@@ -8,6 +8,7 @@ Imported by :mod:`memwal.cli` after it set the process up (Lance's log filter).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import logging
@@ -580,13 +581,15 @@ def _maintenance(args: argparse.Namespace, server: Any) -> Any:
 def _ingest_real_time(args: argparse.Namespace, options: Any) -> int:
     """``memwal ingest --real-time``: runs until stopped (Ctrl-C or a signal)."""
     from memwal.streaming import local_session
-    from memwal.streaming.realtime import ingest_real_time, partition_count
+    from memwal.streaming.realtime import SEAL_SECONDS, ingest_real_time, partition_count
 
     if args.available_now or args.trigger_interval is not None or args.max_offsets_per_trigger is not None:
         raise InvalidArgumentError("--real-time runs until stopped, record by record: it takes no --available-now, --trigger-interval "
                          "or --max-offsets-per-trigger")
     # One long-running task per Kafka partition: a local session gets a task slot for each.
     cores = args.cores if args.cores is not None else max(2, partition_count(args.bootstrap, args.topic))
+    if args.flush_interval is None:
+        options = dataclasses.replace(options, flush_interval_seconds=SEAL_SECONDS)
     spark = local_session(cores=cores, master=args.master, fast_start=False)
     # Seals every --flush-interval make SSTables that only compaction keeps under the bounds.
     maintenance = _maintenance(args, _metrics_server(args, args.table))

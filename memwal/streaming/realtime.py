@@ -14,8 +14,8 @@ the executor's writer process (:mod:`memwal.write.process`) over its Unix socket
 process's resident shard writers; the JVM task goes on once the WAL holds them.
 
 Semantics: a record is durable (and visible to strong readers) when its send returned; eventual
-readers see it once its MemTable seals (``SinkOptions.flush_interval_seconds``, by the writer
-process's sweeper when writes pause). Spark checkpoints the offsets at the end of each real-time
+readers see it once its MemTable seals, every ``SinkOptions.flush_interval_seconds`` (the next
+write seals it with the writer open; the writer process's sweeper flushes it when writes pause). Spark checkpoints the offsets at the end of each real-time
 batch (``batch_seconds``); a crash replays from the last checkpoint, and upserts and deletes
 are idempotent, so the table ends equal to the topic's last values. During a replay a reader
 may see a key go back to an older value and forward again (records after the checkpoint are
@@ -47,6 +47,11 @@ log = logging.getLogger("memwal.streaming")
 
 #: Spark's shortest real-time batch (``spark.sql.streaming.realTimeMode.minBatchDuration``).
 MIN_BATCH_SECONDS = 5.0
+
+#: The seal cadence of a real-time ingest that was not given one (``SinkOptions``'s default is a
+#: micro-batch's): eventual readers see a record ~0.65 s after it was sent (p50), at four
+#: SSTables a second for maintenance to fold on a four-shard table (docs/benchmarks.md).
+SEAL_SECONDS = 1.0
 
 
 def records_frame(offsets, timestamps_ms, partitions, keys, values, epoch: int = 0) -> bytes:
@@ -192,7 +197,9 @@ def ingest_real_time(
     """Start a Real-Time Mode query from ``topic`` into the memwal table at ``table_uri`` (see
     the module docstring). ``batch_seconds``: Spark's real-time batch, its checkpoint interval
     (at least :data:`MIN_BATCH_SECONDS`); ``linger_ms``/``max_rows``: how long and how many
-    records the JVM writer buffers before it sends them."""
+    records the JVM writer buffers before it sends them. Without ``options``, JSON records
+    sealed every :data:`SEAL_SECONDS`; ``options.flush_interval_seconds`` is the seal cadence
+    otherwise (eventual readers' freshness, docs/deploy.md)."""
     from pyspark.sql.streaming.query import StreamingQuery
 
     from memwal import jvm as jars
@@ -204,7 +211,7 @@ def ingest_real_time(
         raise RuntimeError("the real-time writer's jar is not built: run python -m memwal.jvm fetch")
     if batch_seconds < MIN_BATCH_SECONDS:
         raise ValueError(f"batch_seconds must be at least {MIN_BATCH_SECONDS:g} (Spark's shortest real-time batch)")
-    options = options or SinkOptions(source="kafka-json")
+    options = options or SinkOptions(source="kafka-json", flush_interval_seconds=SEAL_SECONDS)
     make_active(spark)
     storage = resolve_storage(storage_options)
     endpoint = Endpoint.for_environment()
