@@ -31,6 +31,7 @@ from memwal.commands import (  # noqa: E402
     EXIT_OK,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
+    cmd_alter,
     cmd_changes,
     cmd_check,
     cmd_delete,
@@ -169,6 +170,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("file", metavar="FILE")
     _durability_flag(s)
     s.set_defaults(func=cmd_delete)
+
+    s = sub.add_parser("alter", help="add or drop columns",
+        description="Add nullable columns or drop columns, while the table is written and read elsewhere (docs/schema-evolution.md). "
+        "Rows stored before read null for an added column. Lance refuses type changes on a MemWAL table.")
+    s.add_argument("uri", metavar="URI")
+    s.add_argument("--add-column", action="append", default=[], metavar="NAME:TYPE",
+        help="add a nullable column, e.g. note:string, total:decimal(12,2), at:timestamp[us]; repeatable")
+    s.add_argument("--drop-column", action="append", default=[], metavar="NAME", help="drop a column (not a key or sharding column); repeatable")
+    s.set_defaults(func=cmd_alter)
 
     s = sub.add_parser("get", help="look up one key", description="Print the live row of one primary key; exit code 1 when it is absent.")
     s.add_argument("uri", metavar="URI")

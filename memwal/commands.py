@@ -206,6 +206,23 @@ def cmd_delete(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_alter(args: argparse.Namespace) -> int:
+    from memwal.schema import parse_type
+
+    table = Table.open(args.uri, _storage(args))
+    update = table.update_schema()
+    for spec in args.add_column:
+        name, sep, type_text = spec.partition(":")
+        if not sep:
+            raise InvalidArgumentError(f"--add-column {spec!r}: give NAME:TYPE, e.g. note:string")
+        update.add_column(name.strip(), parse_type(type_text))
+    for name in args.drop_column:
+        update.drop_column(name)
+    change = update.commit()
+    print(f"added {list(change.added)}, dropped {list(change.dropped)} (base version {change.version_before} -> {change.version_after})")
+    return 0
+
+
 # -- get / scan ---------------------------------------------------------------------------------
 
 

@@ -61,7 +61,7 @@ from memwal.failpoints import failpoint
 from memwal.lance_errors import classify, is_commit_conflict, is_stale_compaction, is_store_unavailable, repeat_unavailable
 from memwal.lsm import newest_across
 from memwal.manifest import SsTable
-from memwal.schema import TOMBSTONE
+from memwal.schema import TOMBSTONE, as_evolved, stored_schema
 from memwal.state import TableState
 
 log = logging.getLogger(__name__)
@@ -173,10 +173,12 @@ class Compactor:
 
     # -- compaction ------------------------------------------------------------------------------
 
-    def _read(self, shard_id: str, s: SsTable) -> pa.Table:
+    def _read(self, shard_id: str, s: SsTable, schema: pa.Schema) -> pa.Table:
+        """The SSTable's rows as ``schema`` (the base's columns now, ``_tombstone`` included): one
+        written before a column was added has it null, and one dropped since is left out, so the
+        upsert replaces a key's whole row as the write did."""
         # opened through the handle's cache: views refreshed next in the same process read these SSTables again
-        data = self.state.sstable_dataset(paths.sstable_path(self.state.uri, shard_id, s.path)).to_table()
-        return data.select(self.state.write_schema.names + [TOMBSTONE])
+        return as_evolved(self.state.sstable_dataset(paths.sstable_path(self.state.uri, shard_id, s.path)).to_table(), schema)
 
     def _marker(self, shard_id: str, generation: int) -> list[lance.mem_wal.CompactedSsTable]:
         return [lance.mem_wal.CompactedSsTable(shard_id, generation)]
@@ -209,11 +211,13 @@ class Compactor:
                     shard_id, todo[0].generation, compacted,
                 )
             return None
-        data = self._read(shard_id, candidates[0])
+        # The latest base's columns: a maintenance process outlives schema changes.
+        schema = stored_schema(self.state.dataset().schema)
+        data = self._read(shard_id, candidates[0], schema)
         used = 1
         if not pc.any(data.column(TOMBSTONE)).as_py():
             for s in candidates[1:]:
-                merged = newest_across([data, self._read(shard_id, s)], self.state.primary_key)
+                merged = newest_across([data, self._read(shard_id, s, schema)], self.state.primary_key)
                 if pc.any(merged.column(TOMBSTONE)).as_py():
                     break
                 data, used = merged, used + 1

@@ -56,7 +56,7 @@ from memwal.errors import ChangesCollectedError, InvalidArgumentError
 from memwal.lance_errors import is_not_found
 from memwal.lsm import newest_across, newest_per_key
 from memwal.manifest import SsTable
-from memwal.schema import TOMBSTONE
+from memwal.schema import TOMBSTONE, as_evolved, stored_schema
 from memwal.sqltext import in_filter, sql_literal
 from memwal.state import TableState
 
@@ -292,10 +292,16 @@ def _key_strings(rows: pa.Table, pk: Sequence[str]) -> pa.Array:
     return pa.array([json.dumps(list(v), default=str) for v in zip(*cols)], pa.string())
 
 
-def rows_by_key(ds: lance.LanceDataset, keys: pa.Table, columns: Sequence[str], primary_key: Sequence[str]) -> pa.Table:
-    """The rows of ``ds`` whose primary key is in ``keys`` (through the key's BTREE when there is one)."""
+def rows_by_key(ds: lance.LanceDataset, keys: pa.Table, columns: Sequence[str], primary_key: Sequence[str],
+                schema: pa.Schema | None = None) -> pa.Table:
+    """The rows of ``ds`` whose primary key is in ``keys`` (through the key's BTREE when there is one).
+    ``schema``: the table's columns now, for a ``ds`` of a version before a column was added or
+    dropped (read as if written under them)."""
     pk = list(primary_key)
     cols = list(dict.fromkeys([*pk, *columns]))
+    if schema is not None and any(c not in ds.schema.names for c in cols):
+        found = rows_by_key(ds, keys, [c for c in columns if c in ds.schema.names], pk)
+        return as_evolved(found, pa.schema([schema.field(c) for c in cols]))
     parts = []
     for start in range(0, keys.num_rows, KEYS_PER_FILTER):
         chunk = keys.slice(start, KEYS_PER_FILTER)
@@ -319,7 +325,11 @@ def read_sstable(state: TableState, shard_id: str, s: SsTable, columns: Sequence
     path = paths.sstable_path(state.uri, shard_id, s.path)
     try:
         ds = state.sstable_dataset(path)
-        rows = ds.to_table(columns=[*columns, TOMBSTONE])
+        wanted = [*columns, TOMBSTONE]
+        rows = ds.to_table(columns=[c for c in wanted if c in ds.schema.names])
+        if rows.num_columns < len(wanted):  # written before a column was added
+            stored = stored_schema(state.write_schema)
+            rows = as_evolved(rows, pa.schema([stored.field(c) for c in wanted]))
     except (OSError, ValueError) as e:
         state.sstable_datasets.discard_where(lambda k: k == path)  # an opened one whose files went
         if not (is_not_found(e) or "not found" in str(e).lower()):
@@ -476,7 +486,7 @@ class FeedReader:
             found.append(in_overlay.filter(pc.invert(in_overlay.column(TOMBSTONE))).drop_columns([TOMBSTONE]))
             rest = keys.filter(pc.invert(pc.is_in(_key_strings(keys, pk), value_set=_key_strings(in_overlay, pk))))
         if rest.num_rows:
-            found.append(rows_by_key(base, rest, self.columns, pk))
+            found.append(rows_by_key(base, rest, self.columns, pk, self.state.write_schema))
         cast = pa.schema([self.state.schema.field(c) for c in self.columns])
         return pa.concat_tables([f.select(self.columns).cast(cast) for f in found]) if found else cast.empty_table()
 

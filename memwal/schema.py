@@ -6,11 +6,12 @@ a 1-based position. memwal writes both keys so any Lance reader agrees on the ke
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 import pyarrow as pa
 
-from memwal.errors import PrimaryKeyError, SchemaMismatchError, UnknownColumnError
+from memwal.errors import InvalidArgumentError, PrimaryKeyError, SchemaMismatchError, UnknownColumnError
 
 PK_KEY = b"lance-schema:unenforced-primary-key"
 PK_POSITION_KEY = b"lance-schema:unenforced-primary-key:position"
@@ -110,6 +111,49 @@ def conform(data: pa.Table, schema: pa.Schema, *, what: str = "data") -> pa.Tabl
             raise SchemaMismatchError(f"{what}: {kind} {f.name!r} has {col.null_count} null value(s)")
         columns.append(col)
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def stored_schema(write_schema: pa.Schema) -> pa.Schema:
+    """The columns of an SSTable or WAL entry written under ``write_schema``: its columns and
+    ``_tombstone`` (true: a delete of the key)."""
+    return write_schema.append(pa.field(TOMBSTONE, pa.bool_()))
+
+
+def as_evolved(data: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Rows stored under an earlier schema of the table (an SSTable, a WAL entry, a writer's put
+    decided before a change) as ``schema``'s columns: a column added since is null, a column
+    dropped since is left out. ``data`` itself when it already has them.
+
+    The invariant it rests on: a column keeps its name and type for its whole life (Lance
+    14.0.2 refuses type changes on a MemWAL table), so stored data only ever lacks columns
+    added after it or carries columns dropped after it."""
+    if data.schema.names == schema.names:
+        return data
+    have = set(data.schema.names)
+    columns = [data.column(f.name) if f.name in have else pa.nulls(data.num_rows, f.type) for f in schema]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def parse_type(text: str) -> pa.DataType:
+    """An Arrow type from its name: ``int64``, ``float32``, ``string``, ``date32``,
+    ``timestamp[us]``, ``decimal(12,2)``, ``list<float32>[4]``..."""
+    text = text.strip()
+    m = re.fullmatch(r"list<(.+)>\[(\d+)\]", text)
+    if m:
+        return pa.list_(parse_type(m.group(1)), int(m.group(2)))
+    m = re.fullmatch(r"list<(.+)>", text)
+    if m:
+        return pa.list_(parse_type(m.group(1)))
+    m = re.fullmatch(r"decimal(?:128)?\(\s*(\d+)\s*,\s*(\d+)\s*\)", text)
+    if m:
+        return pa.decimal128(int(m.group(1)), int(m.group(2)))
+    aliases = {"string": pa.string(), "utf8": pa.string(), "float": pa.float32(), "double": pa.float64(), "bool": pa.bool_()}
+    if text in aliases:
+        return aliases[text]
+    try:
+        return pa.type_for_alias(text)
+    except ValueError:
+        raise InvalidArgumentError(f"unknown type {text!r} (e.g. int64, string, date32, timestamp[us], decimal(12,2))") from None
 
 
 def key_schema(schema: pa.Schema, primary_key: Sequence[str]) -> pa.Schema:

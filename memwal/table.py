@@ -37,6 +37,7 @@ from memwal.write.protocol import ShardRecords, TableWriter
 from memwal.write.pool import ShardWriterPool
 
 if TYPE_CHECKING:
+    from memwal.evolve import SchemaUpdate
     from memwal.maintenance import Maintenance, MaintenanceConfig
     from memwal.readers.reader import Consistency, Reader
     from memwal.upgrade import UpgradeReport
@@ -224,6 +225,25 @@ class Table:
     def close(self) -> None:
         """Flush every open writer (MemTables -> SSTables) and release them."""
         self.writer.close()
+
+    # -- schema -------------------------------------------------------------------------------
+
+    def update_schema(self) -> "SchemaUpdate":
+        """Add nullable columns or drop columns, while the table is written and read elsewhere
+        (:mod:`memwal.evolve`; a type change is refused by Lance on a MemWAL table)::
+
+            with table.update_schema() as u:
+                u.add_column("note", pa.string()).drop_column("legacy")
+
+        This handle flushes its writers and reloads: its next writes take the new columns."""
+        from memwal.evolve import SchemaUpdate
+
+        def reload(_change: object) -> None:
+            self.writer.close()
+            self.state = TableState.load(self.state.uri, self.state.storage)
+            self.writer = TableWriter(self.state)
+
+        return SchemaUpdate(self.state, after_commit=reload)
 
     # -- shards -------------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from memwal.errors import TableDamagedError, WalGapError
 from memwal.io import FileIO
 from memwal.lsm import newest_per_key
 from memwal.manifest import ManifestStore, ShardManifest
+from memwal.schema import as_evolved
 
 #: Default bound of a WAL reader's cache of parsed entries (by their file sizes).
 WAL_CACHE_BYTES = 128 << 20
@@ -184,9 +185,12 @@ class WalTailReader:
 
     def __init__(
         self, table_uri: str, io: FileIO, store: ManifestStore, primary_key: tuple[str, ...],
-        cache_bytes: int = WAL_CACHE_BYTES,
+        cache_bytes: int = WAL_CACHE_BYTES, schema: pa.Schema | None = None,
     ) -> None:
         self.uri = table_uri
+        #: the columns tails are returned as (``_tombstone`` included): entries written before a
+        #: column was added or dropped are read as if written under them (:func:`as_evolved`)
+        self.schema = schema
         self.io = io
         self.store = store
         self.primary_key = primary_key
@@ -263,5 +267,7 @@ class WalTailReader:
         if last is not None and last[0] == key:
             return last[1]
         rows = newest_per_key(pa.concat_tables([e.rows for e in entries], promote_options="permissive"), self.primary_key)
+        if self.schema is not None:
+            rows = as_evolved(rows, self.schema)
         self._last_tails[manifest.shard_id] = (key, rows)
         return rows

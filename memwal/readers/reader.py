@@ -35,6 +35,7 @@ from memwal.readers.points import first_row
 from memwal.readers.pruning import Pruning
 from memwal.readers.stream import scan_snapshot
 from memwal.readers.vector_search import VectorSearch
+from memwal.schema import stored_schema
 from memwal.snapshot import Snapshot, take_snapshot
 from memwal.state import TableState
 from memwal.storage import StorageConfig
@@ -77,17 +78,32 @@ class Reader:
         self.refresh_interval_ms = refresh_interval_ms
         #: the past state a time-travel reader reads (resolved now: a bad ``as_of`` fails here)
         self.past = timetravel.resolve(state, as_of) if as_of is not None else None
+        if self.past is not None and state.dataset(self.past.base_version).schema.names != state.write_schema.names:
+            # The past is read with the columns it had (a column added since did not exist then).
+            state = TableState.from_dataset(state.uri, state.dataset(self.past.base_version), state.metadata, state.io, state.storage)
         self._snapshot: Snapshot | None = None
         #: when the current snapshot was started (monotonic): its age, and which of two is newer
         self._taken_at = 0.0
         self._publishing = threading.Lock()
-        self._wal = WalTailReader(state.uri, state.io, state.manifests, state.primary_key)
+        self._cache_bytes = cache_bytes
+        self._bind(state)
+        self._refresher: _Refresher | None = None
+        if refresh_in_background:
+            if consistency != "eventual" or as_of is not None or refresh_interval_ms is None or refresh_interval_ms <= 0:
+                raise InvalidArgumentError("refresh_in_background needs an eventual reader of the latest version with a refresh_interval_ms")
+            self.refresh()  # the first snapshot in the caller's thread: a bad table fails here
+            self._refresher = _Refresher(self, refresh_interval_ms / 1000)
+
+    def _bind(self, state: TableState) -> None:
+        """Read ``state``'s table with its columns: everything that depends on them, fresh."""
+        self.state = state
+        self._wal = WalTailReader(state.uri, state.io, state.manifests, state.primary_key, schema=stored_schema(state.write_schema))
         #: the base table as a strong read last found it (reused while it is the latest version)
         self._strong_base: lance.LanceDataset | None = None
         #: the shards' WAL tails last read, and their concatenation
         self._last_tails: tuple[list[pa.Table], pa.Table] | None = None
         #: immutable SSTable data this reader has read, bounded by ``cache_bytes``
-        self.sstables = sstables.SSTableCache(cache_bytes, state.storage_options)
+        self.sstables = sstables.SSTableCache(self._cache_bytes, state.storage_options, stored_schema(state.write_schema))
         #: the base table's full-text corpus statistics (BM25), per base version
         self.text_stats = text.BaseTextStats()
         #: each shard's live SSTables with their key sets, per snapshot: lookups walk them
@@ -95,12 +111,16 @@ class Reader:
         self._planner = Planner(state)
         self._points = PointLookups(state, self.sstables, self._live_keys)
         self._vectors = VectorSearch(state, self.config, self.sstables, self._live_keys)
-        self._refresher: _Refresher | None = None
-        if refresh_in_background:
-            if consistency != "eventual" or as_of is not None or refresh_interval_ms is None or refresh_interval_ms <= 0:
-                raise InvalidArgumentError("refresh_in_background needs an eventual reader of the latest version with a refresh_interval_ms")
-            self.refresh()  # the first snapshot in the caller's thread: a bad table fails here
-            self._refresher = _Refresher(self, refresh_interval_ms / 1000)
+
+    def _columns_changed(self, base: lance.LanceDataset) -> bool:
+        """Whether the latest base has other columns than this reader reads (a column was
+        added or dropped since it opened, :mod:`memwal.evolve`): then it reloads the table's
+        state and reads the new columns."""
+        if self.past is not None or base.schema.names == self.state.write_schema.names:
+            return False
+        log.info("table %s: columns changed to %s; reading them", self.state.uri, base.schema.names)
+        self._bind(TableState.load(self.state.uri, self.state.storage))
+        return True
 
     # -- snapshots ------------------------------------------------------------------------------
 
@@ -112,6 +132,8 @@ class Reader:
             snap = timetravel.past_snapshot(self.state, self.past)
         else:
             snap = self.state.snapshot()
+            if self._columns_changed(snap.dataset):
+                snap = self.state.snapshot()
         return self._publish(snap, started)
 
     def _publish(self, snap: Snapshot, started: float) -> Snapshot:
@@ -130,6 +152,8 @@ class Reader:
         it; until then reads use the previous snapshot."""
         started = time.monotonic()
         snap = self.state.snapshot()
+        if self._columns_changed(snap.dataset):
+            snap = self.state.snapshot()
         self._points.warm(snap, self._snapshot)
         self._publish(snap, started)
 
@@ -170,6 +194,8 @@ class Reader:
             snap = self.snapshot
             return (snap.restrict(shard_ids) if shard_ids is not None else snap), None
         self._strong_base = self.state.latest_dataset(self._strong_base)
+        if self._columns_changed(self._strong_base):
+            self._strong_base = self.state.latest_dataset()
         snap = take_snapshot(self._strong_base, self.state.manifests, shard_ids)
         tails = [t for s in snap.shards if (t := self._wal.tail(s.manifest)) is not None]
         if not tails:
@@ -192,7 +218,7 @@ class Reader:
 
     # -- point lookups (memwal.readers.lookups) --------------------------------------------------
 
-    def _lookup(self, key: dict[str, Any], out_schema: pa.Schema, pinned: Snapshot | None = None) -> pa.Table:
+    def _lookup(self, key: dict[str, Any], columns: Sequence[str] | None, pinned: Snapshot | None = None) -> pa.Table:
         shard_id = self.state.shard_of_key(key)
         if pinned is not None:
             snap, tail = pinned, None
@@ -200,7 +226,8 @@ class Reader:
             snap, tail = self.snapshot, None  # the whole snapshot: restricting it costs more than it saves
         else:
             snap, tail = self._view([shard_id])
-        return self._points.one(key, shard_id, out_schema, snap, tail)
+        # The columns are the view's: taking it may have found them changed (_columns_changed).
+        return self._points.one(key, shard_id, self._planner.output_schema(columns), snap, tail)
 
     @memwal_errors()
     def get(self, key: Any, columns: Sequence[str] | None = None) -> dict[str, Any] | None:
@@ -209,25 +236,25 @@ class Reader:
         A key value that is not of its column's type is a :class:`PrimaryKeyError`, as in
         :meth:`get_many`: :func:`typed_key` types it as :func:`keys_table` does.
         """
-        t = self._lookup(typed_key(key, self.state.primary_key, self.state.schema), self._planner.output_schema(columns))
+        t = self._lookup(typed_key(key, self.state.primary_key, self.state.schema), columns)
         return first_row(t) if t.num_rows else None
 
     @memwal_errors()
     def get_many(self, keys: Iterable[Any], columns: Sequence[str] | None = None) -> pa.Table:
         """The live rows of ``keys`` (absent keys are left out), as one Arrow table."""
         kt = keys_table(keys, self.state.primary_key, self.state.schema)
-        out_schema = self._planner.output_schema(columns)
         if kt.num_rows == 0:
-            return out_schema.empty_table()
+            return self._planner.output_schema(columns).empty_table()
         if kt.num_rows <= POINT_LOOKUP_BATCH:
             # An eventual reader's lookups share one snapshot, as one scan would: a refresh
             # between two of them must not show one key before a change and the next after it.
             pinned = self.snapshot if self.consistency == "eventual" else None
-            parts = [self._lookup(k, out_schema, pinned) for k in kt.to_pylist()]
+            parts = [self._lookup(k, columns, pinned) for k in kt.to_pylist()]
+            out_schema = self._planner.output_schema(columns)
             parts = [p for p in parts if p.num_rows]
             return pa.concat_tables([p.cast(out_schema) for p in parts]) if parts else out_schema.empty_table()
         snap, tail = self._view()
-        return self._points.many(kt, out_schema, snap, tail)
+        return self._points.many(kt, self._planner.output_schema(columns), snap, tail)
 
     def rows_of_keys(self, keys: pa.Table, shard_id: str | None = None) -> pa.Table:
         """The live rows (every column) of ``keys`` (a table of the key columns, typed as the
@@ -265,9 +292,9 @@ class Reader:
     def _scan_batches(self, columns: Sequence[str] | None, where: str | None, limit: int | None) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
             raise InvalidArgumentError(f"limit must be a non-negative integer, got {limit!r}")
-        schema = self._planner.output_schema(columns)
-        out = schema.names
         snap, tail = self._pruned_view(where)
+        schema = self._planner.output_schema(columns)  # the view's columns (see _lookup)
+        out = schema.names
         wanted = list(dict.fromkeys([*out, *self.state.primary_key]))
         batches = self._stream(snap, tail, wanted, where, limit)
         if wanted == out:
@@ -375,9 +402,9 @@ class Reader:
         before the nearest are chosen. docs/bench-log/reads.md has the measurements behind
         the defaults.
         """
-        query = self._vectors.query(vector, k, column, metric, nprobes, refine_factor, overfetch)
-        out = list(self._planner.output_schema(columns).names)
         snap, tail = self._pruned_view(where)
+        query = self._vectors.query(vector, k, column, metric, nprobes, refine_factor, overfetch)
+        out = list(self._planner.output_schema(columns).names)  # the view's columns (see _lookup)
         return self._vectors.search(query, snap, tail, out, where)
 
     # -- full-text search (memwal.readers.text) --------------------------------------------------

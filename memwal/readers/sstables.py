@@ -9,6 +9,7 @@ none does, instead of probing every SSTable newest-first.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -23,7 +24,7 @@ from memwal import paths
 from memwal.cache import ByteLRU
 from memwal.lance_errors import damaged_sstable
 from memwal.readers.merge import newest
-from memwal.schema import TOMBSTONE
+from memwal.schema import TOMBSTONE, as_evolved
 
 if TYPE_CHECKING:
     from memwal.snapshot import Snapshot
@@ -127,9 +128,40 @@ class SSTableCache:
     directory is written once), so an entry is never stale; eviction is only for memory.
     """
 
-    def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES, storage_options: dict[str, str] | None = None) -> None:
+    def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES, storage_options: dict[str, str] | None = None,
+                 schema: pa.Schema | None = None) -> None:
         self.storage_options = storage_options
         self._lru: ByteLRU[tuple[str, str], Any] = ByteLRU(max_bytes)
+        #: The table's columns as an SSTable written now stores them (``_tombstone`` included):
+        #: what rows are returned as. An SSTable written before a column was added or dropped
+        #: (:meth:`memwal.table.Table.update_schema`) is read as if written under it.
+        self.schema = schema
+
+    def evolve(self, schema: pa.Schema) -> None:
+        """The table's columns changed: read SSTables as ``schema`` from now on."""
+        if self.schema is not None and self.schema.names != schema.names:
+            self._lru.discard_where(lambda k: k[0] != "dataset" and k[0] != "keys")
+        self.schema = schema
+
+    def _missing(self, ds: lance.LanceDataset, columns: Sequence[str] | None) -> bool:
+        """Whether the SSTable lacks some of ``columns`` (when None: differs from the table's
+        columns at all): it was written under an earlier schema."""
+        have = ds.schema.names
+        if columns is None:
+            return self.schema is not None and have != self.schema.names
+        return any(c not in have for c in columns)
+
+    def _evolved(self, table: pa.Table, columns: Sequence[str] | None = None) -> pa.Table:
+        """``columns`` (all when None) of rows read from an SSTable written under an earlier
+        schema, as the table's (:func:`memwal.schema.as_evolved`). Without :attr:`schema` (a
+        cache shared by tables: Spark's executors) the columns the SSTable lacks are left out,
+        for the caller to add."""
+        if self.schema is None:
+            return table
+        return as_evolved(table, self.schema if columns is None else pa.schema([self.schema.field(c) for c in columns]))
+
+    def _present(self, ds: lance.LanceDataset, columns: Sequence[str] | None) -> list[str] | None:
+        return None if columns is None else [c for c in columns if c in ds.schema.names]
 
     @property
     def bytes_held(self) -> int:
@@ -175,23 +207,39 @@ class SSTableCache:
         (and ``_tombstone``) if given, cached apart from the whole rows: a scan of a few
         columns does not read, say, a vector column it does not return."""
         if columns is None:
-            return self._get("rows", path, lambda: self.dataset(path).to_table(), lambda t: t.nbytes)
+            return self._get("rows", path, lambda: self._read_all(path), lambda t: t.nbytes)
         wanted = list(dict.fromkeys([*columns, TOMBSTONE]))
         whole = self._lru.get(("rows", path))
         if whole is not None:
-            return whole.select(wanted)
+            return self._evolved(whole.select([c for c in wanted if c in whole.schema.names]), wanted)
         kind = "rows:" + ",".join(wanted)
-        return self._get(kind, path, lambda: self.dataset(path).to_table(columns=wanted), lambda t: t.nbytes)
+        return self._get(kind, path, lambda: self._read_all(path, wanted), lambda t: t.nbytes)
+
+    def _read_all(self, path: str, columns: Sequence[str] | None = None) -> pa.Table:
+        ds = self.dataset(path)
+        if not self._missing(ds, columns):
+            return ds.to_table(columns=columns)
+        return self._evolved(ds.to_table(columns=self._present(ds, columns)), columns)
 
     def take(self, path: str, positions: Sequence[int], columns: Sequence[str]) -> pa.Table:
         """The SSTable's live rows at ``positions`` (:meth:`KeySet.find`'s), uncached."""
         with reading(path):
-            return self.dataset(path).take(list(positions), columns=list(columns))
+            ds = self.dataset(path)
+            if not self._missing(ds, columns):
+                return ds.take(list(positions), columns=list(columns))
+            return self._evolved(ds.take(list(positions), columns=self._present(ds, columns)), columns)
 
     def read(self, path: str, **to_table: Any) -> pa.Table:
-        """``to_table(**to_table)`` of the SSTable at ``path``, uncached (a filtered read, say)."""
+        """``to_table(**to_table)`` of the SSTable at ``path``, uncached (a filtered read, a
+        vector search). An SSTable written under an earlier schema is read whole as the table's
+        and the read runs on that copy in memory, since its filter or columns may name a column
+        the SSTable lacks (rare: only until compaction folds the SSTables of before a change)."""
         with reading(path):
-            return self.dataset(path).to_table(**to_table)
+            ds = self.dataset(path)
+            if self.schema is None or not self._missing(ds, None):
+                return ds.to_table(**to_table)
+            copy = lance.write_dataset(self._evolved(ds.to_table()), f"memory://evolved-{uuid.uuid4().hex}")
+            return copy.to_table(**to_table)
 
     def has_index(self, path: str, field_name: str, kind: str) -> bool:
         """Whether the SSTable has an index of ``kind`` (a details type name) on a column."""

@@ -120,7 +120,8 @@ class VectorSearch:
             among = None if keep is None else np.flatnonzero(keep)
             parts.append(top_k(delta.rows.select(wanted), dist, k, among))
         for path, newer in delta.indexed:
-            found = self.cache.dataset(path).to_table(
+            found = self.cache.read(
+                path,
                 nearest={"column": col, "q": query, "k": max(k, int(k * q.overfetch)), "nprobes": q.nprobes,
                          "refine_factor": q.refine_factor, "metric": metric},
                 columns=[*wanted, TOMBSTONE, "_distance"], filter=where, prefilter=True)

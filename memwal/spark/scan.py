@@ -243,6 +243,7 @@ class ScanReader(DataSourceReader):
             return self._plan
         from memwal.readers.reader import Reader
         from memwal.state import TableState
+        from memwal.schema import stored_schema
         from memwal.wal import WalTailReader
 
         state = TableState.load(self.uri, self.opts.storage)
@@ -254,7 +255,7 @@ class ScanReader(DataSourceReader):
             snap = snap.restrict(pruning.shard_ids)
         tails: dict[str, bytes] = {}
         if self.opts.consistency == "strong":
-            wal = WalTailReader(state.uri, state.io, state.manifests, state.primary_key)
+            wal = WalTailReader(state.uri, state.io, state.manifests, state.primary_key, schema=stored_schema(state.write_schema))
             for shard in snap.shards:
                 tail = wal.tail(shard.manifest)
                 if tail is not None and tail.num_rows:
@@ -294,7 +295,7 @@ class ScanReader(DataSourceReader):
         from memwal.lsm import newest_across
         from memwal.readers.sql import filter_rows
         from memwal.readers.stream import ShadowKeys
-        from memwal.schema import TOMBSTONE
+        from memwal.schema import TOMBSTONE, as_evolved, stored_schema
         from memwal import paths
 
         plan = self._plan if self._plan is not None else self.plan()
@@ -307,7 +308,11 @@ class ScanReader(DataSourceReader):
         columns = list(dict.fromkeys([*out, *pk])) if plan.where is None else state.schema.names
         if isinstance(partition, DeltaSplit):
             shard = snap.shard(partition.shard_id)
-            parts = [cache.rows(paths.sstable_path(snap.dataset.uri, shard.shard_id, t.path), columns) for t in shard.live_sstables]
+            # An SSTable written before a column was added lacks it: read as the table's columns.
+            stored = stored_schema(state.write_schema)
+            read_as = pa.schema([stored.field(c) for c in [*columns, TOMBSTONE]])
+            parts = [as_evolved(cache.rows(paths.sstable_path(snap.dataset.uri, shard.shard_id, t.path), columns), read_as)
+                     for t in shard.live_sstables]
             if partition.shard_id in plan.tails:
                 parts.append(from_payload(plan.tails[partition.shard_id]))
             if not parts:

@@ -19,6 +19,8 @@ from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 
+from memwal.errors import InvalidArgumentError
+from memwal.schema import parse_type
 from memwal.views.errors import ViewError
 
 _AGG = re.compile(r"^\s*(count|sum|min|max|avg)\s*\(\s*(.*?)\s*\)\s+as\s+([A-Za-z_][A-Za-z0-9_]*)\s*$", re.I | re.S)
@@ -60,29 +62,14 @@ class UdfColumn:
         return hashlib.sha256(code.encode()).hexdigest()[:16]
 
     def arrow_type(self) -> pa.DataType:
-        return parse_type(self.output_type)
+        try:
+            return parse_type(self.output_type)
+        except InvalidArgumentError as e:
+            raise ViewError(str(e)) from None
 
     def identity(self) -> str:
         """What results depend on: the explicit version and the code."""
         return f"{self.version}:{self.checksum()}"
-
-
-def parse_type(text: str) -> pa.DataType:
-    """An Arrow type from its name (``int64``, ``float32``, ``string``, ``list<float32>[4]``...)."""
-    text = text.strip()
-    m = re.fullmatch(r"list<(.+)>\[(\d+)\]", text)
-    if m:
-        return pa.list_(parse_type(m.group(1)), int(m.group(2)))
-    m = re.fullmatch(r"list<(.+)>", text)
-    if m:
-        return pa.list_(parse_type(m.group(1)))
-    aliases = {"string": pa.string(), "utf8": pa.string(), "float": pa.float32(), "double": pa.float64(), "bool": pa.bool_()}
-    if text in aliases:
-        return aliases[text]
-    try:
-        return pa.type_for_alias(text)
-    except ValueError:
-        raise ViewError(f"unknown type {text!r}") from None
 
 
 @dataclass(frozen=True)

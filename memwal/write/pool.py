@@ -67,6 +67,7 @@ from memwal.lance_errors import classify, is_claim_race, is_fenced, is_wal_unrea
 from memwal.manifest import ShardManifest
 from memwal.metadata import Bounds, WriterConfig
 from memwal.routing import RoutedBatch
+from memwal.schema import as_evolved
 from memwal.sharding import ShardValues, field_entries
 from memwal.state import TableState
 from memwal.io import uri_scheme
@@ -193,6 +194,9 @@ class ShardWriterPool:
     #: the rows within about this time (None: MemTables seal only when full). See :meth:`put`.
     seal_interval_seconds: float | None = None
     _last_seal: dict[str, float] = field(default_factory=dict, repr=False)
+    #: per shard, the base schema its open writer was claimed under: what its puts must carry
+    #: (a writer opened after a column was added or dropped takes rows of the new columns only)
+    _writer_schema: dict[str, pa.Schema] = field(default_factory=dict, repr=False)
 
     @property
     def config(self) -> WriterConfig:
@@ -367,7 +371,9 @@ class ShardWriterPool:
         flushed_position = self._check_wal(shard_id)
         for attempt in range(_CLAIM_ATTEMPTS):
             try:
-                w = self.state.dataset().mem_wal_writer(shard_id, **self.config.lance_kwargs())
+                base = self.state.dataset()
+                w = base.mem_wal_writer(shard_id, **self.config.lance_kwargs())
+                self._writer_schema[shard_id] = base.schema
                 break
             except OSError as e:
                 if is_wal_unreadable(e):
@@ -527,6 +533,9 @@ class ShardWriterPool:
         MemTable, this put included, is flushed to an SSTable in the background. A shard with no
         writes cannot seal this way (:meth:`seal_overdue` says when a caller should flush it by
         closing instead)."""
+        claimed_under = self._writer_schema.get(shard_id)
+        if shard_id in self._writers and claimed_under is not None and not set(rows.schema.names) <= set(claimed_under.names):
+            self.flush([shard_id])  # claimed before a column was added: reopened under the new schema
         for part in split_rows(rows, self.config.max_memtable_rows):
             self._on_storage(shard_id, lambda p=part: self._apply(shard_id, self._batches_op(shard_id, p, "put"), "put", retry_fenced),
                              retry_fenced)
@@ -567,6 +576,8 @@ class ShardWriterPool:
 
         def op(w: lance.mem_wal.ShardWriter) -> None:
             nonlocal data
+            if kind == "put":  # rows conformed before a schema change reach a writer claimed after it
+                data = as_evolved(data, self._writer_schema.get(shard_id, data.schema))
             chunks = data.column(0).num_chunks if data.num_columns else 1
             held = int(w.memtable_stats()["batch_count"])
             missing = limit - held

@@ -1,0 +1,335 @@
+"""Schema evolution (memwal.evolve): columns added and dropped while the table is written.
+
+Data is stored under the schema it was written with: SSTables flushed before the change, WAL
+entries still unflushed, and rows a writer claimed before the change goes on writing. Every
+read path (eventual and strong scans, lookups, the change feed, compaction into the base) must
+read them as the table's columns now: an added column null, a dropped one gone. The model is
+a dict of rows under the current columns.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+import tempfile
+from decimal import Decimal
+
+import lance
+import pyarrow as pa
+import pytest
+from helpers import examples
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from memwal import InvalidArgumentError, SchemaMismatchError, Table, UnknownColumnError, WriterConfig, readers
+from memwal.compactor import Compactor
+from memwal.metadata import Bounds, IndexConfig
+from memwal.state import TableState
+
+SCHEMA = pa.schema([
+    pa.field("id", pa.int64()),
+    pa.field("name", pa.string()),
+    pa.field("amount", pa.decimal128(12, 2)),
+    pa.field("day", pa.date32()),
+    pa.field("legacy", pa.string()),
+])
+
+
+def rows(ids, tag: str, columns: list[str]) -> list[dict]:
+    out = []
+    for i in ids:
+        r = {"id": i, "name": f"{tag}-{i}-" + "x" * (i % 7) * 40, "amount": Decimal(f"{i * 3}.{i % 100:02d}"),
+             "day": dt.date(2020, 1, 1) + dt.timedelta(days=i), "legacy": f"old{i}", "note": f"{tag} note {i}"}
+        out.append({c: r.get(c) for c in columns})  # a hidden (dropped) column: null
+    return out
+
+
+def write(t: Table, ids, tag: str, model: dict, schema: pa.Schema) -> None:
+    """Write rows of ``schema``'s columns through ``t`` and apply them to the model, whose rows
+    have the table's current columns (set by the caller)."""
+    batch = rows(ids, tag, schema.names)
+    t.write(pa.Table.from_pylist(batch, schema=schema))
+    for r in batch:
+        model[r["id"]] = r
+
+
+def as_model(model: dict, columns: list[str]) -> dict:
+    return {k: {c: r.get(c) for c in columns} for k, r in model.items()}
+
+
+def check(uri: str, model: dict, columns: list[str], flushed: bool = False) -> None:
+    """Strong reads equal the model; eventual ones too once everything is flushed (before,
+    they may be older), and have the table's columns either way."""
+    want = as_model(model, columns)
+    strong = readers.open(uri, consistency="strong")
+    assert {row["id"]: row for row in strong.scan().to_pylist()} == want
+    some = sorted(want)[:: max(1, len(want) // 9)]
+    assert {k: strong.get(k) for k in some} == {k: want[k] for k in some}
+    assert {row["id"]: row for row in strong.get_many(some).to_pylist()} == {k: want[k] for k in some}
+    eventual = readers.open(uri, refresh_interval_ms=0).scan()
+    assert eventual.schema.names == columns
+    if flushed:
+        assert {row["id"]: row for row in eventual.to_pylist()} == want
+
+
+def test_columns_added_and_dropped_while_writers_hold_older_schemas(table_uri):
+    old = Table.create(table_uri, SCHEMA, ["id"], "bucket(id, 2)")
+    model: dict = {}
+    write(old, range(0, 40), "a", model, SCHEMA)
+    old.flush()  # SSTables under the first schema
+    write(old, range(30, 60), "b", model, SCHEMA)  # WAL entries under it, the writers still open
+
+    new = Table.open(table_uri)
+    change = new.update_schema().add_column("note", pa.string()).drop_column("legacy").commit()
+    assert (change.added, change.dropped) == (("note",), ("legacy",))
+    columns = ["id", "name", "amount", "day", "note"]
+    assert new.schema.names == columns
+    check(table_uri, model, columns)
+
+    # A writer claimed before the change goes on writing the old columns: read as the new ones.
+    write(old, range(50, 70), "c", model, SCHEMA)
+    for k in range(50, 70):
+        model[k]["note"] = None
+    check(table_uri, model, columns)
+
+    # The new handle claims the shards (fencing the old writers, replaying their WAL) and
+    # writes the new column; the old handle's next write reopens under the new schema.
+    write(new, range(65, 90), "d", model, new.schema)
+    write(old, range(85, 95), "e", model, SCHEMA)
+    for k in range(85, 95):
+        model[k]["note"] = None
+    check(table_uri, model, columns)
+
+    # The change feed reads SSTables of both schemas as the new columns.
+    old.flush()
+    new.flush()
+    check(table_uri, model, columns, flushed=True)
+    changes = readers.open(table_uri).changes("earliest")
+    assert "note" in changes.schema.names and "legacy" not in changes.schema.names
+    assert {r["id"] for r in changes.to_pylist()} == set(model)
+
+    # A dropped name cannot come back while stored SSTables hold its old values ...
+    with pytest.raises(SchemaMismatchError):
+        new.update_schema().add_column("legacy", pa.string()).commit()
+    # ... compaction folds them into the base as the new columns ...
+    Compactor(new.state).run_once()
+    assert new.status().shards[0].pending_sstables == 0
+    base = new.dataset()
+    assert [c for c in base.schema.names if not c.startswith("_")] == columns
+    assert {r["id"]: r for r in base.to_table(columns=columns).to_pylist()} == as_model(model, columns)
+    check(table_uri, model, columns, flushed=True)
+    # ... after which it may: a new column, null everywhere.
+    with new.update_schema() as u:
+        u.add_column("legacy", pa.string())
+    assert all(r["legacy"] is None for r in readers.open(table_uri, consistency="strong").scan().to_pylist())
+    new.close()
+    old.close()
+
+
+def test_changes_that_cannot_be_made_are_refused(table_uri):
+    t = Table.create(table_uri, SCHEMA, ["id"], "bucket(id, 2)")
+    for update, error in [
+        (lambda u: u.drop_column("id"), InvalidArgumentError),  # the primary key
+        (lambda u: u.drop_column("nope"), UnknownColumnError),
+        (lambda u: u.add_column("name", pa.large_string()), SchemaMismatchError),  # a type change
+        (lambda u: u.add_column("_hidden", pa.int8()), InvalidArgumentError),
+        (lambda u: u, InvalidArgumentError),  # nothing
+    ]:
+        with pytest.raises(error):
+            update(t.update_schema()).commit()
+    assert t.dataset().schema.names == SCHEMA.names
+    t.close()
+
+
+@pytest.mark.spark
+def test_spark_reads_data_of_both_schemas_as_the_new_columns(spark, table_uri):
+    old = Table.create(table_uri, SCHEMA, ["id"], "bucket(id, 2)")
+    model: dict = {}
+    write(old, range(0, 40), "a", model, SCHEMA)
+    old.flush()
+    write(old, range(30, 50), "b", model, SCHEMA)  # unflushed, under the first schema
+    new = Table.open(table_uri)
+    with new.update_schema() as u:
+        u.add_column("note", pa.string()).drop_column("legacy")
+    columns = ["id", "name", "amount", "day", "note"]
+    want = as_model(model, columns)
+
+    def by_id(df) -> dict:
+        return {r["id"]: r.asDict() for r in df.collect()}
+
+    read = spark.read.format("memwal")
+    assert read.load(table_uri).columns == columns
+    assert by_id(read.option("consistency", "strong").load(table_uri)) == want
+    eventual = {r["id"]: r for r in readers.open(table_uri).scan().to_pylist()}
+    assert by_id(spark.read.format("memwal").load(table_uri)) == eventual
+    new.close()
+    old.close()
+
+
+def test_memwal_alter_adds_and_drops_columns(table_uri, capsys):
+    from memwal import cli
+
+    with Table.create(table_uri, SCHEMA, ["id"], "bucket(id, 2)") as t:
+        t.write(pa.Table.from_pylist(rows(range(5), "a", SCHEMA.names), schema=SCHEMA))
+    assert cli.main(["alter", table_uri, "--add-column", "total:decimal(14,2)", "--add-column", "seen:timestamp[us]",
+                     "--drop-column", "legacy"]) == 0
+    assert "dropped ['legacy']" in capsys.readouterr().out
+    t = Table.open(table_uri)
+    assert t.schema.field("total").type == pa.decimal128(14, 2) and t.schema.field("seen").type == pa.timestamp("us")
+    assert "legacy" not in t.schema.names
+    assert readers.open(table_uri, consistency="strong").get(3)["total"] is None
+    assert cli.main(["alter", table_uri, "--add-column", "bad"]) == 2  # NAME:TYPE
+    assert cli.main(["alter", table_uri, "--add-column", "x:nonsense"]) == 2
+    assert cli.main(["alter", table_uri, "--drop-column", "id"]) == 2
+
+
+def test_a_reader_opened_before_a_change_reads_the_new_columns(table_uri):
+    t = Table.create(table_uri, SCHEMA, ["id"], "bucket(id, 2)")
+    t.write(pa.Table.from_pylist(rows(range(10), "a", SCHEMA.names), schema=SCHEMA))
+    t.flush()
+    strong = readers.open(table_uri, consistency="strong")
+    eventual = readers.open(table_uri, refresh_interval_ms=0)
+    assert strong.get(1)["legacy"] == "old1" and eventual.get(1)["legacy"] == "old1"
+    with t.update_schema() as u:
+        u.add_column("note", pa.string()).drop_column("legacy")
+    t.write(pa.Table.from_pylist(rows([1], "b", t.schema.names), schema=t.schema))
+    assert strong.get(1) == rows([1], "b", t.schema.names)[0]
+    assert eventual.get(2) == {c: v for c, v in rows([2], "a", ["id", "name", "amount", "day"])[0].items()} | {"note": None}
+    assert strong.scan().schema.names == eventual.scan().schema.names == ["id", "name", "amount", "day", "note"]
+    t.close()
+
+
+class EvolvingTableMachine(RuleBasedStateMachine):
+    """Columns added and dropped among writes by two handles (each knows the columns of when it
+    was opened, until it is reopened), flushes, writer crashes and compactions. After every step
+    a strong reader opened at the start (it follows the changes) equals the model: per key, the
+    values its last write carried, null for every current column that write did not know."""
+
+    FRESH = ("c1", "c2", "c3")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="memwal-evolve-")
+        self.uri = f"{self.dir}/t"
+        Table.create(self.uri, pa.schema([("id", pa.int64()), ("v", pa.string()), ("w", pa.string())]), ["id"],
+                     "bucket(id, 2)", writer=WriterConfig(max_memtable_rows=100_000), bounds=Bounds.unbounded()).close()
+        self.writers = [Table.open(self.uri), Table.open(self.uri)]
+        self.crashed: list[Table] = []
+        self.compactor = Compactor(TableState.load(self.uri))
+        self.reader = readers.open(self.uri, consistency="strong")
+        self.model: dict[int, dict] = {}
+        self.counter = 0
+        self.fresh = list(self.FRESH)
+
+    def columns(self) -> list[str]:
+        return [c for c in lance.dataset(self.uri).schema.names if not c.startswith("_")]
+
+    @rule(w=st.sampled_from([0, 1]), keys=st.lists(st.integers(0, 9), min_size=1, max_size=5))
+    def upsert(self, w, keys):
+        self.counter += 1
+        t = self.writers[w]
+        names = t.schema.names  # what this handle knows
+        batch = [{"id": k, **{c: f"{c}{k}@{self.counter}" for c in names if c != "id"}} for k in keys]
+        t.write(pa.Table.from_pylist(batch, schema=t.schema))
+        self.model.update((r["id"], r) for r in batch)
+
+    @rule(w=st.sampled_from([0, 1]), keys=st.lists(st.integers(0, 9), min_size=1, max_size=3))
+    def delete(self, w, keys):
+        self.writers[w].delete({"id": pa.array(keys, pa.int64())})
+        for k in keys:
+            self.model.pop(k, None)
+
+    @rule(w=st.sampled_from([0, 1]))
+    def flush(self, w):
+        self.writers[w].flush()
+
+    @rule(w=st.sampled_from([0, 1]))
+    def crash_and_reopen(self, w):
+        self.crashed.append(self.writers[w])  # acknowledged writes only in its WAL now
+        self.writers[w] = Table.open(self.uri)
+
+    @rule()
+    def compact(self):
+        self.compactor.state.manifests.clear_cache()
+        self.compactor.run_once()
+
+    @precondition(lambda self: self.fresh)
+    @rule(w=st.sampled_from([0, 1]))
+    def add_column(self, w):
+        self.writers[w].update_schema().add_column(self.fresh.pop(0), pa.string()).commit()
+
+    @rule(w=st.sampled_from([0, 1]), data=st.data())
+    def drop_column(self, w, data):
+        droppable = [c for c in self.columns() if c != "id"]
+        if len(droppable) > 1:
+            self.writers[w].update_schema().drop_column(data.draw(st.sampled_from(droppable))).commit()
+
+    @invariant()
+    def strong_reads_equal_the_model(self):
+        columns = self.columns()
+        want = {k: {c: r.get(c) for c in columns} for k, r in self.model.items()}
+        got = self.reader.scan()
+        assert got.schema.names == columns
+        assert {r["id"]: r for r in got.to_pylist()} == want
+        for k in (0, 7):
+            assert self.reader.get(k) == want.get(k)
+
+    def teardown(self) -> None:
+        try:
+            for w in self.writers:
+                w.close()
+            Table.open(self.uri).flush_stranded()
+            columns = self.columns()
+            want = {k: {c: r.get(c) for c in columns} for k, r in self.model.items()}
+            assert {r["id"]: r for r in readers.open(self.uri).scan().to_pylist()} == want  # eventual, all flushed
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+EvolvingTableMachine.TestCase.settings = settings(max_examples=examples(40), stateful_step_count=30, deadline=None)
+TestEvolvingTable = EvolvingTableMachine.TestCase
+
+
+def test_time_travel_reads_the_past_with_the_columns_it_had(table_uri):
+    t = Table.create(table_uri, SCHEMA, ["id"], "bucket(id, 2)")
+    t.write(pa.Table.from_pylist(rows(range(4), "a", SCHEMA.names), schema=SCHEMA))
+    t.flush()
+    Compactor(t.state).run_once()
+    before = t.dataset().version
+    with t.update_schema() as u:
+        u.add_column("note", pa.string()).drop_column("legacy")
+    t.write(pa.Table.from_pylist(rows([1, 9], "b", t.schema.names), schema=t.schema))
+    t.flush()
+    past = readers.open(table_uri, as_of=before)
+    assert {r["id"]: r for r in past.scan().to_pylist()} == {r["id"]: r for r in rows(range(4), "a", SCHEMA.names)}
+    assert past.get(1)["legacy"] == "old1"
+    assert readers.open(table_uri).get(1) == rows([1], "b", t.schema.names)[0]
+    t.close()
+
+
+def test_vector_and_text_search_return_the_new_columns(table_uri):
+    schema = pa.schema([("id", pa.int64()), ("body", pa.string()), ("vec", pa.list_(pa.float32(), 4)), ("legacy", pa.string())])
+    t = Table.create(table_uri, schema, ["id"], "bucket(id, 2)", indexes=IndexConfig(fts_column="body"))
+
+    def batch(ids, word):
+        return pa.table({"id": pa.array(ids, pa.int64()), "body": [f"{word} item {i}" for i in ids],
+                         "vec": pa.array([[float(i), 0.0, 1.0, 2.0] for i in ids], pa.list_(pa.float32(), 4)),
+                         "legacy": [f"old{i}" for i in ids]})
+
+    t.write(batch(range(10), "apple"))
+    t.flush()  # an SSTable with the old columns
+    t.write(batch(range(10, 14), "apple"))  # WAL entries with them
+    other = Table.open(table_uri)
+    with other.update_schema() as u:
+        u.add_column("note", pa.string()).drop_column("legacy")
+    for consistency in ("strong", "eventual"):
+        r = readers.open(table_uri, consistency=consistency)
+        found = r.search([3.0, 0.0, 1.0, 2.0], k=3, column="vec")
+        assert found.column_names == ["id", "body", "vec", "note", "_distance"]
+        assert found.column("id").to_pylist()[0] == 3 and found.column("note").null_count == 3
+        hits = r.text_search("apple", k=20, column="body")
+        assert "legacy" not in hits.column_names and "note" in hits.column_names
+        assert set(hits.column("id").to_pylist()) == set(range(14 if consistency == "strong" else 10))
+    t.close()
+    other.close()
