@@ -194,6 +194,8 @@ class ShardWriterPool:
     #: the rows within about this time (None: MemTables seal only when full). See :meth:`put`.
     seal_interval_seconds: float | None = None
     _last_seal: dict[str, float] = field(default_factory=dict, repr=False)
+    #: Per shard, when a write last went into its MemTable (a seal after it leaves nothing to flush).
+    _last_write: dict[str, float] = field(default_factory=dict, repr=False)
     #: per shard, the base schema its open writer was claimed under: what its puts must carry
     #: (a writer opened after a column was added or dropped takes rows of the new columns only)
     _writer_schema: dict[str, pa.Schema] = field(default_factory=dict, repr=False)
@@ -560,12 +562,17 @@ class ShardWriterPool:
         return now - self._last_seal.get(shard_id, now) >= interval
 
     def seal_overdue(self, shard_id: str, factor: float = 3.0) -> bool:
-        """Whether the shard's timed seal is ``factor`` intervals late (no write came to seal
-        it): then the caller flushes it by closing the writer."""
+        """Whether the shard's MemTable holds writes and its timed seal is ``factor`` intervals
+        late (no write came to seal it): then the caller flushes it by closing the writer. A
+        MemTable sealed since its last write holds nothing to flush."""
         interval = self.seal_interval_seconds
         if interval is None or shard_id not in self._writers:
             return False
-        return time.monotonic() - self._last_seal.get(shard_id, time.monotonic()) >= factor * interval
+        now = time.monotonic()
+        last_seal = self._last_seal.get(shard_id, now)
+        if self._last_write.get(shard_id, last_seal) <= last_seal:
+            return False
+        return now - last_seal >= factor * interval
 
     def _batches_op(self, shard_id: str, data: pa.Table, kind: str) -> Callable[[lance.mem_wal.ShardWriter], None]:
         """The put or delete of ``data`` as a writer operation, its record batches arranged so
@@ -576,6 +583,7 @@ class ShardWriterPool:
 
         def op(w: lance.mem_wal.ShardWriter) -> None:
             nonlocal data
+            self._last_write[shard_id] = time.monotonic()
             if kind == "put":  # rows conformed before a schema change reach a writer claimed after it
                 data = as_evolved(data, self._writer_schema.get(shard_id, data.schema))
             chunks = data.column(0).num_chunks if data.num_columns else 1
