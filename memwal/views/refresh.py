@@ -310,7 +310,8 @@ def index_key(view: lance.LanceDataset, column: str, slack_rows: int) -> None:
     refresh finds the rows it replaces in time proportional to the change, not to the
     view. Small refreshes leave a few unindexed rows; they are folded in once they add up
     to ``slack_rows``."""
-    names = [i["name"] for i in view.list_indices() if column in i["fields"]]
+    field_id = view.lance_schema.field(column).id()
+    names = [d.name for d in view.describe_indices() if field_id in d.fields]
     if not names:
         if view.count_rows():
             view.create_scalar_index(column, "BTREE", name=f"{column}_idx")
