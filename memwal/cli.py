@@ -299,6 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--op-field", help="JSON field holding the operation (upsert/delete); '' for none (default: the sink's)")
     s.add_argument("--sequence-field", help="JSON field ordering versions of a key (highest wins)")
     s.add_argument("--drop-stale", action="store_true", help="with --sequence-field: drop rows older than the stored version")
+    s.add_argument("--evolve", choices=("add", "none"), default="add",
+        help="with --format debezium-json: a field the events' schemas have and the table lacks is added as a nullable "
+        "column and its values written (add, default), or left unread (none); docs/schema-evolution.md")
     s.add_argument("--merge", choices=("full", "partial"), default="full",
         help="full: a record replaces its key's row (default); partial: a record changes only the columns it carries "
         "(a JSON key it lacks keeps the stored value; null sets null)")

@@ -533,6 +533,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         sequence_field=args.sequence_field,
         drop_stale_across_batches=args.drop_stale,
         merge=args.merge,
+        evolve=args.evolve,
         durability=args.durability,
         **_given(flush_interval_seconds=args.flush_interval, max_write_tasks=args.max_write_tasks, writer_process=args.writer_process),
         # '' on the command line: records carry no operation field (all upserts)

@@ -333,3 +333,113 @@ def test_vector_and_text_search_return_the_new_columns(table_uri):
         assert set(hits.column("id").to_pylist()) == set(range(14 if consistency == "strong" else 10))
     t.close()
     other.close()
+
+
+# -- ingest that follows the source (SinkOptions.evolve) ------------------------------------------
+
+
+def _source_steps():
+    """A default Postgres connector's ``orders`` topic across ``ALTER TABLE orders ADD COLUMN
+    gift_wrap boolean, ADD COLUMN weight numeric(8,3)`` and then ``DROP COLUMN attrs``: per
+    step, its records and the source table's state (its columns) after it."""
+    import random
+
+    from debezium_events import Column, PostgresTable, orders_table, random_order
+
+    v1 = orders_table()
+    v2 = PostgresTable(v1.columns + [Column("gift_wrap", "boolean"), Column("weight", "numeric(8,3)")], ["id"])
+    v3 = PostgresTable([c for c in v2.columns if c.name != "attrs"], ["id"])
+    rng, db, lsn = random.Random(44), {}, 30_000_000
+    steps = []
+    for table, events in ((v1, 300), (v2, 200), (v3, 200)):
+        records = []
+        if table is v2:  # ADD COLUMN: existing rows read NULL
+            for row in db.values():
+                row.update(gift_wrap=None, weight=None)
+        if table is v3:
+            for row in db.values():
+                row.pop("attrs")
+        for i in range(events):
+            lsn += 17
+            k = rng.randrange(120)
+            if rng.random() < 0.15 and k in db:
+                records.append((table.key_of(db[k]), table.event("d", db.pop(k), None, lsn=lsn, commit_ms=lsn, txid=i), k % 2))
+                continue
+            row = random_order(rng, k, i)
+            if table is not v1:
+                row.update(gift_wrap=rng.random() < 0.5, weight=Decimal(rng.randrange(-10**7, 10**7)).scaleb(-3))
+            if table is v3:
+                row.pop("attrs")
+            op = "u" if k in db else "c"
+            db[k] = row
+            records.append((table.key_of(row), table.event(op, None, row, lsn=lsn, commit_ms=lsn, txid=i), k % 2))
+        steps.append((records, {k: dict(v) for k, v in db.items()}, [c.name for c in table.columns]))
+    return steps
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+def test_debezium_ingest_follows_added_and_dropped_source_columns(spark, kafka, tmp_path):
+    from brokers import produce
+    from test_debezium_defaults import canonical
+
+    from memwal.streaming import SinkOptions, ingest
+    from memwal.streaming.debezium import schema_from_event
+    from memwal.write.dead_letters import dead_letter_uri, read_dead_letters
+
+    topic = f"shop.public.orders.evolve.{tmp_path.name}"
+    kafka.create_topic(topic, 2)
+    uri = str(tmp_path / "orders")
+    steps = _source_steps()
+    first = steps[0][0][0]
+    event = schema_from_event(first[0] + b"\n" + first[1])
+    Table.create(uri, event.schema, ["id"], "bucket(id, 2)").close()
+    options = SinkOptions(source="kafka-json", value_format="debezium-json")
+    for n, (records, source, columns) in enumerate(steps):
+        produce(kafka, topic, records)
+        job = ingest(spark, bootstrap=kafka.bootstrap, topic=topic, table_uri=uri, checkpoint=str(tmp_path / "ckpt"),
+                     available_now=True, max_offsets_per_trigger=150, options=options, kafka_source="spark")
+        job.await_termination()
+        assert job.query.exception() is None
+        got = {r["id"]: r for r in readers.open(uri, consistency="strong").scan().to_pylist()}
+        want = {k: canonical(v) for k, v in source.items()}
+        assert got.keys() == want.keys(), n
+        compared = [c for c in columns if c != "attrs" or n < 2]  # the source dropped attrs at the last step
+        diverging = [k for k in want if {c: got[k][c] for c in compared} != {c: want[k][c] for c in compared}]
+        assert not diverging, (n, [(got[k], want[k]) for k in diverging[:2]])
+    table = Table.open(uri)
+    assert table.schema.field("gift_wrap").type == pa.bool_() and table.schema.field("weight").type == pa.decimal128(8, 3)
+    assert "attrs" in table.schema.names  # a source's drop drops nothing: rows written since hold null there
+    assert read_dead_letters(dead_letter_uri(uri)).num_rows == 0
+
+
+@pytest.mark.parametrize("evolve", ["add", "none"])
+def test_the_prepare_stage_adds_a_source_field_as_a_column_or_leaves_it(tmp_path, evolve):
+    """The batch holds events from before and after ``ALTER TABLE items ADD COLUMN qty integer``."""
+    from debezium_events import Column, PostgresTable
+
+    from memwal.streaming import SinkOptions
+    from memwal.streaming.exchange import shard_partitions
+    from memwal.streaming.prepare import Prepare
+    from memwal.write.worker import WORKER
+
+    v1 = PostgresTable([Column("id", "bigint", nullable=False), Column("name", "text")], ["id"], table="items")
+    v2 = PostgresTable(v1.columns + [Column("qty", "integer")], ["id"], table="items")
+    uri = str(tmp_path / "items")
+    Table.create(uri, pa.schema([("id", pa.int64()), ("name", pa.string())]), ["id"], "bucket(id, 2)").close()
+    rows = [(v1, {"id": 1, "name": "a"}), (v2, {"id": 2, "name": "b", "qty": 7}), (v1, {"id": 3, "name": "c"}), (v2, {"id": 1, "name": "d", "qty": None})]
+    data = pa.table({"key": [t.key_of(r) for t, r in rows], "value": [t.event("c", None, r, lsn=i, commit_ms=i, txid=i) for i, (t, r) in enumerate(rows)],
+                     "topic": ["items"] * 4, "partition": pa.array([0] * 4, pa.int32()), "offset": pa.array(range(4), pa.int64())})
+    options = SinkOptions(source="kafka-json", value_format="debezium-json", evolve=evolve)
+    state = WORKER.table(uri).state
+    prepared = Prepare(uri, options).prepare(state, data, 0, 0, shard_partitions(state.spec, options))
+    assert prepared.dead.num_rows == 0
+    got = sorted(prepared.rows.select([c for c in ("id", "name", "qty") if c in prepared.rows.column_names]).to_pylist(), key=lambda r: (r["id"], r["name"]))
+    if evolve == "add":
+        assert Table.open(uri).schema.field("qty").type == pa.int32()
+        assert got == [{"id": 1, "name": "a", "qty": None}, {"id": 1, "name": "d", "qty": None}, {"id": 2, "name": "b", "qty": 7},
+                       {"id": 3, "name": "c", "qty": None}]
+    else:
+        assert Table.open(uri).schema.names == ["id", "name"]
+        assert got == [{"id": 1, "name": "a"}, {"id": 1, "name": "d"}, {"id": 2, "name": "b"}, {"id": 3, "name": "c"}]
+    WORKER.clear()

@@ -173,7 +173,7 @@ def write_task(uri: str, opts: FormatOptions, sink: SinkOptions, batches: Iterat
             p = prepare.prepare(state, data, task, first, 1)
             first += data.num_rows
             stamps = timestamp_range(batch) if sink.source != "columns" else (None, None)
-            prepared = p.write_batch(state.write_schema, t1 - t0, time.perf_counter() - t1, stamps)
+            prepared = p.write_batch(t1 - t0, time.perf_counter() - t1, stamps)
             if pending is not None:
                 message = message.merge(pending.result())
             pending = writer.submit(write.prepare, prepared, label=label)

@@ -9,7 +9,7 @@ dispatches to them, so no format imports the module that chooses it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
@@ -136,6 +136,9 @@ class Decoded:
     errors: dict[int, str]
     #: Records deliberately left out, neither rows nor errors (Debezium tombstones).
     skipped: int = 0
+    #: Fields the records' own schemas have and the table lacks (name -> nullable Arrow field
+    #: of the field's Connect type): a source that gained columns (``SinkOptions.evolve``).
+    new_columns: dict[str, pa.Field] = field(default_factory=dict)
 
 
 class ValueDecoder(Protocol):

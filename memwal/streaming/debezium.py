@@ -227,8 +227,10 @@ class DebeziumDecoder:
         errors: dict[int, str] = {}
         tables: list[pa.Table] = []
         positions: list[np.ndarray] = []
+        new_columns: dict[str, pa.Field] = {}
         for group in schema_groups(arr, self._schemas):
             columns, parse = self._plan(group.schema)
+            new_columns.update(self._new_columns(group.schema))
             vals = group.values
             try:
                 env, good = read_json_objects(vals, parse), np.arange(len(vals))
@@ -249,13 +251,30 @@ class DebeziumDecoder:
         if not tables:
             columns, _ = self._plan(None)
             empty = pa.schema([pa.field(c, columns.targets[c]) for c in columns.names] + [pa.field(OP, pa.string())])
-            return Decoded(empty.empty_table(), np.zeros(0, np.int64), errors, skipped)
+            return Decoded(empty.empty_table(), np.zeros(0, np.int64), errors, skipped, new_columns)
         pos = np.concatenate(positions)
         rows = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         if len(tables) > 1:  # in batch order, as one group gives them
             order = np.argsort(pos, kind="stable")
             rows, pos = rows.take(pa.array(order, pa.int64())), pos[order]
-        return Decoded(rows, pos, errors, skipped)
+        return Decoded(rows, pos, errors, skipped, new_columns)
+
+    def _new_columns(self, schema: ConnectSchema | None) -> dict[str, pa.Field]:
+        """The row fields of a value schema that the table lacks, as nullable columns of their
+        Connect types (a field whose type has no column type, or whose name memwal reserves, is
+        left out: its values stay unread, as before)."""
+        row = row_schema(schema)
+        if row is None:
+            return {}
+        out = {}
+        for name, f in row.fields:
+            if name in self.targets or not name or name.startswith("_"):
+                continue
+            try:
+                out[name] = pa.field(name, arrow_type(f), nullable=True)
+            except ValueError:
+                continue
+        return out
 
     def _keys(self, keys: pa.BinaryArray) -> dict[str, pa.Array]:
         """Primary-key columns of Debezium key JSON, bare or wrapped (converted by their schema);

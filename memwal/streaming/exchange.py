@@ -102,15 +102,16 @@ class Prepared:
     #: Records the format skips on purpose (Debezium tombstones): counted, neither rows nor dead letters.
     skipped: int = 0
 
-    def write_batch(self, write_schema: pa.Schema, read_seconds: float, prepare_seconds: float,
+    def write_batch(self, read_seconds: float, prepare_seconds: float,
                     timestamps: tuple[int | None, int | None] = (None, None)) -> "WriteBatch":
         """What the write API takes of it when the task that prepared it also writes it (no
-        exchange): each shard's records, the dead letters, the counts and timings."""
+        exchange): each shard's records (the columns it was prepared with), the dead letters,
+        the counts and timings."""
         # Here, not at the top: the driver's side of the sink imports this module and no Lance.
         from memwal.write.api import WriteBatch
         from memwal.write.wire import shard_records
 
-        records = shard_records(self.rows.drop_columns([PART]), write_schema, self.shards)
+        records = shard_records(self.rows.drop_columns([PART]), self.shards)
         return WriteBatch(records, self.dead, self.skipped, read_seconds, prepare_seconds, *timestamps)
 
 

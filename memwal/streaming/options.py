@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memwal.errors import InvalidArgumentError
 from memwal.metadata import check_durability
 from memwal.write.messages import WriteMode
+
+#: What a sink does with fields the records' own schemas have and the table lacks (``SinkOptions.evolve``).
+EVOLVE_MODES = ("add", "none")
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,10 @@ class SinkOptions:
     avro_schema_id: int | None = None
     #: With "avro": values carry Confluent's header; writer schemas come from this registry URL.
     schema_registry: str | None = None
+    #: When the records' own schemas (Debezium JSON with ``schemas.enable``) have fields the
+    #: table lacks: "add" adds them as nullable columns and writes their values (a source that
+    #: gained a column, docs/schema-evolution.md); "none" leaves their values unread.
+    evolve: str = "add"
     #: "os" or "fsync" (``WriterConfig.durability``) for this sink's writes; None: the table's default.
     durability: str | None = None
     #: Write shards through the executor's writer process (:mod:`memwal.write.process`)
@@ -76,6 +84,8 @@ class SinkOptions:
     def __post_init__(self) -> None:
         if self.durability is not None:
             check_durability(self.durability)
+        if self.evolve not in EVOLVE_MODES:
+            raise InvalidArgumentError(f"evolve must be one of {EVOLVE_MODES}, got {self.evolve!r}")
 
 
     def write_mode(self) -> WriteMode:

@@ -10,6 +10,7 @@ routing (:mod:`memwal.streaming.exchange` is the format between them).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import asdict
 from typing import Iterator
@@ -31,6 +32,8 @@ from memwal.streaming.decode import ValueDecoder, check_rows, json_presence, ope
 from memwal.streaming.exchange import EXCHANGE_SCHEMA, PART, Prepared, exchange_rows, shard_partitions
 from memwal.streaming.options import SinkOptions
 
+log = logging.getLogger("memwal.streaming")
+
 
 class Prepare:
     """The prepare stage, pickled to executors (``mapInArrow``), or run inside the Kafka
@@ -50,6 +53,10 @@ class Prepare:
         #: The value decoder of this task's batches, made by the first: an Avro decoder's
         #: first batch parses the writer schema and starts Arrow's reader (~2-3 ms per batch).
         self._decoder: ValueDecoder | None = None
+        #: Source fields this task could not add as columns (see :meth:`_evolve`): not tried again.
+        self._not_added: set[str] = set()
+        #: The table as :meth:`_evolve` last reloaded it: newer than a state a caller kept.
+        self._evolved: TableState | None = None
 
     def to_json(self) -> str:
         # Spark redacts a source option whose value matches spark.redaction.regex ("secret",
@@ -68,10 +75,9 @@ class Prepare:
         """Exchange rows (see :data:`EXCHANGE_SCHEMA`) for ``batches``."""
         from pyspark import TaskContext
 
-        state = WORKER.table(self.uri, self.storage).state
         ctx = TaskContext.get()
         task_partition = ctx.partitionId() if ctx is not None else 0
-        n = shard_partitions(state.spec, self.options)
+        n = shard_partitions(WORKER.table(self.uri, self.storage).state.spec, self.options)
         row = 0
         it = iter(batches)
         while True:
@@ -82,6 +88,8 @@ class Prepare:
                 return
             if batch.num_rows == 0:
                 continue
+            # Per batch: a batch before this one may have added columns (_evolve reloads the table).
+            state = WORKER.table(self.uri, self.storage).state
             prepared = self.prepare(state, pa.Table.from_batches([batch]), task_partition, row, n)
             row += batch.num_rows
             out = exchange_rows(prepared)
@@ -95,6 +103,8 @@ class Prepare:
     def prepare(self, state: TableState, data: pa.Table, task_partition: int, first_row: int, n: int) -> Prepared:
         """Decode, validate and route ``data``: every good row conformed to the table's write
         schema with its shard and write partition, every bad row with its reason."""
+        if self._evolved is not None:  # this task added columns: the caller's state predates them
+            state = self._evolved
         opts = self.options
         count = data.num_rows
         errors: dict[int, str] = {}
@@ -112,6 +122,10 @@ class Prepare:
                                               schema_registry=opts.schema_registry)
             decoder = self._decoder
             decoded = decoder.decode_batch(raw, kkey)
+            if opts.evolve == "add" and set(decoded.new_columns) - self._not_added:
+                evolved = self._evolve(state, decoded.new_columns)
+                if evolved is not None:  # the table has (some of) them now: decode the batch again
+                    return self.prepare(evolved, data, task_partition, first_row, n)
             parsed, positions, errors, skipped = decoded.rows, decoded.positions, dict(decoded.errors), decoded.skipped
             op_field = decoder.op_field
         else:
@@ -187,6 +201,33 @@ class Prepare:
             schema=DEAD_SCHEMA,
         )
         return Prepared(good_rows, shards, dead, skipped)
+
+
+    def _evolve(self, state: TableState, fields: dict[str, pa.Field]) -> TableState | None:
+        """Add the source's new fields to the table as nullable columns (``SinkOptions.evolve``)
+        and reload it; the reloaded state, or None if no column was added. Tasks of one
+        micro-batch race to add the same columns: a column another added meanwhile is found on
+        reload. A field that cannot become a column now (a dropped column's name while stored
+        data still holds it, docs/schema-evolution.md) is logged and its values left unread."""
+        from memwal.errors import MemwalError
+        from memwal.evolve import SchemaUpdate
+
+        present = set(state.dataset().schema.names)
+        wanted = {name: f for name, f in fields.items() if name not in present and name not in self._not_added}
+        if wanted:
+            update = SchemaUpdate(state)
+            for f in wanted.values():
+                update.add_column(f.name, f.type)
+            try:
+                update.commit()
+                log.info("table %s: the source has new fields; added columns %s", self.uri, [str(f) for f in wanted.values()])
+            except (MemwalError, OSError, ValueError) as e:  # (Lance: a concurrent commit of the same change)
+                log.warning("table %s: the source's new fields %s were not added as columns (%s)", self.uri, list(wanted), e)
+        reloaded = self._evolved = WORKER.reload(self.uri, self.storage).state
+        self._decoder = None
+        have = set(reloaded.schema.names)
+        self._not_added |= {name for name in fields if name not in have}
+        return reloaded if any(name in have for name in fields) else None
 
 
 def timestamp_range(batch: pa.RecordBatch) -> tuple[int | None, int | None]:

@@ -122,7 +122,7 @@ class KafkaWrite:
         prepare, write = _machinery(self)
         state = write.state
         p = prepare.prepare(state, pa.Table.from_batches([batch]), 0, 0, 1)
-        message = write.prepare(p.write_batch(state.write_schema, 0.0, time.perf_counter() - t0, timestamp_range(batch)),
+        message = write.prepare(p.write_batch(0.0, time.perf_counter() - t0, timestamp_range(batch)),
                                 label=f"real-time-{epoch}")
         if message.dead:
             write.commit([message], epoch)

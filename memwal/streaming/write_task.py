@@ -81,8 +81,9 @@ class Write:
         waited = time.perf_counter() - t0
         state = WORKER.table(self.uri, self.storage).state
         shards = {sid: v for t in routed for sid, v in shards_of(t).items()}
-        rows = pa.concat_tables([t.replace_schema_metadata(None) for t in routed]) if routed else None
-        records = shard_records(rows, state.write_schema, shards) if rows is not None else []
+        # Prepare tasks on both sides of a column's addition send rows with and without it.
+        rows = pa.concat_tables([t.replace_schema_metadata(None) for t in routed], promote_options="permissive") if routed else None
+        records = shard_records(rows, shards) if rows is not None else []
         batch = WriteBatch(records, pa.concat_tables(dead) if dead else None, skipped, read_s, prepare_s,
                            min(stamps, default=None), max(stamps, default=None))
         write = TableWrite(state, self.options.write_mode(), shards=shard_writes(self.uri, self.options, self.storage))

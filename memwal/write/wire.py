@@ -71,14 +71,18 @@ def routed_rows(records: Sequence[ShardRecords], write_schema: pa.Schema | None 
     return with_shards(table, {r.shard_id: r.values for r in records})
 
 
-def shard_records(rows: pa.Table, write_schema: pa.Schema, shards: dict[str, ShardValues] | None = None) -> list[ShardRecords]:
-    """Routed rows back as each shard's records, in the order the shards first appear.
+def shard_records(rows: pa.Table, shards: dict[str, ShardValues] | None = None) -> list[ShardRecords]:
+    """Routed rows back as each shard's records, in the order the shards first appear, with
+    the table columns they carry: those of the table as the sender prepared them, which may be
+    newer than the receiver's (a column added since, :mod:`memwal.evolve`: the receiver's write
+    path reloads the table then).
 
     The routing is trusted (the sender routed them) after a cheap check that every row of a
     shard's slice names that shard."""
     shards = shards_of(rows) if shards is None else shards
     if rows.num_rows == 0:
         return []
+    columns = [c for c in rows.schema.names if c not in (SHARD, ORDER, DELETE, PRESENT)]
     column = rows.column(SHARD)
     ids = pc.unique(column).to_pylist()
     out = []
@@ -88,7 +92,7 @@ def shard_records(rows: pa.Table, write_schema: pa.Schema, shards: dict[str, Sha
         out.append(ShardRecords(
             sid,
             shards[sid],
-            mine.select([c for c in write_schema.names if c in mine.schema.names]),
+            mine.select(columns),
             deletes=np.asarray(mine.column(DELETE).to_numpy(zero_copy_only=False), bool),
             order=mine.column(ORDER).to_numpy(),
             present=mine.column(PRESENT) if PRESENT in mine.schema.names else None,

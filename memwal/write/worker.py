@@ -65,6 +65,17 @@ class WorkerCache:
                 t = self._tables[(uri, storage)] = WorkerTable.load(uri, storage)
             return t
 
+    def reload(self, uri: str, storage: StorageConfig | None = None) -> WorkerTable:
+        """The table loaded again, its old handle's writers flushed: its columns changed
+        (:mod:`memwal.evolve`), and a process that writes or decodes them needs the new ones."""
+        storage = storage if storage is not None else StorageConfig.resolve()
+        with self._lock:
+            old = self._tables.pop((uri, storage), None)
+            if old is not None:
+                old.close(reopen_fenced=False)
+            t = self._tables[(uri, storage)] = WorkerTable.load(uri, storage)
+            return t
+
     def flush_overdue(self) -> None:
         """Flush every open shard writer whose timed seal is overdue (no write sealed it)."""
         with self._lock:
@@ -106,7 +117,10 @@ class WriteRequest:
     label: str = ""
 
     def run(self, records: Sequence[ShardRecords]) -> list[ShardWriteResult]:
-        writer = WORKER.table(self.uri, self.storage).writer
+        table = WORKER.table(self.uri, self.storage)
+        if any(not set(r.rows.schema.names) <= set(table.state.write_schema.names) for r in records):
+            table = WORKER.reload(self.uri, self.storage)  # rows of a column added since this process loaded the table
+        writer = table.writer
         writer.writers.durability = self.durability
         writer.writers.seal_interval_seconds = self.seal_interval_seconds
         return writer.write(records, self.mode, label=self.label)
