@@ -151,6 +151,16 @@ def test_values_that_do_not_fit_are_dead_letters_naming_the_column_and_type_and_
     assert "'paid_at'" in errors[7] and "io.debezium.time.ZonedTimestamp" in errors[7] and "'infinity'" in errors[7]
 
 
+def test_a_value_whose_source_type_changed_is_a_dead_letter_naming_its_column():
+    """ALTER TABLE orders ALTER amount TYPE text, then a row whose amount is no number: the
+    JSON reader fails the whole envelope; its reason names the column."""
+    as_text = PostgresTable([Column("id", "bigint", nullable=False), Column("amount", "text")], ["id"])
+    values = [as_text.event("c", None, {"id": i, "amount": a}, lsn=i, commit_ms=i, txid=i) for i, a in enumerate(["12.5", "n/a", "7"])]
+    got, errors, _ = decode(values, [as_text.key_of({"id": i}) for i in range(3)], pa.schema([("id", pa.int64()), ("amount", pa.decimal128(10, 2))]))
+    assert set(errors) == {1} and sorted(got) == [0, 2]
+    assert "'amount'" in errors[1]
+
+
 def test_keys_with_their_schema_fill_the_key_a_value_lacks():
     """A composite key whose number is a numeric(12,0) (a Decimal in the key) into a bigint
     column; the value's before is null (REPLICA IDENTITY NOTHING): the Kafka key says which row."""

@@ -26,6 +26,7 @@ bisected to find the records at fault (:func:`~memwal.streaming.batches.bisect_f
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -326,7 +327,23 @@ def _envelope_reason(value: bytes | None, reason: str) -> str:
         return f"the value is not valid JSON: {e}"
     if not isinstance(obj, dict):
         return f"the value is JSON {type(obj).__name__}, not a Debezium envelope"
-    return f"the Debezium envelope does not match the table schema: {reason}"
+    return f"the Debezium envelope does not match the table schema: {_naming_the_column(obj, reason)}"
+
+
+def _naming_the_column(envelope: dict, reason: str) -> str:
+    """Arrow's JSON reader names the value it could not convert, not its field: the reason with
+    the row's field holding that value in front (a source column whose type changed, say)."""
+    quoted = re.search(r"'([^']*)'", reason)
+    payload = envelope.get("payload", envelope)
+    if quoted is None or not isinstance(payload, dict):
+        return reason
+    for part in ("after", "before"):
+        row = payload.get(part)
+        if isinstance(row, dict):
+            for name, v in row.items():
+                if v is not None and not isinstance(v, (dict, list)) and str(v) == quoted.group(1):
+                    return f"column {name!r}: {reason}"
+    return reason
 
 
 @dataclass(frozen=True)
