@@ -200,7 +200,8 @@ class Compactor:
         it stays live: such a run commits in one atomic pass. A generation whose keys end
         in tombstones is compacted on its own, in two passes.
         """
-        compacted, todo = pending if pending is not None else self.pending(shard_id, dataset)
+        base = dataset if dataset is not None else self.state.dataset()
+        compacted, todo = pending if pending is not None else self.pending(shard_id, base)
         if upto is not None:
             todo = [s for s in todo if s.generation <= upto]
         candidates = self._run(compacted, todo)
@@ -211,8 +212,8 @@ class Compactor:
                     shard_id, todo[0].generation, compacted,
                 )
             return None
-        # The latest base's columns: a maintenance process outlives schema changes.
-        schema = stored_schema(self.state.dataset().schema)
+        # The base's columns now, not this handle's: a maintenance process outlives schema changes.
+        schema = stored_schema(base.schema)
         data = self._read(shard_id, candidates[0], schema)
         used = 1
         if not pc.any(data.column(TOMBSTONE)).as_py():
@@ -407,15 +408,13 @@ class Compactor:
             plans: list[CompactionPlan] = []
             rows = 0
             later: list[str] = []  # past this round's row budget: planned next round, first
-            ds: lance.LanceDataset | None = None
+            ds = self.state.dataset()  # once a round: every plan reads its columns, most its pending runs
             for i, shard_id in enumerate(pending):
                 if rows >= self.max_rows_per_commit:
                     later = pending[i:]
                     break
                 try:
                     known = first.pop(shard_id, None)
-                    if known is None and ds is None:
-                        ds = self.state.dataset()
                     plan = self.plan(shard_id, upto.get(shard_id) if upto is not None else None, known, ds)
                 except ConcurrencyError:
                     raise

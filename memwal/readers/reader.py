@@ -78,9 +78,11 @@ class Reader:
         self.refresh_interval_ms = refresh_interval_ms
         #: the past state a time-travel reader reads (resolved now: a bad ``as_of`` fails here)
         self.past = timetravel.resolve(state, as_of) if as_of is not None else None
-        if self.past is not None and state.dataset(self.past.base_version).schema.names != state.write_schema.names:
-            # The past is read with the columns it had (a column added since did not exist then).
-            state = TableState.from_dataset(state.uri, state.dataset(self.past.base_version), state.metadata, state.io, state.storage)
+        if self.past is not None:
+            then = state.dataset(self.past.base_version)
+            if then.schema.names != state.write_schema.names:
+                # The past is read with the columns it had (a column added since did not exist then).
+                state = TableState.from_dataset(state.uri, then, state.metadata, state.io, state.storage)
         self._snapshot: Snapshot | None = None
         #: when the current snapshot was started (monotonic): its age, and which of two is newer
         self._taken_at = 0.0
@@ -100,6 +102,8 @@ class Reader:
         self._wal = WalTailReader(state.uri, state.io, state.manifests, state.primary_key, schema=stored_schema(state.write_schema))
         #: the base table as a strong read last found it (reused while it is the latest version)
         self._strong_base: lance.LanceDataset | None = None
+        #: the base dataset whose columns were last compared with this reader's
+        self._columns_checked: lance.LanceDataset | None = None
         #: the shards' WAL tails last read, and their concatenation
         self._last_tails: tuple[list[pa.Table], pa.Table] | None = None
         #: immutable SSTable data this reader has read, bounded by ``cache_bytes``
@@ -116,7 +120,12 @@ class Reader:
         """Whether the latest base has other columns than this reader reads (a column was
         added or dropped since it opened, :mod:`memwal.evolve`): then it reloads the table's
         state and reads the new columns."""
-        if self.past is not None or base.schema.names == self.state.write_schema.names:
+        # Once per base dataset opened (a strong reader reuses one until a version is committed):
+        # Lance builds the Arrow schema anew at each ask.
+        if self.past is not None or base is self._columns_checked:
+            return False
+        self._columns_checked = base
+        if base.schema.names == self.state.write_schema.names:
             return False
         log.info("table %s: columns changed to %s; reading them", self.state.uri, base.schema.names)
         self._bind(TableState.load(self.state.uri, self.state.storage))
