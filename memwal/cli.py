@@ -171,12 +171,15 @@ def build_parser() -> argparse.ArgumentParser:
     _durability_flag(s)
     s.set_defaults(func=cmd_delete)
 
-    s = sub.add_parser("alter", help="add or drop columns",
-        description="Add nullable columns or drop columns, while the table is written and read elsewhere (docs/schema-evolution.md). "
-        "Rows stored before read null for an added column. Lance refuses type changes on a MemWAL table.")
+    s = sub.add_parser("alter", help="add, widen or drop columns",
+        description="Add nullable columns, widen or drop columns, while the table is written and read elsewhere "
+        "(docs/schema-evolution.md). Rows stored before read null for an added column. A widening casts the base's "
+        "column once (maintenance commits nothing to the base meanwhile).")
     s.add_argument("uri", metavar="URI")
     s.add_argument("--add-column", action="append", default=[], metavar="NAME:TYPE",
         help="add a nullable column, e.g. note:string, total:decimal(12,2), at:timestamp[us]; repeatable")
+    s.add_argument("--widen-column", action="append", default=[], metavar="NAME:TYPE",
+        help="widen a column's type, e.g. qty:int64, price:decimal(14,2), ratio:double; repeatable")
     s.add_argument("--drop-column", action="append", default=[], metavar="NAME", help="drop a column (not a key or sharding column); repeatable")
     s.set_defaults(func=cmd_alter)
 
@@ -299,9 +302,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--op-field", help="JSON field holding the operation (upsert/delete); '' for none (default: the sink's)")
     s.add_argument("--sequence-field", help="JSON field ordering versions of a key (highest wins)")
     s.add_argument("--drop-stale", action="store_true", help="with --sequence-field: drop rows older than the stored version")
-    s.add_argument("--evolve", choices=("add", "none"), default="add",
-        help="with --format debezium-json: a field the events' schemas have and the table lacks is added as a nullable "
-        "column and its values written (add, default), or left unread (none); docs/schema-evolution.md")
+    s.add_argument("--evolve", choices=("compatible", "add", "none"), default="compatible",
+        help="with --format debezium-json or avro from a registry: a field the events' schemas have and the table lacks is "
+        "added as a nullable column and a column the source widened is widened (compatible, default); only added (add); "
+        "or neither (none: new fields unread, wider values converted or dead letters); docs/schema-evolution.md")
     s.add_argument("--merge", choices=("full", "partial"), default="full",
         help="full: a record replaces its key's row (default); partial: a record changes only the columns it carries "
         "(a JSON key it lacks keeps the stored value; null sets null)")

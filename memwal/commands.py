@@ -211,15 +211,22 @@ def cmd_alter(args: argparse.Namespace) -> int:
 
     table = Table.open(args.uri, _storage(args))
     update = table.update_schema()
-    for spec in args.add_column:
+    def typed(flag: str, spec: str) -> tuple[str, pa.DataType]:
         name, sep, type_text = spec.partition(":")
         if not sep:
-            raise InvalidArgumentError(f"--add-column {spec!r}: give NAME:TYPE, e.g. note:string")
-        update.add_column(name.strip(), parse_type(type_text))
+            raise InvalidArgumentError(f"{flag} {spec!r}: give NAME:TYPE, e.g. note:string")
+        return name.strip(), parse_type(type_text)
+
+    for spec in args.add_column:
+        update.add_column(*typed("--add-column", spec))
+    for spec in args.widen_column:
+        update.widen_column(*typed("--widen-column", spec))
     for name in args.drop_column:
         update.drop_column(name)
     change = update.commit()
-    print(f"added {list(change.added)}, dropped {list(change.dropped)} (base version {change.version_before} -> {change.version_after})")
+    widened = [f"{name} to {type_text}" for name, type_text in change.widened]
+    print(f"added {list(change.added)}, widened {widened}, dropped {list(change.dropped)} "
+          f"(base version {change.version_before} -> {change.version_after})")
     return 0
 
 

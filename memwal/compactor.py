@@ -392,6 +392,8 @@ class Compactor:
         does not grow with the shard count), commits the single-pass runs together and the
         others one by one. A shard whose files cannot be
         read goes to ``on_damage`` (if given; else the error is raised) and the others go on.
+        While the base is paused (:meth:`TableState.base_paused`: a column is being widened)
+        no round starts: what is left is compacted by a later call.
 
         With ``upto`` (shard id -> generation) no generation above a shard's bound is
         compacted: a fold takes what was pending when it was decided, not what writers flush
@@ -405,6 +407,10 @@ class Compactor:
         pending = list(shard_ids)
         lost_in_a_row = 0
         while pending:
+            paused = self.state.base_paused()
+            if paused:  # a widening's cast and swap must see no other commit (memwal.evolve)
+                log.info("compaction of %s waits: %s", self.state.uri, paused)
+                break
             plans: list[CompactionPlan] = []
             rows = 0
             later: list[str] = []  # past this round's row budget: planned next round, first

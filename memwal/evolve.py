@@ -1,4 +1,4 @@
-"""Schema evolution: add nullable columns and drop columns of a table that is being written.
+"""Schema evolution: add nullable columns, widen and drop columns of a table that is being written.
 
 What Lance 14.0.2 allows on a table with a MemWAL (measured, docs/schema-evolution.md):
 adding an all-null column, renaming and dropping a column commit on the base table at once,
@@ -12,6 +12,16 @@ read the added column as null); a pool reopens it under the new schema when a wr
 column it lacks (:meth:`ShardWriterPool.put`). A dropped column is renamed out of sight rather
 than dropped (see :meth:`SchemaUpdate.commit`).
 
+A type change Lance refuses, so a widening (int32 -> int64, decimal(10,2) -> decimal(12,2), ...)
+is a new column that takes the name (:meth:`SchemaUpdate.widen_column`): the base's values are
+cast into a hidden column (Lance's ``merge`` on the row id: new column files, no row rewritten),
+which is then renamed to the column's name while the narrow column is renamed out of sight to
+``_widened_<version>_<name>``, in one commit. Maintenance commits nothing to the base meanwhile
+(:meth:`TableState.base_paused`): a compaction in between would write rows the cast missed.
+Stored data of before the widening is cast when read; data a writer stored by replaying WAL
+entries of before it holds the value in the hidden column, read as the wide column's
+(:func:`memwal.schema.as_evolved`).
+
 Invariant: a column keeps its name and type for its whole life. So a dropped column's name
 cannot come back while an uncompacted SSTable or a WAL entry still stores it: its old values
 would be read as the new column's. :meth:`SchemaUpdate.commit` refuses such a name until
@@ -20,14 +30,19 @@ maintenance has folded them.
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from memwal import paths
 from memwal.errors import InvalidArgumentError, SchemaMismatchError, UnknownColumnError
+from memwal.lance_errors import is_commit_conflict
+from memwal.schema import WIDENED_PREFIX, is_widening, widened_sources
 from memwal.state import TableState
 from memwal.wal import WalTailReader
 
@@ -35,6 +50,12 @@ log = logging.getLogger(__name__)
 
 #: What a dropped column is renamed to (with the base version and its name): hidden, never reused.
 DROPPED_PREFIX = "_dropped_"
+#: How long a widening may pause maintenance's base commits at most (a process that dies
+#: mid-way leaves its pause marker, which ends then).
+WIDEN_PAUSE_SECONDS = 600.0
+#: Attempts at the merge of a widening's cast values (a compaction that began before the pause
+#: may commit first; the merge is then redone on the new version).
+WIDEN_ATTEMPTS = 10
 
 
 @dataclass(frozen=True)
@@ -46,6 +67,8 @@ class SchemaChange:
     dropped: tuple[str, ...]
     version_before: int
     version_after: int
+    #: columns widened, with their new types
+    widened: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -60,6 +83,7 @@ class SchemaUpdate:
     after_commit: Callable[[SchemaChange], None] | None = None
     _add: list[pa.Field] = field(default_factory=list)
     _drop: list[str] = field(default_factory=list)
+    _widen: list[pa.Field] = field(default_factory=list)
 
     def add_column(self, name: str, type: pa.DataType) -> "SchemaUpdate":
         """Add a column, null in every existing row (and in rows written by writers that do
@@ -73,6 +97,15 @@ class SchemaUpdate:
         disk until the base is rewritten). Not a primary-key or sharding column, nor an
         indexed one."""
         self._drop.append(name)
+        return self
+
+    def widen_column(self, name: str, type: pa.DataType) -> "SchemaUpdate":
+        """Widen a column to ``type`` (every value converts exactly: int32 -> int64,
+        float32 -> float64, decimal(10,2) -> decimal(12,2), string -> large_string, ...).
+        Costs one read of the column from the base and one column file per base fragment
+        (:mod:`memwal.evolve`); the column moves to the end of the table's columns. Not a
+        primary-key or sharding column (a changed key is a new table), nor an indexed one."""
+        self._widen.append(pa.field(name, type, nullable=True))
         return self
 
     def __enter__(self) -> "SchemaUpdate":
@@ -101,8 +134,16 @@ class SchemaUpdate:
                 raise InvalidArgumentError(f"cannot drop {name!r}: rows are matched and routed by it (primary key or sharding column)")
             if name in indexed:
                 raise InvalidArgumentError(f"cannot drop {name!r}: the table indexes it (vector or full-text index in its metadata)")
-        if not self._add and not self._drop:
-            raise InvalidArgumentError("nothing to change: add_column or drop_column first")
+        for f in self._widen:
+            if f.name not in names or f.name.startswith("_"):
+                raise UnknownColumnError(f"cannot widen {f.name!r}: no such column (columns: {', '.join(names)})")
+            if f.name in pk or f.name in shard_cols or f.name in indexed:
+                raise InvalidArgumentError(
+                    f"cannot widen {f.name!r}: rows are matched, routed or indexed by it (a changed key is a new table)")
+            if f.name in self._drop or sum(g.name == f.name for g in self._widen) > 1:
+                raise InvalidArgumentError(f"column {f.name!r} is changed twice in one update")
+        if not self._add and not self._drop and not self._widen:
+            raise InvalidArgumentError("nothing to change: add_column, widen_column or drop_column first")
         stored = self._stored_names() if self._add else set()
         for f in self._add:
             if f.name in stored:
@@ -129,6 +170,12 @@ class SchemaUpdate:
         stored before is read as the new columns."""
         base = self.state.dataset()
         self._check(base.schema.names)
+        for f in self._widen:
+            old = base.schema.field(f.name).type
+            if not is_widening(old, f.type):
+                raise SchemaMismatchError(
+                    f"cannot change {f.name!r} from {old} to {f.type}: not every value converts exactly "
+                    "(a column only widens: a wider integer or float, a decimal with no fewer digits)")
         before = base.version
         if self._add:
             base.add_columns(pa.schema(self._add))
@@ -138,11 +185,71 @@ class SchemaUpdate:
             # by field id, so the dropped column's values would come back as the new column's.
             # A column whose name starts with '_' is no column of the table's (schema.user_schema).
             after_add = self.state.dataset()
-            after_add.alter_columns(*({"path": name, "name": f"{DROPPED_PREFIX}{after_add.version}_{name}"} for name in self._drop))
+            # A widened column's older selves go with it: nothing may read them as a later
+            # column of the same name.
+            older = widened_sources(after_add.schema.names)
+            after_add.alter_columns(*({"path": old, "name": f"{DROPPED_PREFIX}{after_add.version}{old}"}
+                                      for name in self._drop for old in (name, *older.get(name, ())) if old))
+        if self._widen:
+            self._widen_columns()
         after = self.state.dataset().version
-        change = SchemaChange(tuple(f.name for f in self._add), tuple(self._drop), before, after)
-        log.info("table %s: added %s, dropped %s (base version %d -> %d)", self.state.uri, list(change.added),
-                 list(change.dropped), before, after)
+        change = SchemaChange(tuple(f.name for f in self._add), tuple(self._drop), before, after,
+                              tuple((f.name, str(f.type)) for f in self._widen))
+        log.info("table %s: added %s, dropped %s, widened %s (base version %d -> %d)", self.state.uri, list(change.added),
+                 list(change.dropped), list(change.widened), before, after)
         if self.after_commit is not None:
             self.after_commit(change)
         return change
+
+    def _widen_columns(self) -> None:
+        """Widen :attr:`_widen`'s columns: with the base's other commits paused, merge each
+        column's values cast into a hidden column, then one commit renames the narrow column out
+        of sight and the hidden one to its name; then check that no row was missed."""
+        io, marker = self.state.io, paths.base_pause(self.state.uri)
+        names = [f.name for f in self._widen]
+        io.write(marker, json.dumps({"until": time.time() + WIDEN_PAUSE_SECONDS, "why": f"widening {', '.join(names)}"}).encode())
+        try:
+            for attempt in range(WIDEN_ATTEMPTS):
+                ds = self.state.dataset()
+                stage = {f.name: f"_widening_{ds.version}_{f.name}" for f in self._widen}
+                rows = ds.to_table(columns=names, with_row_id=True)
+                cast = pa.table({"_rowid": rows.column("_rowid"),
+                                 **{stage[f.name]: rows.column(f.name).cast(f.type) for f in self._widen}})
+                try:
+                    if cast.num_rows:
+                        ds.merge(cast, left_on="_rowid")
+                    else:  # Lance's merge joins nothing to nothing: an empty base takes all-null columns
+                        ds.add_columns(pa.schema([pa.field(stage[f.name], f.type) for f in self._widen]))
+                    break
+                except OSError as e:  # a compaction begun before the pause committed first
+                    if not is_commit_conflict(e) or attempt == WIDEN_ATTEMPTS - 1:
+                        raise
+                    log.info("widening %s: the base moved on (%s); casting again", names, e)
+            merged = self.state.dataset()
+            hidden = {name: f"{WIDENED_PREFIX}{merged.version}_{name}" for name in names}
+            merged.alter_columns(*({"path": name, "name": hidden[name]} for name in names),
+                                 *({"path": stage[name], "name": name} for name in names))
+            self._repair_missed(hidden)
+        finally:
+            io.remove(marker)
+
+    def _repair_missed(self, hidden: dict[str, str]) -> None:
+        """Rows whose wide column differs from their narrow one after the swap were written by a
+        commit that slipped in between the cast and the merge (Lance let it): set from the
+        narrow value, under the pause still."""
+        from memwal.feed import rows_by_key
+
+        pk = list(self.state.primary_key)
+        for name, old in hidden.items():
+            ds = self.state.dataset()
+            wide = ds.schema.field(name).type
+            rows = ds.to_table(columns=list(dict.fromkeys([*pk, name, old])))
+            differs = pc.and_(pc.is_valid(rows.column(old)),
+                              pc.fill_null(pc.not_equal(rows.column(name), rows.column(old).cast(wide)), True))
+            keys = rows.filter(differs).select(pk)
+            if not keys.num_rows:
+                continue
+            log.warning("widening %s: %d row(s) written during the cast; setting them", name, keys.num_rows)
+            full = rows_by_key(ds, keys, ds.schema.names, pk)
+            full = full.set_column(full.schema.get_field_index(name), name, full.column(old).cast(wide))
+            ds.merge_insert(pk).when_matched_update_all().execute(full)

@@ -56,7 +56,7 @@ from memwal.errors import ChangesCollectedError, InvalidArgumentError
 from memwal.lance_errors import is_not_found
 from memwal.lsm import newest_across, newest_per_key
 from memwal.manifest import SsTable
-from memwal.schema import TOMBSTONE, as_evolved, stored_schema
+from memwal.schema import TOMBSTONE, as_evolved, needs_evolving, stored_columns, stored_schema
 from memwal.sqltext import in_filter, sql_literal
 from memwal.state import TableState
 
@@ -299,9 +299,11 @@ def rows_by_key(ds: lance.LanceDataset, keys: pa.Table, columns: Sequence[str], 
     dropped (read as if written under them)."""
     pk = list(primary_key)
     cols = list(dict.fromkeys([*pk, *columns]))
-    if schema is not None and any(c not in ds.schema.names for c in cols):
-        found = rows_by_key(ds, keys, [c for c in columns if c in ds.schema.names], pk)
-        return as_evolved(found, pa.schema([schema.field(c) for c in cols]))
+    if schema is not None:
+        wanted = pa.schema([schema.field(c) for c in cols])
+        if needs_evolving(ds.schema, wanted):
+            found = rows_by_key(ds, keys, [c for c in stored_columns(ds.schema.names, cols) if c not in pk], pk)
+            return as_evolved(found, wanted)
     parts = []
     for start in range(0, keys.num_rows, KEYS_PER_FILTER):
         chunk = keys.slice(start, KEYS_PER_FILTER)
@@ -326,10 +328,10 @@ def read_sstable(state: TableState, shard_id: str, s: SsTable, columns: Sequence
     try:
         ds = state.sstable_dataset(path)
         wanted = [*columns, TOMBSTONE]
-        rows = ds.to_table(columns=[c for c in wanted if c in ds.schema.names])
-        if rows.num_columns < len(wanted):  # written before a column was added
-            stored = stored_schema(state.write_schema)
-            rows = as_evolved(rows, pa.schema([stored.field(c) for c in wanted]))
+        # Stored before a column was added, dropped or widened: read as the columns now.
+        rows = ds.to_table(columns=stored_columns(ds.schema.names, wanted))
+        stored = stored_schema(state.write_schema)
+        rows = as_evolved(rows, pa.schema([stored.field(c) for c in wanted]))
     except (OSError, ValueError) as e:
         state.sstable_datasets.discard_where(lambda k: k == path)  # an opened one whose files went
         if not (is_not_found(e) or "not found" in str(e).lower()):

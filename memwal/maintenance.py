@@ -208,7 +208,10 @@ class Maintenance:
             if flushed:
                 view = self._view(damaged("flush"), view, flushed)
         ds = view.dataset
-        if self.config.compact:
+        paused = self.state.base_paused()
+        if paused:  # nothing but the schema change may commit to the base (memwal.evolve)
+            log.info("maintenance of %s commits nothing to the base this cycle: %s", self.state.uri, paused)
+        if self.config.compact and not paused:
             results, done["fold_reason"], done["fold_deferred_rows"] = self._compact_by_backlog(
                 Snapshot(ds, view.index, tuple(healthy(view))), damaged("compaction"), fold_now
             )
@@ -226,7 +229,7 @@ class Maintenance:
             done["base_fragments_compacted"] = self.base_files.compact(ds)
             if done["base_fragments_compacted"]:
                 ds = self.state.dataset()
-        if self.config.indexes:
+        if self.config.indexes and not paused:
             # After the base-file compaction: Lance's compact_files commit drops the recorded
             # index catch-up, and GC waits for it; a catch-up then records it again.
             done["indexes_created"] = tuple(self.indexes.ensure_indexes(ds))

@@ -12,6 +12,7 @@ Lance's MemWAL layout under a table root (pylance 14.0.2)::
 memwal's own files live next to Lance's, never inside Lance's directories::
 
     {table}/_memwal/maintenance.json                  the maintenance service's last metrics
+    {table}/_memwal/base-paused.json                  a widening in progress: no base commit but its own
     {table}/_memwal/views/{name}/                     materialized view metadata
     {table}/_memwal/views/{name}/_memwal_hold.json    generations the view still has to read (GC keeps them)
     {table}/_memwal/feeds/{name}.json                 a change-feed consumer's position and hold
@@ -137,6 +138,12 @@ def base_manifest_path_v1(table: str, version: int) -> str:
 def writer_lease(table: str, shard_id: str) -> str:
     """The lease a live writer of a shard renews (memwal's own directory, beside Lance's)."""
     return join(table, MEMWAL_META_DIR, "writers", f"{shard_id}.json")
+
+
+def base_pause(table: str) -> str:
+    """While a column is widened (:mod:`memwal.evolve`): maintenance commits nothing to the base
+    until this marker is gone or expired (JSON: until when, and why)."""
+    return join(table, MEMWAL_META_DIR, "base-paused.json")
 
 
 def maintenance_metrics(table: str) -> str:

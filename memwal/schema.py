@@ -10,6 +10,7 @@ import re
 from typing import Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from memwal.errors import InvalidArgumentError, PrimaryKeyError, SchemaMismatchError, UnknownColumnError
 
@@ -119,19 +120,105 @@ def stored_schema(write_schema: pa.Schema) -> pa.Schema:
     return write_schema.append(pa.field(TOMBSTONE, pa.bool_()))
 
 
+#: What a widened column's older, narrower self is renamed to: ``_widened_<version>_<name>``
+#: (:mod:`memwal.evolve`). Stored data whose writer replayed WAL entries of before the widening
+#: holds their values there: Lance matches replayed columns by field id, and the narrow field
+#: kept its id under the hidden name.
+WIDENED_PREFIX = "_widened_"
+_WIDENED = re.compile(r"_widened_(\d+)_(.+)")
+
+
+def widened_sources(names: Sequence[str]) -> dict[str, list[str]]:
+    """Column -> the hidden narrower columns among ``names`` that hold some of its older values,
+    newest widening first."""
+    found: dict[str, list[tuple[int, str]]] = {}
+    for n in names:
+        m = _WIDENED.fullmatch(n)
+        if m:
+            found.setdefault(m.group(2), []).append((int(m.group(1)), n))
+    return {col: [n for _, n in sorted(hidden, reverse=True)] for col, hidden in found.items()}
+
+
+def stored_columns(stored: Sequence[str], wanted: Sequence[str]) -> list[str]:
+    """The columns to read from stored data (an SSTable, a WAL entry, an older base version)
+    whose columns are ``stored``, for :func:`as_evolved` to give ``wanted``: those of ``wanted``
+    it has, and the hidden narrower columns of a widened one."""
+    have = set(stored)
+    sources = widened_sources(stored)
+    out = [c for c in wanted if c in have]
+    out += [h for c in wanted for h in sources.get(c, ()) if h not in wanted]
+    return out
+
+
+def needs_evolving(stored: pa.Schema, wanted: pa.Schema) -> bool:
+    """Whether data stored as ``stored`` is not simply ``wanted``'s columns (a column added,
+    dropped or widened since): then :func:`as_evolved` must read it."""
+    have = {f.name: f.type for f in stored}
+    if any(have.get(f.name) is None or not have[f.name].equals(f.type) for f in wanted):
+        return True
+    return bool(widened_sources(stored.names).keys() & set(wanted.names))
+
+
 def as_evolved(data: pa.Table, schema: pa.Schema) -> pa.Table:
     """Rows stored under an earlier schema of the table (an SSTable, a WAL entry, a writer's put
     decided before a change) as ``schema``'s columns: a column added since is null, a column
-    dropped since is left out. ``data`` itself when it already has them.
+    dropped since is left out, a column widened since is cast to its wider type. ``data`` itself
+    when it already has them.
 
-    The invariant it rests on: a column keeps its name and type for its whole life (Lance
-    14.0.2 refuses type changes on a MemWAL table), so stored data only ever lacks columns
-    added after it or carries columns dropped after it."""
-    if data.schema.names == schema.names:
+    The invariant it rests on: a column keeps its name for its whole life and its type only
+    widens (Lance 14.0.2 refuses type changes on a MemWAL table; memwal widens by a new column
+    that takes the name, :mod:`memwal.evolve`), so stored data only ever lacks columns added
+    after it, carries columns dropped after it, or holds a column in a narrower type. A row
+    stored by a writer that replayed WAL entries of before a widening holds the value in the
+    hidden narrower column (:data:`WIDENED_PREFIX`) and null in the wide one: the wide column
+    is the first non-null of the two."""
+    if (data.schema.names == schema.names and all(a.type.equals(b.type) for a, b in zip(data.schema, schema))
+            and not any(n.startswith(WIDENED_PREFIX) for n in schema.names)):
         return data
     have = set(data.schema.names)
-    columns = [data.column(f.name) if f.name in have else pa.nulls(data.num_rows, f.type) for f in schema]
+    sources = widened_sources(data.schema.names)
+    columns = []
+    for f in schema:
+        col = data.column(f.name) if f.name in have else pa.nulls(data.num_rows, f.type)
+        if not col.type.equals(f.type):
+            col = col.cast(f.type)
+        for hidden in sources.get(f.name, ()):
+            older = data.column(hidden)
+            if older.null_count < len(older):
+                col = pc.coalesce(col, older.cast(f.type))
+        columns.append(col)
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def takes(schema: pa.Schema, rows: pa.Schema) -> bool:
+    """Whether a writer (or a table state) of ``schema`` takes rows of ``rows``' columns as they
+    are: none added or widened since it was made."""
+    for f in rows:
+        i = schema.get_field_index(f.name)
+        if i < 0 or not schema.field(i).type.equals(f.type):
+            return False
+    return True
+
+
+def is_widening(old: pa.DataType, new: pa.DataType) -> bool:
+    """Whether every ``old`` value converts to ``new`` exactly: a wider integer of the same
+    signedness (or a signed one wider than an unsigned), float32 -> float64, an integer to
+    float64 within 53 bits, a decimal with no fewer integer and fraction digits, string or
+    binary to their large kinds."""
+    t = pa.types
+    if old.equals(new):
+        return False
+    if t.is_integer(old) and t.is_integer(new):
+        if t.is_signed_integer(old) == t.is_signed_integer(new):
+            return new.bit_width > old.bit_width
+        return t.is_signed_integer(new) and new.bit_width > old.bit_width
+    if t.is_floating(old) and t.is_floating(new):
+        return new.bit_width > old.bit_width
+    if t.is_integer(old) and t.is_float64(new):
+        return old.bit_width <= 32
+    if t.is_decimal(old) and t.is_decimal(new):
+        return new.scale >= old.scale and new.precision - new.scale >= old.precision - old.scale
+    return (t.is_string(old) and t.is_large_string(new)) or (t.is_binary(old) and t.is_large_binary(new))
 
 
 def parse_type(text: str) -> pa.DataType:

@@ -16,6 +16,8 @@ configuration; so a state loaded once stays correct for the table's life. What d
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -164,6 +166,20 @@ class TableState:
     def storage_options(self) -> dict[str, str] | None:
         """The storage options every Lance call on this table's files takes."""
         return self.storage.lance_options()
+
+    def base_paused(self, now: float | None = None) -> str | None:
+        """Why base commits other than a schema change's are paused now (a column is being
+        widened: :mod:`memwal.evolve`), or None. A pause left by a process that died ends at
+        the time it gave."""
+        try:
+            marker = json.loads(self.io.read(paths.base_pause(self.uri)))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):  # unreadable: a half-written marker is a pause that ends soon
+            return "a schema change (its pause marker cannot be read)"
+        if float(marker.get("until", 0)) <= (time.time() if now is None else now):
+            return None
+        return str(marker.get("why", "a schema change"))
 
     def dataset(self, version: int | None = None) -> lance.LanceDataset:
         """The base table (compacted data only) at ``version`` (latest when None), opened with

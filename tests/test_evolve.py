@@ -13,6 +13,8 @@ import datetime as dt
 import json
 import shutil
 import tempfile
+import threading
+import time
 from decimal import Decimal
 
 import lance
@@ -23,8 +25,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from memwal import InvalidArgumentError, SchemaMismatchError, Table, UnknownColumnError, WriterConfig, readers
+from memwal import InvalidArgumentError, SchemaMismatchError, Table, UnknownColumnError, WriterConfig, paths, readers
+from memwal.bounds import FoldSchedule
 from memwal.compactor import Compactor
+from memwal.maintenance import Maintenance, MaintenanceConfig
 from memwal.metadata import Bounds, IndexConfig
 from memwal.state import TableState
 
@@ -135,6 +139,10 @@ def test_changes_that_cannot_be_made_are_refused(table_uri):
         (lambda u: u.drop_column("nope"), UnknownColumnError),
         (lambda u: u.add_column("name", pa.large_string()), SchemaMismatchError),  # a type change
         (lambda u: u.add_column("_hidden", pa.int8()), InvalidArgumentError),
+        (lambda u: u.widen_column("id", pa.decimal128(30, 0)), InvalidArgumentError),  # the key
+        (lambda u: u.widen_column("name", pa.int64()), SchemaMismatchError),  # not a widening
+        (lambda u: u.widen_column("amount", pa.decimal128(12, 3)), SchemaMismatchError),  # one integer digit fewer
+        (lambda u: u.widen_column("nope", pa.int64()), UnknownColumnError),
         (lambda u: u, InvalidArgumentError),  # nothing
     ]:
         with pytest.raises(error):
@@ -174,15 +182,111 @@ def test_memwal_alter_adds_and_drops_columns(table_uri, capsys):
     with Table.create(table_uri, SCHEMA, ["id"], "bucket(id, 2)") as t:
         t.write(pa.Table.from_pylist(rows(range(5), "a", SCHEMA.names), schema=SCHEMA))
     assert cli.main(["alter", table_uri, "--add-column", "total:decimal(14,2)", "--add-column", "seen:timestamp[us]",
-                     "--drop-column", "legacy"]) == 0
+                     "--widen-column", "amount:decimal(16,2)", "--drop-column", "legacy"]) == 0
     assert "dropped ['legacy']" in capsys.readouterr().out
     t = Table.open(table_uri)
+    assert t.schema.field("amount").type == pa.decimal128(16, 2)
+    assert readers.open(table_uri, consistency="strong").get(3)["amount"] == Decimal("9.03")
     assert t.schema.field("total").type == pa.decimal128(14, 2) and t.schema.field("seen").type == pa.timestamp("us")
     assert "legacy" not in t.schema.names
     assert readers.open(table_uri, consistency="strong").get(3)["total"] is None
     assert cli.main(["alter", table_uri, "--add-column", "bad"]) == 2  # NAME:TYPE
     assert cli.main(["alter", table_uri, "--add-column", "x:nonsense"]) == 2
     assert cli.main(["alter", table_uri, "--drop-column", "id"]) == 2
+    assert cli.main(["alter", table_uri, "--widen-column", "day"]) == 2
+
+
+WIDE = pa.schema([
+    pa.field("id", pa.int64()),
+    pa.field("qty", pa.int32()),
+    pa.field("price", pa.decimal128(10, 2)),
+    pa.field("day", pa.date32()),
+    pa.field("name", pa.string()),
+])
+
+
+def wide_rows(ids, tag: int, big: bool = False) -> list[dict]:
+    return [{"id": i, "qty": (i + tag * 1000) + (2**40 if big else 0),
+             "price": Decimal(f"{i * 7 + tag}.{i % 100:02d}") + (Decimal("123456789012") if big else 0),
+             "day": dt.date(2021, 3, 1) + dt.timedelta(days=i % 400), "name": f"order {i} " + "w" * (i % 5) * 60}
+            for i in ids]
+
+
+def test_a_column_widens_while_writers_and_maintenance_run(table_uri):
+    """A widening races a writer (a handle of the narrow columns, fenced and replayed by the
+    handle that widens) and maintenance folding into the base: no write is lost or misread,
+    maintenance commits nothing to the base while the cast runs, and values only the wide type
+    holds land once it committed."""
+    Table.create(table_uri, WIDE, ["id"], "bucket(id, 4)").close()
+    model: dict = {}
+    stop, errors, cycles = threading.Event(), [], []
+
+    def write() -> None:
+        w, tag = Table.open(table_uri), 0
+        try:
+            while not stop.is_set():
+                tag += 1
+                batch = wide_rows(range((tag * 37) % 300, (tag * 37) % 300 + 40), tag)
+                w.write(pa.Table.from_pylist(batch, schema=WIDE))  # the columns it opened with
+                model.update((r["id"], r) for r in batch)
+                if tag % 5 == 0:
+                    w.flush()
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+        finally:
+            w.close()
+
+    def maintain() -> None:
+        m = Maintenance(table_uri, MaintenanceConfig(fold=FoldSchedule(fraction=0), gc=False, views=False, indexes=False))
+        while not stop.is_set():
+            try:
+                cycles.append(m.run_cycle())
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+    threads = [threading.Thread(target=write), threading.Thread(target=maintain)]
+    for th in threads:
+        th.start()
+    while len(cycles) < 3 and not errors:
+        threading.Event().wait(0.1)
+    t = Table.open(table_uri)
+    change = t.update_schema().widen_column("qty", pa.int64()).widen_column("price", pa.decimal128(24, 2)).commit()
+    assert dict(change.widened) == {"qty": "int64", "price": "decimal128(24, 2)"}
+    threading.Event().wait(1.0)
+    stop.set()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    assert t.state.base_paused() is None  # the pause ended with the widening
+    big = wide_rows(range(280, 320), 99, big=True)
+    t.write(pa.Table.from_pylist(big, schema=t.schema))
+    model.update((r["id"], r) for r in big)
+    columns = t.schema.names
+    assert (t.schema.field("qty").type, t.schema.field("price").type) == (pa.int64(), pa.decimal128(24, 2))
+    check(table_uri, model, columns)
+    t.flush()
+    Compactor(t.state).run_once()
+    check(table_uri, model, columns, flushed=True)
+    t.close()
+
+
+def test_maintenance_commits_nothing_to_a_paused_base(table_uri):
+    """While a widening holds the base paused, maintenance folds nothing (a fold would write rows
+    the widening's cast missed); a pause whose process died ends at the time it gave."""
+    t = Table.create(table_uri, WIDE, ["id"], "bucket(id, 2)")
+    t.write(pa.Table.from_pylist(wide_rows(range(20), 1), schema=WIDE))
+    t.flush()
+    marker = paths.base_pause(t.state.uri)
+    t.state.io.write(marker, json.dumps({"until": time.time() + 600, "why": "widening qty"}).encode())
+    config = MaintenanceConfig(fold=FoldSchedule(fraction=0), gc=False, views=False)
+    report = Maintenance(table_uri, config).run_cycle()
+    assert report.compaction_commits == 0 and sum(report.pending_sstables.values()) > 0
+    assert Compactor(t.state).run_once() == []
+    assert t.dataset().count_rows() == 0
+    t.state.io.write(marker, json.dumps({"until": time.time() - 1, "why": "widening qty"}).encode())  # its process died
+    assert Maintenance(table_uri, config).run_cycle().compaction_commits >= 1
+    assert t.dataset().count_rows() == 20
+    t.close()
 
 
 def test_a_reader_opened_before_a_change_reads_the_new_columns(table_uri):
@@ -202,8 +306,8 @@ def test_a_reader_opened_before_a_change_reads_the_new_columns(table_uri):
 
 
 class EvolvingTableMachine(RuleBasedStateMachine):
-    """Columns added and dropped among writes by two handles (each knows the columns of when it
-    was opened, until it is reopened), flushes, writer crashes and compactions. After every step
+    """Columns added, widened and dropped among writes by two handles (each knows the columns of
+    when it was opened, until it is reopened), flushes, writer crashes and compactions. After every step
     a strong reader opened at the start (it follows the changes) equals the model: per key, the
     values its last write carried, null for every current column that write did not know."""
 
@@ -213,7 +317,7 @@ class EvolvingTableMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="memwal-evolve-")
         self.uri = f"{self.dir}/t"
-        Table.create(self.uri, pa.schema([("id", pa.int64()), ("v", pa.string()), ("w", pa.string())]), ["id"],
+        Table.create(self.uri, pa.schema([("id", pa.int64()), ("v", pa.string()), ("w", pa.string()), ("n", pa.int16())]), ["id"],
                      "bucket(id, 2)", writer=WriterConfig(max_memtable_rows=100_000), bounds=Bounds.unbounded()).close()
         self.writers = [Table.open(self.uri), Table.open(self.uri)]
         self.crashed: list[Table] = []
@@ -231,7 +335,8 @@ class EvolvingTableMachine(RuleBasedStateMachine):
         self.counter += 1
         t = self.writers[w]
         names = t.schema.names  # what this handle knows
-        batch = [{"id": k, **{c: f"{c}{k}@{self.counter}" for c in names if c != "id"}} for k in keys]
+        batch = [{"id": k, **{c: self.counter * 10 + k if c == "n" else f"{c}{k}@{self.counter}" for c in names if c != "id"}}
+                 for k in keys]
         t.write(pa.Table.from_pylist(batch, schema=t.schema))
         self.model.update((r["id"], r) for r in batch)
 
@@ -260,6 +365,13 @@ class EvolvingTableMachine(RuleBasedStateMachine):
     def add_column(self, w):
         self.writers[w].update_schema().add_column(self.fresh.pop(0), pa.string()).commit()
 
+    @rule(w=st.sampled_from([0, 1]))
+    def widen_column(self, w):
+        base = lance.dataset(self.uri).schema
+        wider = {pa.int16(): pa.int32(), pa.int32(): pa.int64()}
+        if "n" in base.names and base.field("n").type in wider:
+            self.writers[w].update_schema().widen_column("n", wider[base.field("n").type]).commit()
+
     @rule(w=st.sampled_from([0, 1]), data=st.data())
     def drop_column(self, w, data):
         droppable = [c for c in self.columns() if c != "id"]
@@ -272,6 +384,8 @@ class EvolvingTableMachine(RuleBasedStateMachine):
         want = {k: {c: r.get(c) for c in columns} for k, r in self.model.items()}
         got = self.reader.scan()
         assert got.schema.names == columns
+        if "n" in columns:
+            assert got.schema.field("n").type == lance.dataset(self.uri).schema.field("n").type
         assert {r["id"]: r for r in got.to_pylist()} == want
         for k in (0, 7):
             assert self.reader.get(k) == want.get(k)
@@ -341,24 +455,29 @@ def test_vector_and_text_search_return_the_new_columns(table_uri):
 
 def _source_steps():
     """A default Postgres connector's ``orders`` topic across ``ALTER TABLE orders ADD COLUMN
-    gift_wrap boolean, ADD COLUMN weight numeric(8,3)``, then ``DROP COLUMN attrs`` and three
-    inserts after ``ALTER amount TYPE text`` whose amounts are no number: per step, its records
-    and the source table's state (its columns) after it, without the three inserts: memwal
-    cannot store them and sends them to the dead letters."""
+    gift_wrap boolean, ADD COLUMN weight numeric(8,3), ADD COLUMN qty integer``, then ``ALTER
+    qty TYPE bigint, ALTER weight TYPE numeric(12,3), ALTER amount TYPE numeric(14,2)`` with
+    values only the wider types hold, then ``DROP COLUMN attrs`` and three inserts after
+    ``ALTER amount TYPE text`` whose amounts are no number: per step, its records and the
+    source table's state (its columns) after it, without the three inserts: memwal cannot
+    store them and sends them to the dead letters."""
     import random
 
     from debezium_events import Column, PostgresTable, orders_table, random_order
 
     v1 = orders_table()
-    v2 = PostgresTable(v1.columns + [Column("gift_wrap", "boolean"), Column("weight", "numeric(8,3)")], ["id"])
-    v3 = PostgresTable([c for c in v2.columns if c.name != "attrs"], ["id"])
+    v2 = PostgresTable(v1.columns + [Column("gift_wrap", "boolean"), Column("weight", "numeric(8,3)"), Column("qty", "integer")],
+                       ["id"])
+    wider = {"qty": "bigint", "weight": "numeric(12,3)", "amount": "numeric(14,2)"}
+    v2w = PostgresTable([Column(c.name, wider.get(c.name, c.pg_type), c.nullable) for c in v2.columns], ["id"])
+    v3 = PostgresTable([c for c in v2w.columns if c.name != "attrs"], ["id"])
     rng, db, lsn = random.Random(44), {}, 30_000_000
     steps = []
-    for table, events in ((v1, 300), (v2, 200), (v3, 200)):
+    for table, events in ((v1, 300), (v2, 200), (v2w, 200), (v3, 200)):
         records = []
         if table is v2:  # ADD COLUMN: existing rows read NULL
             for row in db.values():
-                row.update(gift_wrap=None, weight=None)
+                row.update(gift_wrap=None, weight=None, qty=None)
         if table is v3:
             for row in db.values():
                 row.pop("attrs")
@@ -369,8 +488,12 @@ def _source_steps():
                 records.append((table.key_of(db[k]), table.event("d", db.pop(k), None, lsn=lsn, commit_ms=lsn, txid=i), k % 2))
                 continue
             row = random_order(rng, k, i)
-            if table is not v1:
-                row.update(gift_wrap=rng.random() < 0.5, weight=Decimal(rng.randrange(-10**7, 10**7)).scaleb(-3))
+            if table is v2:
+                row.update(gift_wrap=rng.random() < 0.5, weight=Decimal(rng.randrange(-10**7, 10**7)).scaleb(-3),
+                           qty=rng.randrange(-2**31, 2**31))
+            elif table is not v1:  # values only the wider types hold
+                row.update(gift_wrap=rng.random() < 0.5, weight=Decimal(rng.randrange(-10**11, 10**11)).scaleb(-3),
+                           qty=rng.randrange(-2**62, 2**62), amount=Decimal(rng.randrange(-10**13, 10**13)).scaleb(-2))
             if table is v3:
                 row.pop("attrs")
             op = "u" if k in db else "c"
@@ -379,7 +502,7 @@ def _source_steps():
         if table is v3:  # ALTER TABLE orders ALTER amount TYPE text: values that are no number cannot be stored
             as_text = PostgresTable([Column("amount", "text") if c.name == "amount" else c for c in v3.columns], ["id"])
             for k in range(500, 503):
-                row = {**random_order(rng, k, k), "amount": "n/a", "gift_wrap": None, "weight": None}
+                row = {**random_order(rng, k, k), "amount": "n/a", "gift_wrap": None, "weight": None, "qty": None}
                 row.pop("attrs")
                 lsn += 17
                 records.append((as_text.key_of(row), as_text.event("c", None, row, lsn=lsn, commit_ms=lsn, txid=k), k % 2))
@@ -389,7 +512,7 @@ def _source_steps():
 
 @pytest.mark.spark
 @pytest.mark.kafka
-def test_debezium_ingest_follows_added_and_dropped_source_columns(spark, kafka, tmp_path):
+def test_debezium_ingest_follows_added_widened_and_dropped_source_columns(spark, kafka, tmp_path):
     from brokers import produce
     from test_debezium_defaults import canonical
 
@@ -414,11 +537,12 @@ def test_debezium_ingest_follows_added_and_dropped_source_columns(spark, kafka, 
         got = {r["id"]: r for r in readers.open(uri, consistency="strong").scan().to_pylist()}
         want = {k: canonical(v) for k, v in source.items()}
         assert got.keys() == want.keys(), n
-        compared = [c for c in columns if c != "attrs" or n < 2]  # the source dropped attrs at the last step
+        compared = [c for c in columns if c != "attrs" or n < 3]  # the source dropped attrs at the last step
         diverging = [k for k in want if {c: got[k][c] for c in compared} != {c: want[k][c] for c in compared}]
         assert not diverging, (n, [(got[k], want[k]) for k in diverging[:2]])
     table = Table.open(uri)
-    assert table.schema.field("gift_wrap").type == pa.bool_() and table.schema.field("weight").type == pa.decimal128(8, 3)
+    assert table.schema.field("gift_wrap").type == pa.bool_()
+    assert [table.schema.field(c).type for c in ("weight", "qty", "amount")] == [pa.decimal128(12, 3), pa.int64(), pa.decimal128(14, 2)]
     assert "attrs" in table.schema.names  # a source's drop drops nothing: rows written since hold null there
     dead = read_dead_letters(dead_letter_uri(uri)).to_pylist()
     # the incompatible change's three records, each with its reason; the rest arrived (above)
@@ -454,4 +578,40 @@ def test_the_prepare_stage_adds_a_source_field_as_a_column_or_leaves_it(tmp_path
     else:
         assert Table.open(uri).schema.names == ["id", "name"]
         assert got == [{"id": 1, "name": "a"}, {"id": 1, "name": "d"}, {"id": 2, "name": "b"}, {"id": 3, "name": "c"}]
+    WORKER.clear()
+
+
+@pytest.mark.parametrize("evolve", ["compatible", "add"])
+def test_the_prepare_stage_widens_a_column_the_source_widened(tmp_path, evolve):
+    """The batch holds events from before and after ``ALTER TABLE items ALTER qty TYPE bigint``,
+    one with a value only bigint holds: widened with ``compatible`` (the default), a dead letter
+    naming the column with ``add``."""
+    from debezium_events import Column, PostgresTable
+
+    from memwal.streaming import SinkOptions
+    from memwal.streaming.exchange import shard_partitions
+    from memwal.streaming.prepare import Prepare
+    from memwal.write.worker import WORKER
+
+    v1 = PostgresTable([Column("id", "bigint", nullable=False), Column("qty", "integer")], ["id"], table="items")
+    v2 = PostgresTable([Column("id", "bigint", nullable=False), Column("qty", "bigint")], ["id"], table="items")
+    uri = str(tmp_path / "items")
+    Table.create(uri, pa.schema([("id", pa.int64()), ("qty", pa.int32())]), ["id"], "bucket(id, 2)").close()
+    rows = [(v1, {"id": 1, "qty": 5}), (v2, {"id": 2, "qty": 2**40}), (v2, {"id": 3, "qty": 6})]
+    data = pa.table({"key": [t.key_of(r) for t, r in rows], "value": [t.event("c", None, r, lsn=i, commit_ms=i, txid=i) for i, (t, r) in enumerate(rows)],
+                     "topic": ["items"] * 3, "partition": pa.array([0] * 3, pa.int32()), "offset": pa.array(range(3), pa.int64())})
+    options = SinkOptions(source="kafka-json", value_format="debezium-json", evolve=evolve)
+    assert SinkOptions().evolve == "compatible"
+    state = WORKER.table(uri).state
+    prepared = Prepare(uri, options).prepare(state, data, 0, 0, shard_partitions(state.spec, options))
+    got = {r["id"]: r["qty"] for r in prepared.rows.select(["id", "qty"]).to_pylist()}
+    if evolve == "compatible":
+        assert Table.open(uri).schema.field("qty").type == pa.int64()
+        assert prepared.dead.num_rows == 0 and got == {1: 5, 2: 2**40, 3: 6}
+    else:
+        assert Table.open(uri).schema.field("qty").type == pa.int32()
+        assert got == {1: 5, 3: 6}
+        from memwal.write.messages import ERROR, OFFSET
+
+        assert prepared.dead.column(OFFSET).to_pylist() == [1] and prepared.dead.column(ERROR)[0].as_py()
     WORKER.clear()

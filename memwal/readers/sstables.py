@@ -24,7 +24,7 @@ from memwal import paths
 from memwal.cache import ByteLRU
 from memwal.lance_errors import damaged_sstable
 from memwal.readers.merge import newest
-from memwal.schema import TOMBSTONE, as_evolved
+from memwal.schema import TOMBSTONE, as_evolved, needs_evolving, stored_columns, widened_sources
 
 if TYPE_CHECKING:
     from memwal.snapshot import Snapshot
@@ -140,27 +140,37 @@ class SSTableCache:
     def _names(self, path: str) -> list[str]:
         """The SSTable's columns, cached with it: a lookup asks on every take, and Lance builds
         a dataset's Arrow schema anew at each ask (~12 us)."""
-        return self._get("names", path, lambda: self.dataset(path).schema.names, lambda n: 64 * len(n))
+        return self._stored(path).names
+
+    def _stored(self, path: str) -> pa.Schema:
+        return self._get("schema", path, lambda: self.dataset(path).schema, lambda sc: 64 * len(sc))
 
     def _missing(self, path: str, columns: Sequence[str] | None) -> bool:
-        """Whether the SSTable lacks some of ``columns`` (when None: differs from the table's
-        columns at all): it was written under an earlier schema."""
-        have = self._names(path)
+        """Whether the SSTable does not simply hold ``columns`` (when None: the table's
+        columns): it was written before a column was added, dropped or widened. Decided once
+        per SSTable and column list (a lookup asks on every take)."""
+        kind = "evolving" if columns is None else "evolving:" + ",".join(columns)
+        return self._get(kind, path, lambda: self._decide_missing(path, columns), lambda _: 64)
+
+    def _decide_missing(self, path: str, columns: Sequence[str] | None) -> bool:
+        stored = self._stored(path)
         if columns is None:
-            return self.schema is not None and have != self.schema.names
-        return any(c not in have for c in columns)
+            return self.schema is not None and (stored.names != self.schema.names or needs_evolving(stored, self.schema))
+        if self.schema is None:  # types are the caller's to conform
+            return any(c not in stored.names for c in columns) or bool(widened_sources(stored.names).keys() & set(columns))
+        return needs_evolving(stored, pa.schema([self.schema.field(c) for c in columns]))
 
     def _evolved(self, table: pa.Table, columns: Sequence[str] | None = None) -> pa.Table:
         """``columns`` (all when None) of rows read from an SSTable written under an earlier
         schema, as the table's (:func:`memwal.schema.as_evolved`). Without :attr:`schema` (a
-        cache shared by tables: Spark's executors) the columns the SSTable lacks are left out,
-        for the caller to add."""
+        cache shared by tables: Spark's executors) the rows are left as read (the columns the
+        SSTable lacks left out, a widened column's older selves in), for the caller to conform."""
         if self.schema is None:
             return table
         return as_evolved(table, self.schema if columns is None else pa.schema([self.schema.field(c) for c in columns]))
 
     def _present(self, path: str, columns: Sequence[str] | None) -> list[str] | None:
-        return None if columns is None else [c for c in columns if c in self._names(path)]
+        return None if columns is None else stored_columns(self._names(path), columns)
 
     @property
     def bytes_held(self) -> int:
@@ -210,7 +220,7 @@ class SSTableCache:
         wanted = list(dict.fromkeys([*columns, TOMBSTONE]))
         whole = self._lru.get(("rows", path))
         if whole is not None:
-            return self._evolved(whole.select([c for c in wanted if c in whole.schema.names]), wanted)
+            return self._evolved(whole.select(stored_columns(whole.schema.names, wanted)), wanted)
         kind = "rows:" + ",".join(wanted)
         return self._get(kind, path, lambda: self._read_all(path, wanted), lambda t: t.nbytes)
 

@@ -35,7 +35,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal.errors import InvalidArgumentError
-from memwal.streaming.batches import Binaries, Decoded, binary_array, bisect_failures, json_type, read_json_objects, value_offsets
+from memwal.streaming.batches import (Binaries, Decoded, binary_array, bisect_failures, changed_fields, json_type, read_json_objects,
+                                      value_offsets)
 from memwal.streaming.connect import ConnectSchema, arrow_type
 from memwal.streaming.envelope import OP, Columns, change_rows, envelope_type, row_schema
 
@@ -229,9 +230,12 @@ class DebeziumDecoder:
         tables: list[pa.Table] = []
         positions: list[np.ndarray] = []
         new_columns: dict[str, pa.Field] = {}
+        wider: dict[str, pa.Field] = {}
         for group in schema_groups(arr, self._schemas):
             columns, parse = self._plan(group.schema)
-            new_columns.update(self._new_columns(group.schema))
+            new, widened = self._changed_columns(group.schema)
+            new_columns.update(new)
+            wider.update(widened)
             vals = group.values
             try:
                 env, good = read_json_objects(vals, parse), np.arange(len(vals))
@@ -252,30 +256,29 @@ class DebeziumDecoder:
         if not tables:
             columns, _ = self._plan(None)
             empty = pa.schema([pa.field(c, columns.targets[c]) for c in columns.names] + [pa.field(OP, pa.string())])
-            return Decoded(empty.empty_table(), np.zeros(0, np.int64), errors, skipped, new_columns)
+            return Decoded(empty.empty_table(), np.zeros(0, np.int64), errors, skipped, new_columns, wider)
         pos = np.concatenate(positions)
         rows = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         if len(tables) > 1:  # in batch order, as one group gives them
             order = np.argsort(pos, kind="stable")
             rows, pos = rows.take(pa.array(order, pa.int64())), pos[order]
-        return Decoded(rows, pos, errors, skipped, new_columns)
+        return Decoded(rows, pos, errors, skipped, new_columns, wider)
 
-    def _new_columns(self, schema: ConnectSchema | None) -> dict[str, pa.Field]:
-        """The row fields of a value schema that the table lacks, as nullable columns of their
-        Connect types (a field whose type has no column type, or whose name memwal reserves, is
-        left out: its values stay unread, as before)."""
+    def _changed_columns(self, schema: ConnectSchema | None) -> tuple[dict[str, pa.Field], dict[str, pa.Field]]:
+        """The row fields of a value schema that the table lacks, and those whose Connect type
+        is wider than their column's, as nullable columns of their Connect types (a field whose
+        type has no column type, or whose name memwal reserves, is left out: its values stay
+        unread, or are converted to the column's type, as before)."""
         row = row_schema(schema)
         if row is None:
-            return {}
-        out = {}
+            return {}, {}
+        typed = []
         for name, f in row.fields:
-            if name in self.targets or not name or name.startswith("_"):
-                continue
             try:
-                out[name] = pa.field(name, arrow_type(f), nullable=True)
+                typed.append((name, arrow_type(f)))
             except ValueError:
                 continue
-        return out
+        return changed_fields(self.schema, typed)
 
     def _keys(self, keys: pa.BinaryArray) -> dict[str, pa.Array]:
         """Primary-key columns of Debezium key JSON, bare or wrapped (converted by their schema);

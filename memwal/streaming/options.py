@@ -10,7 +10,7 @@ from memwal.metadata import check_durability
 from memwal.write.messages import WriteMode
 
 #: What a sink does with fields the records' own schemas have and the table lacks (``SinkOptions.evolve``).
-EVOLVE_MODES = ("add", "none")
+EVOLVE_MODES = ("compatible", "add", "none")
 
 
 @dataclass(frozen=True)
@@ -56,10 +56,12 @@ class SinkOptions:
     avro_schema_id: int | None = None
     #: With "avro": values carry Confluent's header; writer schemas come from this registry URL.
     schema_registry: str | None = None
-    #: When the records' own schemas (Debezium JSON with ``schemas.enable``) have fields the
-    #: table lacks: "add" adds them as nullable columns and writes their values (a source that
-    #: gained a column, docs/schema-evolution.md); "none" leaves their values unread.
-    evolve: str = "add"
+    #: When the records' own schemas (Debezium JSON with ``schemas.enable``, Avro from a
+    #: registry) differ from the table's columns (docs/schema-evolution.md): "compatible" adds
+    #: the fields the table lacks as nullable columns and widens a column whose field the source
+    #: widened (``int`` to ``bigint``, ``numeric(10,2)`` to ``numeric(12,2)``); "add" only adds;
+    #: "none" changes nothing (new fields unread, wider values converted or dead letters).
+    evolve: str = "compatible"
     #: "os" or "fsync" (``WriterConfig.durability``) for this sink's writes; None: the table's default.
     durability: str | None = None
     #: Write shards through the executor's writer process (:mod:`memwal.write.process`)

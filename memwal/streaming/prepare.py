@@ -122,8 +122,10 @@ class Prepare:
                                               schema_registry=opts.schema_registry)
             decoder = self._decoder
             decoded = decoder.decode_batch(raw, kkey)
-            if opts.evolve == "add" and set(decoded.new_columns) - self._not_added:
-                evolved = self._evolve(state, decoded.new_columns)
+            wider = decoded.wider_columns if opts.evolve == "compatible" else {}
+            new = decoded.new_columns if opts.evolve != "none" else {}
+            if (set(new) | set(wider)) - self._not_added:
+                evolved = self._evolve(state, new, wider)
                 if evolved is not None:  # the table has (some of) them now: decode the batch again
                     return self.prepare(evolved, data, task_partition, first_row, n)
             parsed, positions, errors, skipped = decoded.rows, decoded.positions, dict(decoded.errors), decoded.skipped
@@ -203,31 +205,41 @@ class Prepare:
         return Prepared(good_rows, shards, dead, skipped)
 
 
-    def _evolve(self, state: TableState, fields: dict[str, pa.Field]) -> TableState | None:
-        """Add the source's new fields to the table as nullable columns (``SinkOptions.evolve``)
-        and reload it; the reloaded state, or None if no column was added. Tasks of one
-        micro-batch race to add the same columns: a column another added meanwhile is found on
-        reload. A field that cannot become a column now (a dropped column's name while stored
-        data still holds it, docs/schema-evolution.md) is logged and its values left unread."""
+    def _evolve(self, state: TableState, new: dict[str, pa.Field], wider: dict[str, pa.Field]) -> TableState | None:
+        """Add the source's new fields to the table as nullable columns and widen the columns
+        the source widened (``SinkOptions.evolve``), then reload it; the reloaded state, or
+        None if nothing changed. Tasks of one micro-batch race to make the same change: one
+        another made meanwhile is found on reload. A change that cannot be made (a dropped
+        column's name while stored data still holds it, a key column widened:
+        docs/schema-evolution.md) is logged and not tried again by this task: the field's values
+        stay unread, or are converted to the column's type (dead letters where they do not fit)."""
         from memwal.errors import MemwalError
         from memwal.evolve import SchemaUpdate
 
-        present = set(state.dataset().schema.names)
-        wanted = {name: f for name, f in fields.items() if name not in present and name not in self._not_added}
-        if wanted:
+        def done(s: pa.Schema) -> set[str]:
+            return ({n for n in new if n in s.names}
+                    | {n for n, f in wider.items() if n in s.names and s.field(n).type.equals(f.type)})
+
+        present = state.dataset().schema
+        todo = (set(new) | set(wider)) - done(present) - self._not_added
+        if todo:
             update = SchemaUpdate(state)
-            for f in wanted.values():
-                update.add_column(f.name, f.type)
+            for name in todo:
+                if name in new:
+                    update.add_column(name, new[name].type)
+                else:
+                    update.widen_column(name, wider[name].type)
             try:
-                update.commit()
-                log.info("table %s: the source has new fields; added columns %s", self.uri, [str(f) for f in wanted.values()])
+                change = update.commit()
+                log.info("table %s: the source's columns changed; added %s, widened %s", self.uri, list(change.added),
+                         list(change.widened))
             except (MemwalError, OSError, ValueError) as e:  # (Lance: a concurrent commit of the same change)
-                log.warning("table %s: the source's new fields %s were not added as columns (%s)", self.uri, list(wanted), e)
+                log.warning("table %s: the source's changed fields %s were not followed (%s)", self.uri, sorted(todo), e)
         reloaded = self._evolved = WORKER.reload(self.uri, self.storage).state
         self._decoder = None
-        have = set(reloaded.schema.names)
-        self._not_added |= {name for name in fields if name not in have}
-        return reloaded if any(name in have for name in fields) else None
+        made = done(reloaded.write_schema)
+        self._not_added |= (set(new) | set(wider)) - made
+        return reloaded if made else None
 
 
 def timestamp_range(batch: pa.RecordBatch) -> tuple[int | None, int | None]:

@@ -67,7 +67,7 @@ from memwal.lance_errors import classify, is_claim_race, is_fenced, is_wal_unrea
 from memwal.manifest import ShardManifest
 from memwal.metadata import Bounds, WriterConfig
 from memwal.routing import RoutedBatch
-from memwal.schema import as_evolved
+from memwal.schema import as_evolved, takes
 from memwal.sharding import ShardValues, field_entries
 from memwal.state import TableState
 from memwal.io import uri_scheme
@@ -536,8 +536,8 @@ class ShardWriterPool:
         writes cannot seal this way (:meth:`seal_overdue` says when a caller should flush it by
         closing instead)."""
         claimed_under = self._writer_schema.get(shard_id)
-        if shard_id in self._writers and claimed_under is not None and not set(rows.schema.names) <= set(claimed_under.names):
-            self.flush([shard_id])  # claimed before a column was added: reopened under the new schema
+        if shard_id in self._writers and claimed_under is not None and not takes(claimed_under, rows.schema):
+            self.flush([shard_id])  # claimed before a column was added or widened: reopened under the new schema
         for part in split_rows(rows, self.config.max_memtable_rows):
             self._on_storage(shard_id, lambda p=part: self._apply(shard_id, self._batches_op(shard_id, p, "put"), "put", retry_fenced),
                              retry_fenced)

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from memwal.schema import takes
 from memwal.state import TableState
 from memwal.storage import StorageConfig
 from memwal.write.messages import FULL, ShardWriteResult, WriteMode
@@ -118,8 +119,8 @@ class WriteRequest:
 
     def run(self, records: Sequence[ShardRecords]) -> list[ShardWriteResult]:
         table = WORKER.table(self.uri, self.storage)
-        if any(not set(r.rows.schema.names) <= set(table.state.write_schema.names) for r in records):
-            table = WORKER.reload(self.uri, self.storage)  # rows of a column added since this process loaded the table
+        if any(not takes(table.state.write_schema, r.rows.schema) for r in records):
+            table = WORKER.reload(self.uri, self.storage)  # rows of a column added or widened since this process loaded the table
         writer = table.writer
         writer.writers.durability = self.durability
         writer.writers.seal_interval_seconds = self.seal_interval_seconds
