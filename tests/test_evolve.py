@@ -615,3 +615,54 @@ def test_the_prepare_stage_widens_a_column_the_source_widened(tmp_path, evolve):
 
         assert prepared.dead.column(OFFSET).to_pylist() == [1] and prepared.dead.column(ERROR)[0].as_py()
     WORKER.clear()
+
+
+@pytest.mark.parametrize("evolve", ["compatible", "none"])
+def test_avro_from_a_registry_follows_added_and_widened_source_fields(tmp_path, evolve):
+    """Debezium's Avro converter registers a new value schema when the source changes: events of
+    both schemas in one batch (``ADD COLUMN note text``, ``ALTER qty TYPE bigint``, ``ALTER amount
+    TYPE numeric(14,2)``, with values only the new types hold) land in the evolved table; with
+    ``none`` the table stays, and the event whose values it cannot hold is a dead letter."""
+    from debezium_events import AvroTopic, Column, PostgresTable
+    from registry import Registry
+
+    from memwal.streaming import SinkOptions
+    from memwal.streaming.exchange import shard_partitions
+    from memwal.streaming.prepare import Prepare
+    from memwal.write.worker import WORKER
+
+    v1 = PostgresTable([Column("id", "bigint", nullable=False), Column("qty", "integer"), Column("amount", "numeric(10,2)")],
+                       ["id"], table="items")
+    v2 = PostgresTable([Column("id", "bigint", nullable=False), Column("qty", "bigint"), Column("amount", "numeric(14,2)"),
+                        Column("note", "text")], ["id"], table="items")
+    old, new = AvroTopic(v1, 7, 8), AvroTopic(v2, 9, 10)
+    registry = Registry({7: old.value_avro, 8: old.key_avro, 9: new.value_avro, 10: new.key_avro})
+    try:
+        uri = str(tmp_path / "items")
+        Table.create(uri, pa.schema([("id", pa.int64()), ("qty", pa.int32()), ("amount", pa.decimal128(10, 2))]), ["id"],
+                     "bucket(id, 2)").close()
+        rows = [(old, {"id": 1, "qty": 5, "amount": Decimal("10.50")}),
+                (new, {"id": 2, "qty": 2**40, "amount": Decimal("123456789012.25"), "note": "gift"}),
+                (old, {"id": 3, "qty": 6, "amount": Decimal("-7.00")})]
+        data = pa.table({"key": [t.key_of(r) for t, r in rows],
+                         "value": [t.event("c", None, r, lsn=i, commit_ms=i, txid=i) for i, (t, r) in enumerate(rows)],
+                         "topic": ["items"] * 3, "partition": pa.array([0] * 3, pa.int32()), "offset": pa.array(range(3), pa.int64())})
+        options = SinkOptions(source="kafka-json", value_format="avro", schema_registry=registry.url, evolve=evolve)
+        state = WORKER.table(uri).state
+        prepared = Prepare(uri, options).prepare(state, data, 0, 0, shard_partitions(state.spec, options))
+        schema = Table.open(uri).schema
+        if evolve == "none":
+            from memwal.write.messages import OFFSET
+
+            assert schema.names == ["id", "qty", "amount"] and prepared.dead.column(OFFSET).to_pylist() == [1]
+            assert sorted(prepared.rows.column("id").to_pylist()) == [1, 3]
+            return
+        assert [schema.field(c).type for c in ("qty", "amount", "note")] == [pa.int64(), pa.decimal128(14, 2), pa.string()]
+        assert prepared.dead.num_rows == 0
+        got = {r["id"]: r for r in prepared.rows.select(["id", "qty", "amount", "note"]).to_pylist()}
+        assert got == {1: {"id": 1, "qty": 5, "amount": Decimal("10.50"), "note": None},
+                       2: {"id": 2, "qty": 2**40, "amount": Decimal("123456789012.25"), "note": "gift"},
+                       3: {"id": 3, "qty": 6, "amount": Decimal("-7.00"), "note": None}}
+    finally:
+        registry.close()
+        WORKER.clear()

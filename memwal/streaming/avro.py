@@ -38,8 +38,9 @@ import pyarrow.compute as pc
 
 from memwal.errors import InvalidArgumentError, MemwalError
 from memwal.streaming.avro_native import NativeReader, Step, conform_rows, conformable, nested_plan, plan, record_fits
-from memwal.streaming.batches import Binaries, Decoded, binary_array, bisect_failures, json_type, reason, value_offsets
-from memwal.streaming.connect import ConnectSchema
+from memwal.streaming.batches import (Binaries, Decoded, binary_array, bisect_failures, changed_fields, json_type, reason,
+                                      value_offsets)
+from memwal.streaming.connect import ConnectSchema, arrow_type
 from memwal.streaming.envelope import OP, Columns, change_rows, envelope_type, row_schema
 
 log = logging.getLogger(__name__)
@@ -281,6 +282,9 @@ class AvroDecoder:
         self._columns: dict[int, tuple[WriterSchema, Columns]] = {}
         #: Null values are Debezium's tombstones (skipped) once the topic is known to carry envelopes.
         self._envelopes = avro_schema is not None and is_envelope(json.loads(avro_schema))
+        #: Per writer schema: the fields the table lacks and those it holds narrower (see
+        #: :meth:`_changed_columns`).
+        self._changed: dict[int, tuple[WriterSchema, tuple[dict[str, pa.Field], dict[str, pa.Field]]]] = {}
 
     def _writer(self, schema_id: int | None) -> WriterSchema:
         w = self._writers.get(schema_id)
@@ -318,6 +322,8 @@ class AvroDecoder:
             bodies = arr
             schema_of = np.full(n, -1, np.int64)
         tables, positions = [], []
+        new_columns: dict[str, pa.Field] = {}
+        wider: dict[str, pa.Field] = {}
         for sid in np.unique(schema_of):
             group = np.array([i for i in np.flatnonzero(schema_of == sid) if int(i) not in errors], dtype=np.int64)
             if not len(group):
@@ -328,6 +334,9 @@ class AvroDecoder:
                 errors.update({int(i): reason(e) for i in group})
                 continue
             group_bodies = bodies.take(pa.array(group, pa.int64()))
+            new, widened = self._changed_columns(writer)
+            new_columns.update(new)
+            wider.update(widened)
             if writer.envelope:
                 got, at, bad = self._changes(writer, group_bodies, binary_array(keys).take(pa.array(group, pa.int64())))
                 tables.append(got)
@@ -367,7 +376,33 @@ class AvroDecoder:
             skipped = nulls
         rows = pa.concat_tables(tables, promote_options="default") if tables else self.parse_schema.empty_table()
         pos = np.concatenate(positions) if positions else np.zeros(0, np.int64)
-        return Decoded(rows, pos, errors, skipped)
+        return Decoded(rows, pos, errors, skipped, new_columns, wider)
+
+    def _changed_columns(self, writer: WriterSchema) -> tuple[dict[str, pa.Field], dict[str, pa.Field]]:
+        """The fields of a writer schema's rows (a Debezium envelope's ``after``, else the
+        record's own fields but the operation and sequence) that the table lacks, and those
+        whose type is wider than their column's, by their Connect types (Confluent's Avro
+        mapping). None with a reader schema (``--avro-schema``): it decides what is read."""
+        if self.reader is not None or self.registry is None:
+            return {}, {}
+        hit = self._changed.get(id(writer))
+        if hit is not None and hit[0] is writer:
+            return hit[1]
+        if writer.envelope:
+            row, skip = row_schema(writer.connect), set()
+        else:
+            row, skip = ConnectSchema.from_avro(json.loads(writer.json)), {self.op_field, self.sequence_field}
+        typed = []
+        for name, f in (row.fields if row is not None else ()):
+            if name in skip:
+                continue
+            try:
+                typed.append((name, arrow_type(f)))
+            except ValueError:  # no column type: its values stay unread
+                continue
+        found = changed_fields(self.schema, typed)
+        self._changed[id(writer)] = (writer, found)
+        return found
 
     # -- Debezium envelopes
 
@@ -393,9 +428,12 @@ class AvroDecoder:
         native = writer.read_native(bodies)
         if native is not None:
             table, fits = native
-            parts.append((pa.table([conform_struct(table.column(f.name).combine_chunks() if f.name in table.column_names
-                                                   else pa.nulls(table.num_rows), f.type) for f in env_type], schema=env_schema), fits))
-            index = np.setdiff1d(index, fits)
+            try:
+                parts.append((pa.table([conform_struct(table.column(f.name).combine_chunks() if f.name in table.column_names
+                                                       else pa.nulls(table.num_rows), f.type) for f in env_type], schema=env_schema), fits))
+                index = np.setdiff1d(index, fits)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:  # a value its column cannot take: fastavro's path names it
+                log.debug("native Avro rows do not fit the columns, fastavro decodes them: %s", reason(e))
         if len(index):
             rest = bodies if len(index) == len(bodies) else bodies.take(pa.array(index, pa.int64()))
             records, decoded, failed = writer.read(rest)
