@@ -271,8 +271,15 @@ def build_parser() -> argparse.ArgumentParser:
         "{table}_dead_letters. Offsets live in the checkpoint directory; a restarted query resumes there.",
     )
     s.add_argument("--bootstrap", required=True, metavar="HOST:PORT", help="Kafka bootstrap servers")
-    s.add_argument("--topic", required=True, metavar="T")
-    s.add_argument("--table", required=True, metavar="URI")
+    s.add_argument("--topic", metavar="T", help="the topic (with --tables-root: topics, separated by commas)")
+    s.add_argument("--table", metavar="URI", help="the table the topic's records go to")
+    s.add_argument("--topic-pattern", metavar="REGEX",
+        help="with --tables-root: every topic the regular expression matches, topics created later included")
+    s.add_argument("--tables-root", metavar="URI",
+        help="a whole database: each topic's Debezium change events into its own table under URI, named after the source "
+        "table (shop.public.orders -> URI/public.orders) and created from its first event (docs/schema-evolution.md)")
+    s.add_argument("--table-shards", type=int, default=1, metavar="N",
+        help="with --tables-root: a table created from a topic's first event is sharded bucket(first key column, N) (default 1: unsharded)")
     s.add_argument("--checkpoint", required=True, metavar="DIR",
         help="Spark checkpoint directory (offsets): a local path, or s3a://BUCKET/PATH with the table's S3 settings (AWS_* variables, --storage-option)")
     s.add_argument("--kafka-source", choices=("spark", "python"),

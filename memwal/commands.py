@@ -546,6 +546,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         # '' on the command line: records carry no operation field (all upserts)
         **({} if args.op_field is None else {"op_field": args.op_field or None}),
     )
+    if args.tables_root is not None:
+        return _ingest_database(args, options)
+    if args.table is None or args.topic is None or args.topic_pattern is not None:
+        raise InvalidArgumentError("give --topic T and --table URI (or --tables-root URI with --topic T1,T2 or --topic-pattern REGEX)")
     if args.real_time:
         return _ingest_real_time(args, options)
     # An ingest query runs for minutes to days: the full JIT (session.LONG_RUNNING_LAUNCH).
@@ -585,6 +589,40 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         f"{int(totals.get('dead_letters', 0))} dead letter(s)"
         + (f", {int(totals['skipped'])} skipped" if totals.get("skipped") else "")
     )
+    return 0
+
+
+def _ingest_database(args: argparse.Namespace, options: Any) -> int:
+    """``memwal ingest --tables-root``: a whole database's topics into one table each."""
+    from memwal.streaming import local_session
+    from memwal.streaming.database import ingest_database
+
+    if args.table is not None or (args.topic is None) == (args.topic_pattern is None):
+        raise InvalidArgumentError("--tables-root takes --topic T1,T2,... or --topic-pattern REGEX (one of them), and no --table")
+    if args.real_time or args.maintain or args.exchange != "auto" or args.adaptive_max_rows is not None:
+        raise InvalidArgumentError("--tables-root runs micro-batches through the foreachBatch sink: "
+                                   "no --real-time, --maintain, --exchange or --adaptive-max-rows (run `memwal maintain` per table)")
+    spark = local_session(**_given(cores=args.cores), master=args.master, fast_start=False)
+    server = _metrics_server(args, args.tables_root)
+    observers: list[Any] = []
+    if server is not None:
+        from memwal.observe.ingest import IngestMetrics
+
+        observers.append(IngestMetrics(server.registry))
+    job = ingest_database(
+        spark, bootstrap=args.bootstrap, root=args.tables_root, checkpoint=args.checkpoint,
+        topics=[t.strip() for t in args.topic.split(",") if t.strip()] if args.topic else (), topic_pattern=args.topic_pattern,
+        trigger_interval=args.trigger_interval, available_now=args.available_now, starting_offsets=args.starting_offsets,
+        max_offsets_per_trigger=args.max_offsets_per_trigger, options=options, storage_options=_storage(args),
+        observers=observers, shards=args.table_shards,
+    )
+    _run_until_stopped(job, spark, None)
+    for uri, totals in sorted(job.reports.table_totals().items()):
+        print(f"{uri}: {int(totals.get('rows', 0))} records, {int(totals.get('upserts', 0))} upserts, "
+              f"{int(totals.get('deletes', 0))} deletes, {int(totals.get('dead_letters', 0))} dead letter(s)")
+    totals = job.reports.totals()
+    print(f"ingested {int(totals.get('rows', 0))} records into {len(job.reports.table_totals())} table(s) "
+          f"in {int(totals.get('batches', 0))} micro-batch(es)")
     return 0
 
 

@@ -74,6 +74,11 @@ class IngestMetrics:
                                     registry=registry)
         self.written_at = Gauge("memwal_ingest_last_batch_written_timestamp_seconds",
                                 "When the last micro-batch's writes ended (Unix time)", registry=registry)
+        #: A whole-database ingest: the same counters per table (``table``: its name under the root).
+        self.table_counters = {
+            field: Counter(f"memwal_ingest_table_{name}", f"{doc}, per table of a whole-database ingest", ["table"], registry=registry)
+            for name, field, doc in _COUNTERS[:5]
+        }
         #: partitions seen, so one that vanishes from the offsets is not left at an old value
         self._partitions: set[tuple[str, str]] = set()
 
@@ -97,6 +102,10 @@ class IngestMetrics:
         self.batches.inc()
         for field, counter in self.counters.items():
             counter.inc(getattr(r, field))
+        for t in batch.tables:
+            name = t.table.rstrip("/").rpartition("/")[2]
+            for field, counter in self.table_counters.items():
+                counter.labels(name).inc(getattr(t, field))
         if batch.timing is not None:
             self.batch_seconds.observe(batch.timing.total_ms / 1000)
             for phase in PHASES:

@@ -15,6 +15,8 @@ from typing import Any
 
 _LAZY = {
     "BatchReport": "memwal.streaming.sink",
+    "DatabaseSink": "memwal.streaming.database",
+    "ingest_database": "memwal.streaming.database",
     "IngestJob": "memwal.streaming.job",
     "MemwalProgressListener": "memwal.streaming.job",
     "MemwalSink": "memwal.streaming.sink",

@@ -41,7 +41,7 @@ from memwal.streaming.avro_native import NativeReader, Step, conform_rows, confo
 from memwal.streaming.batches import (Binaries, Decoded, binary_array, bisect_failures, changed_fields, json_type, reason,
                                       value_offsets)
 from memwal.streaming.connect import ConnectSchema, arrow_type
-from memwal.streaming.envelope import OP, Columns, change_rows, envelope_type, row_schema
+from memwal.streaming.envelope import OP, Columns, EventSchema, change_rows, envelope_type, event_schema, row_schema
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +205,25 @@ class WriterSchema:
             records.append(record)
             good.append(k)
         return records, np.array(good, np.int64), errors
+
+
+def schema_from_avro_event(value: bytes, key: bytes | None, registry: str) -> EventSchema:
+    """The table a topic of Debezium's Avro change events fills, from one Confluent-framed
+    event (its value, and its key when it has one) and the writer schemas the registry holds
+    for their ids: the envelope's row fields as columns, the key's fields as the primary key."""
+    def schema_of(framed: bytes, what: str) -> Any:
+        if len(framed) < HEADER_BYTES or framed[0] != MAGIC:
+            raise InvalidArgumentError(f"the event's {what} is not in Confluent's wire format (magic byte 0, schema id)")
+        return json.loads(registry_schema(registry, int.from_bytes(framed[1:HEADER_BYTES], "big")))
+
+    envelope = schema_of(value, "value")
+    if not is_envelope(envelope):
+        raise InvalidArgumentError("the event is not a Debezium change event (an Avro record with op, before and after)")
+    row = row_schema(ConnectSchema.from_avro(envelope))
+    if row is None:
+        raise InvalidArgumentError("the change event's schema has no row fields")
+    key_schema = ConnectSchema.from_avro(schema_of(key, "key")) if key else None
+    return event_schema(row, key_schema if key_schema is not None and key_schema.type == "struct" else None)
 
 
 _REGISTRY: dict[tuple[str, int], str] = {}

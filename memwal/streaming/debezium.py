@@ -38,7 +38,7 @@ from memwal.errors import InvalidArgumentError
 from memwal.streaming.batches import (Binaries, Decoded, binary_array, bisect_failures, changed_fields, json_type, read_json_objects,
                                       value_offsets)
 from memwal.streaming.connect import ConnectSchema, arrow_type
-from memwal.streaming.envelope import OP, Columns, change_rows, envelope_type, row_schema
+from memwal.streaming.envelope import OP, Columns, EventSchema, change_rows, envelope_type, event_schema, row_schema
 
 __all__ = ["DebeziumDecoder", "EventSchema", "OP", "SchemaGroup", "schema_from_event", "schema_groups"]
 
@@ -349,15 +349,6 @@ def _naming_the_column(envelope: dict, reason: str) -> str:
     return reason
 
 
-@dataclass(frozen=True)
-class EventSchema:
-    """The table a topic of change events fills: the Arrow schema of its rows and, when the
-    event's key came with it, the primary key (the key's fields, in order)."""
-
-    schema: pa.Schema
-    primary_key: tuple[str, ...] | None
-
-
 def schema_from_event(text: bytes | str) -> EventSchema:
     """The table schema of one change event as Kafka Connect's JSON converter writes it with
     its schema (``memwal init --schema-from-debezium``): ``text`` holds the event's value,
@@ -395,10 +386,4 @@ def schema_from_event(text: bytes | str) -> EventSchema:
     if row is None:
         raise InvalidArgumentError("no change event with its schema found: give a Debezium value as Kafka Connect's JSON converter "
                                    "writes it with schemas.enable=true ({\"schema\": {...}, \"payload\": {...}})")
-    fields = []
-    for name, f in row.fields:
-        try:
-            fields.append(pa.field(name, arrow_type(f), nullable=f.optional))
-        except ValueError as e:
-            raise InvalidArgumentError(f"column {name!r}: {e}") from None
-    return EventSchema(pa.schema(fields), tuple(n for n, _ in key.fields) if key is not None else None)
+    return event_schema(row, key)

@@ -16,13 +16,15 @@ them into the table's rows, the same for both.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal.streaming.connect import ConnectSchema, convert, parse_type
+from memwal.errors import InvalidArgumentError
+from memwal.streaming.connect import ConnectSchema, arrow_type, convert, parse_type
 
 #: The column of decoded rows holding the operation (not a table column: those may not start with "_").
 OP = "__memwal_debezium_op"
@@ -59,6 +61,27 @@ class Columns:
                 errors.setdefault(j, why)
             out[c] = got.array
         return out
+
+
+@dataclass(frozen=True)
+class EventSchema:
+    """The table a topic of change events fills: the Arrow schema of its rows and, when the
+    event's key came with it, the primary key (the key's fields, in order)."""
+
+    schema: pa.Schema
+    primary_key: tuple[str, ...] | None
+
+
+def event_schema(row: ConnectSchema, key: ConnectSchema | None) -> EventSchema:
+    """The table of change events whose rows have the Connect schema ``row`` (and keys ``key``):
+    each column of the natural Arrow type of its Connect type, nullable as it is optional."""
+    fields = []
+    for name, f in row.fields:
+        try:
+            fields.append(pa.field(name, arrow_type(f), nullable=f.optional))
+        except ValueError as e:
+            raise InvalidArgumentError(f"column {name!r}: {e}") from None
+    return EventSchema(pa.schema(fields), tuple(n for n, _ in key.fields) if key is not None and key.fields else None)
 
 
 def row_schema(value: ConnectSchema | None) -> ConnectSchema | None:

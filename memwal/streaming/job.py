@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 from memwal.storage import StorageConfig
 
@@ -109,7 +109,8 @@ class MemwalProgressListener(_listener_base()):  # type: ignore[misc]
         if self.observers:
             src = p.sources[0] if p.sources else None
             batch = BatchProgress(p.batchId, p.numInputRows, report, self.timings.get(p.batchId), decision,
-                                  partition_lag(src.endOffset, src.latestOffset) if src is not None else ())
+                                  partition_lag(src.endOffset, src.latestOffset) if src is not None else (),
+                                  self.reports.tables(p.batchId))
             for observe in self.observers:
                 try:
                     observe(batch)
@@ -145,6 +146,8 @@ class IngestJob:
     #: With an exchange by shard between reading and writing (:data:`EXCHANGES`), the sink
     #: that runs it (``foreachBatch``); None when the tasks that read also write (one stage).
     sink: MemwalSink | None = None
+    #: A whole-database ingest: the tables written (:meth:`DatabaseSink.table_uris`) instead of :attr:`table_uri`.
+    tables: Callable[[], list[str]] | None = None
 
     def await_termination(self, timeout: float | None = None) -> bool:
         """Wait for the query; for an ``availableNow`` run that ended, flush what the
@@ -174,9 +177,10 @@ class IngestJob:
 
             # The writers stay open in the executors' writer processes (they exit when idle):
             # claiming a shard from here replays and flushes what they still hold.
-            flushed = Table.open(self.table_uri, self.storage).flush_stranded(0)
-            if flushed:
-                log.info("flushed %d shard(s) left unflushed by the stopped query", len(flushed))
+            for uri in self.tables() if self.tables is not None else [self.table_uri]:
+                flushed = Table.open(uri, self.storage).flush_stranded(0)
+                if flushed:
+                    log.info("flushed %d shard(s) of %s left unflushed by the stopped query", len(flushed), uri)
 
 
 #: Rows of a micro-batch each Python task gets at least: read tasks group topic-partitions
@@ -253,7 +257,8 @@ def read_tasks(bound: int | None, min_rows_per_task: int | None, slots: int) -> 
 def kafka_stream(spark, bootstrap: str, topic: str, *, starting_offsets: str = "earliest",
                  max_offsets_per_trigger: int | None = None, kafka_options: dict[str, str] | None = None,
                  prepare_for: MemwalSink | None = None, min_records_per_read_task: int | None = MIN_ROWS_PER_TASK,
-                 adaptive: AdaptiveSizing | None = None, kafka_source: str | None = None, whole_partitions: bool = False):
+                 adaptive: AdaptiveSizing | None = None, kafka_source: str | None = None, whole_partitions: bool = False,
+                 pattern: bool = False):
     """A Kafka topic as a streaming DataFrame with the schema of Spark's Kafka source (key,
     value, topic, partition, offset, timestamp, timestampType), read by ``kafka_source``
     (:data:`KAFKA_SOURCES`; default: Spark's connector when it is on the classpath, see
@@ -276,14 +281,19 @@ def kafka_stream(spark, bootstrap: str, topic: str, *, starting_offsets: str = "
     :func:`read_tasks` by whole topic-partitions, never split: a task reads each of its
     partitions in offset order, and no two tasks hold records of one partition (what a writer
     in the reading task needs to apply a key's records in order).
+
+    ``pattern``: ``topic`` is a regular expression naming the topics to read (Spark's
+    ``subscribePattern``; Spark's connector only); else a topic, or topics separated by commas.
     """
     source = choose_kafka_source(spark, kafka_source)
+    if pattern and source != "spark":
+        raise ValueError("a topic pattern needs Spark's Kafka connector (kafka_source='spark')")
     if source == "spark":
         limit = adaptive.ceiling if adaptive is not None else max_offsets_per_trigger
         reader = (
             spark.readStream.format("kafka")
             .option("kafka.bootstrap.servers", bootstrap)
-            .option("subscribe", topic)
+            .option("subscribePattern" if pattern else "subscribe", topic)
             .option("startingOffsets", starting_offsets)
         )
         if limit:

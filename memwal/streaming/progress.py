@@ -76,6 +76,8 @@ class BatchProgress:
     size: SizeDecision | None
     #: per topic-partition lag after the batch (empty when the source reports no offsets)
     lag: tuple[PartitionLag, ...] = ()
+    #: a whole-database ingest's batch: what it wrote to each table (:attr:`WriteReport.table`)
+    tables: tuple[WriteReport, ...] = ()
 
     @property
     def records(self) -> int:

@@ -35,6 +35,10 @@ class Reports:
         #: Counters summed over every micro-batch: kept apart from the reports, which forget
         #: old batches, so totals keep growing however long the query runs.
         self._totals: dict[str, float] = {"batches": 0}
+        #: A whole-database ingest's batches: their per-table reports (the newest batches),
+        #: and totals per table over every batch.
+        self._tables: dict[int, tuple[WriteReport, ...]] = {}
+        self._table_totals: dict[str, dict[str, float]] = {}
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, object]:
@@ -45,7 +49,9 @@ class Reports:
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__init__(state["directory"])  # type: ignore[misc, arg-type]
 
-    def record(self, report: WriteReport) -> None:
+    def record(self, report: WriteReport, tables: tuple[WriteReport, ...] = ()) -> None:
+        """Record a batch's report; ``tables``: its per-table reports, when it wrote several
+        tables (``report`` is then their sum, :meth:`WriteReport.combined`)."""
         with self._lock:
             self._reports.append(report)
             self._reports.sort(key=lambda r: -1 if r.batch_id is None else r.batch_id)
@@ -53,6 +59,25 @@ class Reports:
             for k, v in report.counters().items():
                 self._totals[k] = self._totals.get(k, 0) + v
             self._totals["batches"] += 1
+            if tables and report.batch_id is not None:
+                self._tables[report.batch_id] = tuple(tables)
+                for old in sorted(self._tables)[:-KEPT_REPORTS]:
+                    del self._tables[old]
+                for t in tables:
+                    totals = self._table_totals.setdefault(t.table, {"batches": 0})
+                    for k, v in t.counters().items():
+                        totals[k] = totals.get(k, 0) + v
+                    totals["batches"] += 1
+
+    def tables(self, batch_id: int) -> tuple[WriteReport, ...]:
+        """The per-table reports of a batch that wrote several tables (else none)."""
+        with self._lock:
+            return self._tables.get(batch_id, ())
+
+    def table_totals(self) -> dict[str, dict[str, float]]:
+        """Per table written: its counters summed over the batches that wrote it."""
+        with self._lock:
+            return {t: dict(v) for t, v in self._table_totals.items()}
 
     def _collect(self) -> None:
         """Record the reports other processes left in :attr:`directory`, and remove their files."""

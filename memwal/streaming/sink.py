@@ -42,6 +42,7 @@ import logging
 import pickle
 import time
 from dataclasses import replace
+from typing import Any, Callable
 
 import pyarrow as pa
 
@@ -85,6 +86,29 @@ def spark_interruption(e: BaseException) -> str | None:
     except Exception:  # noqa: BLE001 - an error that cannot render is not recognisably an interruption
         return None
     return next((name for name in _INTERRUPTIONS if name in text), None)
+
+
+def interruptible(write: Callable[[Any, int], None], df: Any, batch_id: int) -> None:
+    """``write(df, batch_id)``, a ``foreachBatch`` function's body, with Spark's interruption
+    of a stopping query raised so that Spark sees a stop, not a failure."""
+    try:
+        write(df, batch_id)
+    except Exception as e:
+        interruption = spark_interruption(e)
+        if interruption is None:
+            raise
+        # The cause is dropped below; an interruption that was not a stop stays traceable.
+        log.info("micro-batch %d interrupted (%s): %s", batch_id, interruption, str(e).strip().splitlines()[0][:500])
+        # Spark tells a stop from a failure by matching the Python traceback against a
+        # regex that recurses once per character (SPARK-39218's "Py4JJavaError: An error
+        # occurred while calling ... InterruptedException"): the Java stack trace inside
+        # the original error overflowed the stream thread's stack (StackOverflowError in
+        # java.util.regex) instead of stopping the query. A short error, without its
+        # cause, still matches.
+        raise BatchInterruptedError(
+            f"micro-batch {batch_id} interrupted: its query is stopping "
+            f"(py4j.protocol.Py4JJavaError: An error occurred while calling the JVM: {interruption})"
+        ) from None
 
 
 class MemwalSink:
@@ -190,24 +214,7 @@ class MemwalSink:
         )
 
     def __call__(self, df, batch_id: int) -> None:
-        try:
-            self._write_batch(df, batch_id)
-        except Exception as e:
-            interruption = spark_interruption(e)
-            if interruption is None:
-                raise
-            # The cause is dropped below; an interruption that was not a stop stays traceable.
-            log.info("micro-batch %d interrupted (%s): %s", batch_id, interruption, str(e).strip().splitlines()[0][:500])
-            # Spark tells a stop from a failure by matching the Python traceback against a
-            # regex that recurses once per character (SPARK-39218's "Py4JJavaError: An error
-            # occurred while calling ... InterruptedException"): the Java stack trace inside
-            # the original error overflowed the stream thread's stack (StackOverflowError in
-            # java.util.regex) instead of stopping the query. A short error, without its
-            # cause, still matches.
-            raise BatchInterruptedError(
-                f"micro-batch {batch_id} interrupted: its query is stopping "
-                f"(py4j.protocol.Py4JJavaError: An error occurred while calling the JVM: {interruption})"
-            ) from None
+        interruptible(self._write_batch, df, batch_id)
 
     def _write_batch(self, df, batch_id: int) -> None:
         from pyspark.sql import functions as F

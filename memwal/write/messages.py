@@ -230,6 +230,9 @@ class WriteReport:
     shared_shards: int = 0
     #: Why the micro-batch has its size (adaptive micro-batches); "" when sizes are fixed.
     size_reason: str = ""
+    #: The table written ("" where one query writes one table; a whole-database ingest's
+    #: per-table reports name theirs, :mod:`memwal.streaming.database`).
+    table: str = ""
 
     @classmethod
     def of(cls, messages: Iterable[WriteMessage], batch_id: int | None = None, **extra: Any) -> "WriteReport":
@@ -264,8 +267,27 @@ class WriteReport:
             setattr(report, k, v)
         return report
 
+    @classmethod
+    def combined(cls, parts: Iterable["WriteReport"], batch_id: int | None = None, **extra: Any) -> "WriteReport":
+        """Reports of one batch's writes to several tables as one (counters summed, extremes
+        kept; ``extra``: fields set as given)."""
+        report = cls(batch_id=batch_id)
+        for p in parts:
+            for name, value in p.counters().items():
+                if name.endswith("_max"):
+                    setattr(report, name, max(getattr(report, name), value))
+                else:
+                    setattr(report, name, getattr(report, name) + value)
+            report.oldest_record_ms = _lo(report.oldest_record_ms, p.oldest_record_ms)
+            report.newest_record_ms = _hi(report.newest_record_ms, p.newest_record_ms)
+            report.written_at = max(report.written_at, p.written_at)
+            report.stages = max(report.stages, p.stages)
+        for name, value in extra.items():
+            setattr(report, name, value)
+        return report
+
     def line(self) -> str:
-        what = "write" if self.batch_id is None else f"batch {self.batch_id}"
+        what = ("write" if self.batch_id is None else f"batch {self.batch_id}") + (f" of {self.table}" if self.table else "")
         return (
             f"{what}: {self.rows} rows ({self.upserts} upserts, {self.deletes} deletes"
             + (f", {self.stale_dropped} stale" if self.stale_dropped else "")
