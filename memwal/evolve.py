@@ -142,6 +142,16 @@ class SchemaUpdate:
                     f"cannot widen {f.name!r}: rows are matched, routed or indexed by it (a changed key is a new table)")
             if f.name in self._drop or sum(g.name == f.name for g in self._widen) > 1:
                 raise InvalidArgumentError(f"column {f.name!r} is changed twice in one update")
+        changed = set(self._drop) | {f.name for f in self._widen}
+        if changed:
+            from memwal.views.view import View, list_views
+
+            for view in list_views(self.state):
+                read = set(View.open(self.state, view).definition.columns_used(names)) & changed
+                if read:
+                    raise InvalidArgumentError(
+                        f"cannot drop or widen {', '.join(sorted(read))}: materialized view {view!r} reads it "
+                        "(drop the view, change the table, then create the view again)")
         if not self._add and not self._drop and not self._widen:
             raise InvalidArgumentError("nothing to change: add_column, widen_column or drop_column first")
         stored = self._stored_names() if self._add else set()

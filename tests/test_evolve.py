@@ -666,3 +666,18 @@ def test_avro_from_a_registry_follows_added_and_widened_source_fields(tmp_path, 
     finally:
         registry.close()
         WORKER.clear()
+
+
+def test_a_column_a_view_reads_is_not_dropped_or_widened_under_it(table_uri):
+    from memwal.views.view import View
+
+    t = Table.create(table_uri, WIDE, ["id"], "bucket(id, 2)")
+    t.write(pa.Table.from_pylist(wide_rows(range(30), 1), schema=WIDE))
+    View.create(table_uri, "big", select=["name", "qty * 2 AS q2"], where="price > 10")
+    for change in (lambda u: u.drop_column("qty"), lambda u: u.widen_column("price", pa.decimal128(20, 2))):
+        with pytest.raises(InvalidArgumentError):
+            change(t.update_schema()).commit()
+    t.update_schema().drop_column("day").commit()  # a column it does not read
+    assert "day" not in t.schema.names and t.schema.field("qty").type == pa.int32()
+    View.open(table_uri, "big").refresh()
+    t.close()
