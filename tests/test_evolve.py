@@ -681,3 +681,20 @@ def test_a_column_a_view_reads_is_not_dropped_or_widened_under_it(table_uri):
     assert "day" not in t.schema.names and t.schema.field("qty").type == pa.int32()
     View.open(table_uri, "big").refresh()
     t.close()
+
+
+def test_the_format_and_ingest_pass_the_evolve_mode_on():
+    """``memwal ingest --evolve`` reaches the tasks on the one-stage path too (``format("memwal")``'s ``evolve``)."""
+    from memwal.spark.options import FormatOptions
+    from memwal.spark.write import sink_options
+    from memwal.storage import StorageConfig
+    from memwal.streaming import SinkOptions
+    from memwal.streaming.job import format_options
+
+    kafka = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
+    for mode in ("none", "add", "compatible"):
+        given = format_options(SinkOptions(source="kafka-json", value_format="debezium-json", evolve=mode), StorageConfig())
+        opts = FormatOptions.parse({**given, "path": "/tmp/t"}, environ={})
+        assert sink_options(opts, kafka, ["id"], streaming=True).evolve == mode
+    with pytest.raises(InvalidArgumentError):
+        FormatOptions.parse({"path": "/tmp/t", "evolve": "sometimes"}, environ={})

@@ -100,6 +100,9 @@ class FormatOptions:
     avro_schema_id: int | None = None
     #: With "avro": values carry Confluent's header; writer schemas come from this registry URL.
     schema_registry: str | None = None
+    #: When the records' own schemas differ from the table's columns: "compatible", "add" or
+    #: "none" (``SinkOptions.evolve``, docs/schema-evolution.md).
+    evolve: str = "compatible"
     #: Rows larger than this go to the dead-letter table.
     max_row_bytes: int = 8 << 20
     #: Dead-letter table (default ``{table}_dead_letters``).
@@ -172,6 +175,8 @@ class FormatOptions:
             raise InvalidArgumentError(f"option operation={self.operation!r}: upsert or delete")
         if self.merge not in ("full", "partial"):
             raise InvalidArgumentError(f"option merge={self.merge!r}: full or partial")
+        if self.evolve not in ("compatible", "add", "none"):
+            raise InvalidArgumentError(f"option evolve={self.evolve!r}: compatible, add or none")
         if self.input not in ("auto", "kafka", "columns"):
             raise InvalidArgumentError(f"option input={self.input!r}: auto, kafka or columns")
         if self.drop_stale and not self.sequence_column:

@@ -98,6 +98,7 @@ def sink_options(opts: FormatOptions, columns: list[str], table_columns: list[st
         avro_schema_id=opts.avro_schema_id,
         schema_registry=opts.schema_registry,
         writer_process_idle_seconds=opts.writer_process_idle_seconds,
+        evolve=opts.evolve,
     )
 
 

@@ -470,7 +470,7 @@ def exchange_needed(spark, exchange: str = "auto") -> bool:
 def format_options(options: SinkOptions, storage: StorageConfig, report_dir: str | None = None) -> dict[str, str]:
     """The ``format("memwal")`` writer options that write Kafka records as ``options`` says."""
     out: dict[str, str] = {"input": "kafka", "valueFormat": options.value_format, "opField": options.op_field or "",
-                           "merge": options.merge, "maxRowBytes": str(options.max_row_bytes),
+                           "merge": options.merge, "maxRowBytes": str(options.max_row_bytes), "evolve": options.evolve,
                            "flushIntervalSeconds": "none" if options.flush_interval_seconds is None else str(options.flush_interval_seconds)}
     for key, value in (("sequenceColumn", options.sequence_field), ("deadLetterTable", options.dead_letter_uri),
                        ("avroSchema", options.avro_schema), ("avroSchemaId", options.avro_schema_id),
