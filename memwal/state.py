@@ -175,8 +175,8 @@ class TableState:
             marker = json.loads(self.io.read(paths.base_pause(self.uri)))
         except FileNotFoundError:
             return None
-        except (OSError, ValueError):  # unreadable: a half-written marker is a pause that ends soon
-            return "a schema change (its pause marker cannot be read)"
+        except ValueError:  # a marker being written: a pause
+            return "a schema change (its pause marker is being written)"
         if float(marker.get("until", 0)) <= (time.time() if now is None else now):
             return None
         return str(marker.get("why", "a schema change"))
