@@ -312,13 +312,14 @@ class Compactor:
         return result
 
     def compact_run(self, shard_id: str) -> CompactionResult | None:
-        """Compact the next run of generations of ``shard_id``; None if nothing is pending.
+        """Compact the next run of generations of ``shard_id``; None if nothing is pending (or
+        the base is paused: :meth:`TableState.base_paused`).
 
         Raises :class:`StaleCompactionError` if another compactor committed the run first.
         """
         t0 = time.perf_counter()
         plan = self.plan(shard_id)
-        if plan is None:
+        if plan is None or self.state.base_paused():
             return None
         result = self.commit(plan)
         return replace(result, seconds=time.perf_counter() - t0)
@@ -468,10 +469,13 @@ class Compactor:
     def _commit_round(
         self, plans: list["CompactionPlan"], on_damage: Callable[[str, Exception], None] | None
     ) -> tuple[list[CompactionResult], int, set[str]]:
-        """Commit one round's plans: (results, races lost, shards found damaged)."""
+        """Commit one round's plans: (results, races lost, shards found damaged). Nothing when
+        the base was paused while they were planned (a widening began: memwal.evolve)."""
         done: list[CompactionResult] = []
         lost = 0
         damaged: set[str] = set()
+        if self.state.base_paused():
+            return done, lost, damaged
         joint = self._joinable(plans)
         if joint:
             try:

@@ -198,7 +198,7 @@ class SchemaUpdate:
             # A widened column's older selves go with it: nothing may read them as a later
             # column of the same name.
             older = widened_sources(after_add.schema.names)
-            after_add.alter_columns(*({"path": old, "name": f"{DROPPED_PREFIX}{after_add.version}{old}"}
+            after_add.alter_columns(*({"path": old, "name": f"{DROPPED_PREFIX}{after_add.version}_{old}"}
                                       for name in self._drop for old in (name, *older.get(name, ())) if old))
         if self._widen:
             self._widen_columns()
@@ -212,54 +212,96 @@ class SchemaUpdate:
         return change
 
     def _widen_columns(self) -> None:
-        """Widen :attr:`_widen`'s columns: with the base's other commits paused, merge each
-        column's values cast into a hidden column, then one commit renames the narrow column out
-        of sight and the hidden one to its name; then check that no row was missed."""
+        """Widen :attr:`_widen`'s columns: holding the base pause (a marker made only if absent:
+        one widening at a time), merge each column's values cast into a hidden column, then one
+        commit renames the narrow column out of sight and the hidden one to its name; then
+        check that no row was missed. A column another widening made as wide meanwhile is left."""
         io, marker = self.state.io, paths.base_pause(self.state.uri)
         names = [f.name for f in self._widen]
-        io.write(marker, json.dumps({"until": time.time() + WIDEN_PAUSE_SECONDS, "why": f"widening {', '.join(names)}"}).encode())
+        self._hold_pause(marker, names)
         try:
+            base = self.state.dataset()
+            todo = []
+            for f in self._widen:  # again, under the pause: another widening may have run meanwhile
+                now = base.schema.field(f.name).type if f.name in base.schema.names else None
+                if now is not None and now.equals(f.type):
+                    continue
+                if now is None or not is_widening(now, f.type):
+                    raise SchemaMismatchError(f"cannot change {f.name!r} from {now} to {f.type}: it changed meanwhile")
+                todo.append(f)
+            if not todo:
+                return
+            names = [f.name for f in todo]
             for attempt in range(WIDEN_ATTEMPTS):
                 ds = self.state.dataset()
-                stage = {f.name: f"_widening_{ds.version}_{f.name}" for f in self._widen}
+                stage = {f.name: f"_widening_{ds.version}_{f.name}" for f in todo}
                 rows = ds.to_table(columns=names, with_row_id=True)
-                cast = pa.table({"_rowid": rows.column("_rowid"),
-                                 **{stage[f.name]: rows.column(f.name).cast(f.type) for f in self._widen}})
+                cast = pa.table({"_rowid": rows.column("_rowid"), **{stage[f.name]: rows.column(f.name).cast(f.type) for f in todo}})
                 try:
                     if cast.num_rows:
                         ds.merge(cast, left_on="_rowid")
                     else:  # Lance's merge joins nothing to nothing: an empty base takes all-null columns
-                        ds.add_columns(pa.schema([pa.field(stage[f.name], f.type) for f in self._widen]))
+                        ds.add_columns(pa.schema([pa.field(stage[f.name], f.type) for f in todo]))
                     break
                 except OSError as e:  # a compaction begun before the pause committed first
                     if not is_commit_conflict(e) or attempt == WIDEN_ATTEMPTS - 1:
                         raise
                     log.info("widening %s: the base moved on (%s); casting again", names, e)
+            self._renew_pause(marker, names)
             merged = self.state.dataset()
             hidden = {name: f"{WIDENED_PREFIX}{merged.version}_{name}" for name in names}
             merged.alter_columns(*({"path": name, "name": hidden[name]} for name in names),
                                  *({"path": stage[name], "name": name} for name in names))
+            self._renew_pause(marker, names)
             self._repair_missed(hidden)
         finally:
             io.remove(marker)
 
+    def _hold_pause(self, marker: str, names: list[str]) -> None:
+        """Make the pause marker, waiting while another widening holds it (one that died holds
+        it until the time it gave)."""
+        deadline = time.monotonic() + WIDEN_PAUSE_SECONDS
+        while not self.state.io.write_if_absent(marker, self._pause_text(names)):
+            if self.state.base_paused() is None:  # expired: its widening died
+                self.state.io.remove(marker)
+                continue
+            if time.monotonic() > deadline:
+                raise SchemaMismatchError(f"cannot widen {', '.join(names)}: another schema change holds the table "
+                                          f"({paths.base_pause(self.state.uri)})")
+            time.sleep(0.2)
+
+    def _renew_pause(self, marker: str, names: list[str]) -> None:
+        self.state.io.write(marker, self._pause_text(names))
+
+    @staticmethod
+    def _pause_text(names: list[str]) -> bytes:
+        return json.dumps({"until": time.time() + WIDEN_PAUSE_SECONDS, "why": f"widening {', '.join(names)}"}).encode()
+
     def _repair_missed(self, hidden: dict[str, str]) -> None:
         """Rows whose wide column differs from their narrow one after the swap were written by a
         commit that slipped in between the cast and the merge (Lance let it): set from the
-        narrow value, under the pause still."""
+        narrow value, under the pause still. Without Lance's retry: a commit that conflicts is
+        redone on what the base holds then, so no newer row is overwritten."""
         from memwal.feed import rows_by_key
 
         pk = list(self.state.primary_key)
         for name, old in hidden.items():
-            ds = self.state.dataset()
-            wide = ds.schema.field(name).type
-            rows = ds.to_table(columns=list(dict.fromkeys([*pk, name, old])))
-            differs = pc.and_(pc.is_valid(rows.column(old)),
-                              pc.fill_null(pc.not_equal(rows.column(name), rows.column(old).cast(wide)), True))
-            keys = rows.filter(differs).select(pk)
-            if not keys.num_rows:
-                continue
-            log.warning("widening %s: %d row(s) written during the cast; setting them", name, keys.num_rows)
-            full = rows_by_key(ds, keys, ds.schema.names, pk)
-            full = full.set_column(full.schema.get_field_index(name), name, full.column(old).cast(wide))
-            ds.merge_insert(pk).when_matched_update_all().execute(full)
+            for attempt in range(WIDEN_ATTEMPTS):
+                ds = self.state.dataset()
+                wide = ds.schema.field(name).type
+                rows = ds.to_table(columns=list(dict.fromkeys([*pk, name, old])))
+                new, was = rows.column(name), rows.column(old).cast(wide)
+                same = pc.fill_null(pc.equal(new, was), False)
+                if pa.types.is_floating(wide):  # NaN is NaN
+                    same = pc.or_(same, pc.fill_null(pc.and_(pc.is_nan(new), pc.is_nan(was)), False))
+                keys = rows.filter(pc.and_(pc.is_valid(rows.column(old)), pc.invert(same))).select(pk)
+                if not keys.num_rows:
+                    break
+                log.warning("widening %s: %d row(s) written during the cast; setting them", name, keys.num_rows)
+                full = rows_by_key(ds, keys, ds.schema.names, pk)
+                full = full.set_column(full.schema.get_field_index(name), name, full.column(old).cast(wide))
+                try:
+                    ds.merge_insert(pk).when_matched_update_all().conflict_retries(0).execute(full)
+                except OSError as e:
+                    if not is_commit_conflict(e) or attempt == WIDEN_ATTEMPTS - 1:
+                        raise

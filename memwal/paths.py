@@ -13,6 +13,7 @@ memwal's own files live next to Lance's, never inside Lance's directories::
 
     {table}/_memwal/maintenance.json                  the maintenance service's last metrics
     {table}/_memwal/base-paused.json                  a widening in progress: no base commit but its own
+    {table}/_memwal/source.json                       the topic a whole-database ingest fills the table from
     {table}/_memwal/views/{name}/                     materialized view metadata
     {table}/_memwal/views/{name}/_memwal_hold.json    generations the view still has to read (GC keeps them)
     {table}/_memwal/feeds/{name}.json                 a change-feed consumer's position and hold
@@ -144,6 +145,11 @@ def base_pause(table: str) -> str:
     """While a column is widened (:mod:`memwal.evolve`): maintenance commits nothing to the base
     until this marker is gone or expired (JSON: until when, and why)."""
     return join(table, MEMWAL_META_DIR, "base-paused.json")
+
+
+def source_topic(table: str) -> str:
+    """The Kafka topic a whole-database ingest fills the table from (JSON), claimed once."""
+    return join(table, MEMWAL_META_DIR, "source.json")
 
 
 def maintenance_metrics(table: str) -> str:

@@ -151,12 +151,12 @@ def stored_columns(stored: Sequence[str], wanted: Sequence[str]) -> list[str]:
 
 
 def needs_evolving(stored: pa.Schema, wanted: pa.Schema) -> bool:
-    """Whether data stored as ``stored`` is not simply ``wanted``'s columns (a column added,
-    dropped or widened since): then :func:`as_evolved` must read it."""
+    """Whether data stored as ``stored`` lacks some of ``wanted``'s columns or holds one in a
+    narrower type (a column added or widened since): then :func:`as_evolved` must read it.
+    (Whether a widened column's hidden older self holds values is the data's to say: only
+    rows a writer replayed from before the widening put any there.)"""
     have = {f.name: f.type for f in stored}
-    if any(have.get(f.name) is None or not have[f.name].equals(f.type) for f in wanted):
-        return True
-    return bool(widened_sources(stored.names).keys() & set(wanted.names))
+    return any(have.get(f.name) is None or not have[f.name].equals(f.type) for f in wanted)
 
 
 def as_evolved(data: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -173,7 +173,7 @@ def as_evolved(data: pa.Table, schema: pa.Schema) -> pa.Table:
     hidden narrower column (:data:`WIDENED_PREFIX`) and null in the wide one: the wide column
     is the first non-null of the two."""
     if (data.schema.names == schema.names and all(a.type.equals(b.type) for a, b in zip(data.schema, schema))
-            and not any(n.startswith(WIDENED_PREFIX) for n in schema.names)):
+            and not any(n.startswith(WIDENED_PREFIX) and data.column(n).null_count < data.num_rows for n in schema.names)):
         return data
     have = set(data.schema.names)
     sources = widened_sources(data.schema.names)
@@ -191,11 +191,15 @@ def as_evolved(data: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def takes(schema: pa.Schema, rows: pa.Schema) -> bool:
-    """Whether a writer (or a table state) of ``schema`` takes rows of ``rows``' columns as they
-    are: none added or widened since it was made."""
+    """Whether a writer (or a table state) of ``schema`` takes rows of ``rows``' columns: none
+    added or widened since it was made (rows of a column narrower than its, conformed before a
+    widening, it takes: :func:`as_evolved` casts them)."""
     for f in rows:
         i = schema.get_field_index(f.name)
-        if i < 0 or not schema.field(i).type.equals(f.type):
+        if i < 0:
+            return False
+        t = schema.field(i).type
+        if not t.equals(f.type) and not is_widening(f.type, t):
             return False
     return True
 

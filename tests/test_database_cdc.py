@@ -94,6 +94,8 @@ def test_one_query_syncs_a_three_table_database(spark, kafka, tmp_path):
     orders, customers, items = _tables(server)
     for t in (orders, customers, items):
         kafka.create_topic(f"{server}.public.{t.table}", 2)
+    twin = PostgresTable(orders.columns, ["id"], server=f"{server}x", table="orders")  # another server's orders: named alike
+    kafka.create_topic(f"{server}x.public.orders", 1)
     root = str(tmp_path / "shop")
     rng = random.Random(46)
     dbs: dict[str, dict] = {"orders": {}, "customers": {}, "items": {}}
@@ -107,7 +109,7 @@ def test_one_query_syncs_a_three_table_database(spark, kafka, tmp_path):
             produce(kafka, f"{server}.public.{table.table}", records + extra)
         run.calls += 1
         job = ingest_database(spark, bootstrap=kafka.bootstrap, root=root, checkpoint=str(tmp_path / "ckpt"),
-                              topic_pattern=rf"{server}\.public\..*", available_now=True, max_offsets_per_trigger=250,
+                              topic_pattern=rf"{server}x?\.public\..*", available_now=True, max_offsets_per_trigger=250,
                               options=SinkOptions(source="kafka-json", value_format="debezium-json"), observers=[metrics])
         job.await_termination()
         assert job.query.exception() is None
@@ -136,6 +138,9 @@ def test_one_query_syncs_a_three_table_database(spark, kafka, tmp_path):
                           Column("note", "text")], ["sku"], server=server, table="items")
     for row in dbs["items"].values():
         row["note"] = None
+    twins = [(twin.key_of(r), twin.event("c", None, r, lsn=i, commit_ms=i, txid=i), 0)
+             for i, r in enumerate(random_order(rng, 10**6 + i, i) for i in range(3))]
+    produce(kafka, f"{server}x.public.orders", twins)
     job = run([(wide, 150, lambda r, i: _item(r, i, wide=True), []), (customers, 80, _customer, [])])
     t = Table.open(f"{root}/public.items")
     assert t.schema.field("qty").type.bit_width == 64 and "note" in t.schema.names
@@ -144,10 +149,13 @@ def test_one_query_syncs_a_three_table_database(spark, kafka, tmp_path):
     assert [json.loads(d["key"])["payload"]["sku"] for d in dead] == ["sku-bad"] and dead[0]["error"]
     for name in ("orders", "customers"):
         assert read_dead_letters(dead_letter_uri(f"{root}/public.{name}")).num_rows == 0
+    # the twin's records: the root's dead letters (the orders table is the first topic's), counted
+    assert sorted(d["topic"] for d in read_dead_letters(f"{root}/_dead_letters").to_pylist()) == [f"{server}x.public.orders"] * 3
+    assert job.reports.table_totals()[f"{root}/_dead_letters"]["dead_letters"] == 3
     counted = {name: registry.get_sample_value("memwal_ingest_table_records_total", {"table": f"public.{name}"})
                for name in ("orders", "customers", "items")}
     assert counted == {"orders": 200, "customers": 230, "items": 301}
-    assert sorted(job.reports.table_totals()) == [f"{root}/public.customers", f"{root}/public.items"]  # this run's tables
+    assert sorted(job.reports.table_totals()) == [f"{root}/_dead_letters", f"{root}/public.customers", f"{root}/public.items"]
 
 
 def test_memwal_ingest_takes_a_tables_root_with_topics_or_a_pattern(tmp_path):

@@ -698,3 +698,40 @@ def test_the_format_and_ingest_pass_the_evolve_mode_on():
         assert sink_options(opts, kafka, ["id"], streaming=True).evolve == mode
     with pytest.raises(InvalidArgumentError):
         FormatOptions.parse({"path": "/tmp/t", "evolve": "sometimes"}, environ={})
+
+
+def test_two_widenings_of_one_column_at_once_make_one_and_a_narrow_handle_keeps_its_writers(table_uri):
+    """Tasks of one micro-batch race to widen the same column: one widens it, the others find it
+    done. A handle still of the narrow columns then writes through writers claimed after the
+    widening without reopening them (its rows are cast)."""
+    narrow = Table.create(table_uri, WIDE, ["id"], "bucket(id, 2)")
+    model: dict = {}
+    batch = wide_rows(range(50), 1)
+    narrow.write(pa.Table.from_pylist(batch, schema=WIDE))
+    model.update((r["id"], r) for r in batch)
+    narrow.flush()
+    Compactor(narrow.state).run_once()
+    errors: list[Exception] = []
+
+    def widen() -> None:
+        try:
+            Table.open(table_uri).update_schema().widen_column("qty", pa.int64()).commit()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    racers = [threading.Thread(target=widen) for _ in range(3)]
+    for th in racers:
+        th.start()
+    for th in racers:
+        th.join()
+    assert not errors, errors
+    names = lance.dataset(table_uri).schema.names
+    assert sum(n.startswith("_widened_") for n in names) == 1, names
+    reports = []
+    for tag in range(2, 7):
+        batch = wide_rows(range(tag * 5, tag * 5 + 20), tag)
+        reports.append(narrow.write(pa.Table.from_pylist(batch, schema=WIDE)))
+        model.update((r["id"], r) for r in batch)
+    assert sum(r.flushes for r in reports) == 0 and sum(r.writer_opens for r in reports) <= 2
+    check(table_uri, model, Table.open(table_uri).schema.names)
+    narrow.close()

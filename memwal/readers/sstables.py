@@ -154,11 +154,22 @@ class SSTableCache:
 
     def _decide_missing(self, path: str, columns: Sequence[str] | None) -> bool:
         stored = self._stored(path)
+        widened = widened_sources(stored.names).keys() & set(self.schema.names if columns is None and self.schema is not None else columns or ())
+        if widened and self._replayed_values(path, widened):
+            return True
         if columns is None:
             return self.schema is not None and (stored.names != self.schema.names or needs_evolving(stored, self.schema))
         if self.schema is None:  # types are the caller's to conform
-            return any(c not in stored.names for c in columns) or bool(widened_sources(stored.names).keys() & set(columns))
+            return any(c not in stored.names for c in columns)
         return needs_evolving(stored, pa.schema([self.schema.field(c) for c in columns]))
+
+    def _replayed_values(self, path: str, columns: set[str]) -> bool:
+        """Whether the SSTable holds a value in the hidden older self of one of ``columns``: a
+        writer replayed WAL entries of before a widening into it (:func:`as_evolved`). Every
+        SSTable written since a widening has the hidden column, nearly always all null."""
+        hidden = sorted(h for c in columns for h in widened_sources(self._names(path)).get(c, ()))
+        t = self.dataset(path).to_table(columns=hidden)
+        return any(t.column(h).null_count < t.num_rows for h in hidden)
 
     def _evolved(self, table: pa.Table, columns: Sequence[str] | None = None) -> pa.Table:
         """``columns`` (all when None) of rows read from an SSTable written under an earlier

@@ -184,6 +184,21 @@ class _Process:
             self._states[key] = TableState.load(uri, storage)
         return self._states[key]
 
+    def state_of(self, uri: str, storage: Any, base: Any) -> Any:
+        """The table's state for reading ``base`` (a pinned base version's dataset): reloaded
+        when the kept one has other columns than ``base`` and a fresh load has the same (its
+        columns were added, widened or dropped since this process loaded it; a time-travel read
+        of an older version keeps the latest state)."""
+        from memwal.state import TableState
+
+        state = self.state(uri, storage)
+        names = base.schema.names
+        if names != state.write_schema.names:
+            fresh = TableState.load(uri, storage)
+            if fresh.write_schema.names == names:
+                self._states[(uri, storage)] = state = fresh
+        return state
+
     def cache(self, storage_options: dict[str, str] | None) -> Any:
         from memwal.readers import sstables
 
@@ -300,6 +315,7 @@ class ScanReader(DataSourceReader):
 
         plan = self._plan if self._plan is not None else self.plan()
         state = _PROCESS.state(plan.uri, plan.opts.storage)
+        state = _PROCESS.state_of(plan.uri, plan.opts.storage, state.dataset(plan.snapshot.base_version))
         pk = list(state.primary_key)
         out = list(plan.columns)
         target = to_arrow_schema(self.schema, timezone="UTC")

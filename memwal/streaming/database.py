@@ -17,12 +17,15 @@ read once (cached) and runs one Spark job per table that has records in it. Exac
 per table as for one: a replayed micro-batch rewrites each table's records idempotently.
 
 A topic whose table cannot be made yet (its events in this micro-batch carry no schema, or no
-key) sends its records to the root's dead-letter table (``ROOT/_dead_letters``) with the
-reason; its next events with a schema create the table.
+key), or whose name maps to a table another topic fills (``db1.public.orders`` and
+``db2.public.orders``), sends its records to the root's dead-letter table
+(``ROOT/_dead_letters``) with the reason, counted in the batch's report; its next events with a
+schema create the table.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -33,7 +36,7 @@ from typing import Any
 import pyarrow as pa
 
 from memwal import paths
-from memwal.errors import InvalidArgumentError, TableExistsError
+from memwal.errors import InvalidArgumentError, MemwalError, TableExistsError
 from memwal.state import resolve_storage, table_exists
 from memwal.storage import StorageConfig
 from memwal.streaming.job import IngestJob, MemwalProgressListener, _trigger, kafka_stream
@@ -126,7 +129,8 @@ class DatabaseSink:
             for topic in topics:
                 records = df.filter(F.col("topic") == topic)
                 sink = self._sink(topic, records, batch_id)
-                if sink is None:
+                if isinstance(sink, WriteReport):  # the topic's records are the root's dead letters
+                    parts.append(sink)
                     continue
                 sink._write_batch(records, batch_id)
                 report = sink.report(batch_id)
@@ -138,9 +142,10 @@ class DatabaseSink:
         self.history.record(report, tuple(parts))
         log.info("%s; %d table(s): %s", report.line(), len(parts), ", ".join(f"{table_name_of(p.table)} {p.rows}" for p in parts))
 
-    def _sink(self, topic: str, records, batch_id: int) -> MemwalSink | None:
-        """The sink of ``topic``'s table, which is created from its first event with a schema
-        if there is none; None (the records dead letters) when it cannot be made yet."""
+    def _sink(self, topic: str, records, batch_id: int) -> MemwalSink | WriteReport:
+        """The sink of ``topic``'s table, which is created from an event of it that carries its
+        schema if there is none; when it cannot be made yet, the records are recorded as the
+        root's dead letters and their report returned."""
         sink = self.sinks.get(topic)
         if sink is not None:
             return sink
@@ -148,29 +153,51 @@ class DatabaseSink:
         from memwal.table import Table
 
         uri = self.table_uri(topic)
-        if not table_exists(uri, file_io_for(uri, self.storage)):
-            try:
-                self._create(uri, records)
-            except InvalidArgumentError as e:
-                n = self._dead_letters(topic, records, batch_id, f"no table for topic {topic!r} yet: {e}")
-                log.warning("topic %s: %d record(s) to %s: %s", topic, n, self.dead_letter_uri, e)
-                return None
-            except TableExistsError:
-                pass  # another query made it meanwhile
-            log.info("created %s for topic %s", uri, topic)
+        io = file_io_for(uri, self.storage)
+        try:
+            if not table_exists(uri, io):
+                try:
+                    self._create(uri, records)
+                    log.info("created %s for topic %s", uri, topic)
+                except TableExistsError:
+                    pass  # another query made it meanwhile
+            # Two topics named alike (db1.public.orders, db2.public.orders) would overwrite each
+            # other's rows: the table records the topic that fills it, and refuses another.
+            claim = json.dumps({"topic": topic}).encode()
+            if not io.write_if_absent(paths.source_topic(uri), claim):
+                other = json.loads(io.read(paths.source_topic(uri))).get("topic")
+                if other != topic:
+                    raise InvalidArgumentError(f"its table {uri} is filled from topic {other!r}, named alike")
+        except (MemwalError, ValueError) as e:  # (ValueError: a schema that does not parse, UnicodeDecodeError)
+            reason = f"no table for topic {topic!r}: {e}"
+            n = self._dead_letters(topic, records, batch_id, reason)
+            log.warning("topic %s: %d record(s) to %s: %s", topic, n, self.dead_letter_uri, reason)
+            return WriteReport(batch_id=batch_id, rows=n, dead_letters=n, table=self.dead_letter_uri)
         Table.open(uri, self.storage).close()
         sink = self.sinks[topic] = MemwalSink(uri, self.options, self.storage).bind(records.sparkSession)
         return sink
+
+    #: Events of a topic tried for its table's schema (a tombstone or an event written without
+    #: its schema says nothing; the first that does is taken).
+    SCHEMA_CANDIDATES = 20
 
     def _create(self, uri: str, records) -> None:
         from pyspark.sql import functions as F
 
         from memwal.table import Table
 
-        first = records.filter(F.col("value").isNotNull()).select("key", "value").limit(1).collect()
-        if not first:
+        candidates = records.filter(F.col("value").isNotNull()).select("key", "value").limit(self.SCHEMA_CANDIDATES).collect()
+        if not candidates:
             raise InvalidArgumentError("its records in this micro-batch are tombstones only")
-        schema, primary_key = first_event_schema(self.options, first[0]["key"], first[0]["value"])
+        why: Exception | None = None
+        for row in candidates:
+            try:
+                schema, primary_key = first_event_schema(self.options, row["key"], row["value"])
+                break
+            except (MemwalError, ValueError) as e:
+                why = e
+        else:
+            raise InvalidArgumentError(f"none of {len(candidates)} of its events says the table's schema and key: {why}")
         shard_by = "unsharded" if self.shards == 1 else f"bucket({primary_key[0]}, {self.shards})"
         Table.create(uri, schema, primary_key, shard_by, storage_options=self.storage).close()
 
