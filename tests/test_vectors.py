@@ -78,3 +78,37 @@ def test_recall_at_10_on_real_embeddings_at_the_defaults(embedded):
     desc = lance.dataset(uri).describe_indices()
     index_types = {d.index_type for d in desc if "Vector" in d.type_url}
     assert index_types in (set(), {vector_index_params(10**6)["index_type"]})
+
+
+@pytest.mark.parametrize("embedded", [True], ids=["indexed"], indirect=True)
+def test_each_plan_of_the_base_returns_the_exact_top_k_up_to_the_index_recall(embedded):
+    """The base read exactly (a matrix of its vectors, superseded rows masked) returns what exact
+    scoring over the live rows returns, with and without a filter; through the index, the same
+    up to its recall; ``auto`` measures both and keeps choosing one of them."""
+    from memwal.readers import ReadConfig
+
+    uri, queries = embedded
+    readers_by_plan = {plan: readers.open(uri, consistency="strong", config=ReadConfig(vector_plan=plan))
+                       for plan in ("exact", "index", "auto")}
+    live = readers_by_plan["exact"].scan(columns=["id", "kind", "vec"])
+    ids = live.column("id").to_numpy()
+    base = np.array([k == "base" for k in live.column("kind").to_pylist()])
+    mat = live.column("vec").combine_chunks().flatten().to_numpy().reshape(-1, DIM)
+    recall: dict[str, list[float]] = {plan: [] for plan in readers_by_plan}
+    for q in queries[:40]:
+        d = ((mat - q) ** 2).sum(1)
+        for where, rows in ((None, np.arange(len(ids))), ("kind = 'base'", np.flatnonzero(base))):
+            want = ids[rows[np.argsort(d[rows], kind="stable")[:10]]].tolist()
+            for plan, r in readers_by_plan.items():
+                found = r.search(q, k=10, columns=["id", "kind"], where=where)
+                got = found.column("id").to_pylist()
+                assert len(got) == len(set(got)) == 10
+                if where:
+                    assert set(found.column("kind").to_pylist()) == {"base"}
+                if plan == "exact":
+                    assert set(got) == set(want), where  # the exact plan's answer is exact
+                    assert np.all(np.diff(found.column("_distance").to_numpy()) >= 0)
+                recall[plan].append(len(set(got) & set(want)) / 10)
+    assert min(np.mean(v) for v in recall.values()) >= 0.95
+    chosen = readers_by_plan["auto"]._vectors.planner.chosen
+    assert chosen["exact"] > 0 and chosen["index"] > 0  # both measured

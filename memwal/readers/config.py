@@ -36,8 +36,18 @@ class ReadConfig:
     #: reader keeps per snapshot; larger ones are searched through their own index (Lance
     #: builds one per flushed MemTable once the base has a vector index).
     vector_exact_sstable_rows: int = 100_000
+    #: Vector search: how the base is searched. "auto" chooses per query from what this reader
+    #: measured: exact scoring of a matrix of the base's vectors (kept per base version) when
+    #: its measured cost per vector, times the base's live rows, is below the index's measured
+    #: latency; "exact" and "index" force one (memwal.readers.vector_search, VectorPlanner).
+    vector_plan: str = "auto"
+    #: Vector search: a base whose vectors take more than this many bytes is never scored
+    #: exactly (the matrix is kept in memory): 256 MiB holds ~170k 384-d vectors.
+    vector_exact_max_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
+        if self.vector_plan not in ("auto", "exact", "index"):
+            raise InvalidArgumentError(f"vector_plan must be auto, exact or index, got {self.vector_plan!r}")
         if not self.vector_overfetch >= 1.0:
             raise InvalidArgumentError(f"vector_overfetch must be at least 1, got {self.vector_overfetch!r}")
         if isinstance(self.scan_base_batches_ahead, bool) or not isinstance(self.scan_base_batches_ahead, int) or self.scan_base_batches_ahead < 0:

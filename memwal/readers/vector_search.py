@@ -1,7 +1,10 @@
 """Vector search over every LSM level: the ``k`` live rows nearest to a query vector.
 
-The base table is searched by Lance through its vector index, asking for more candidates
-than wanted so that those a newer level supersedes can be dropped; the SSTables' newest live
+The base table is searched one of two ways, chosen per query by :class:`VectorPlanner` from
+what this reader measured: by Lance through its vector index, asking for more candidates
+than wanted so that those a newer level supersedes can be dropped; or exactly, from a matrix
+of the base's vectors kept per base version, the superseded rows masked (a small base: one
+matrix-vector product beats the index's graph walk there, and its recall is 1). The SSTables' newest live
 rows are scored exactly from a matrix built once per snapshot (:class:`DeltaVectors`; large
 indexed SSTables through their own index, minus the keys of newer ones), and so is a strong
 reader's WAL tail; the nearest of all are returned. Lance's own LSM vector planner cost
@@ -11,7 +14,8 @@ the base's own search took 5 ms (docs/bench-log/reads.md, "Vector search on real
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import lance
@@ -62,6 +66,11 @@ class VectorSearch:
         self._deltas: dict[tuple, DeltaVectors] = {}
         #: the WAL tail last searched, as a search takes it
         self._last_tail: TailVectors | None = None
+        #: the base's vectors as a matrix, for exact scoring (the latest base version searched)
+        self._base: BaseVectors | None = None
+        #: (base version, its live rows), counted once per version
+        self._base_rows: tuple[int | None, int] = (None, 0)
+        self.planner = VectorPlanner(config)
 
     def query(
         self,
@@ -111,7 +120,7 @@ class VectorSearch:
         delta = self._delta(snap, col)
         newest = self._tail(tail, col, delta) if tail is not None else None
         shadows = [delta.keys] if newest is None else [delta.keys, newest.keys]
-        parts = [self._search_base(snap, q, wanted, where, shadows, delta.base_indexed)]
+        parts = [self._base_part(snap, q, wanted, where, shadows, delta, newest)]
         if delta.rows.num_rows:
             keep = delta.where_mask(where)
             if newest is not None:  # the WAL tail supersedes these keys
@@ -149,6 +158,62 @@ class VectorSearch:
         keys = tail_keys(tail, list(self.state.primary_key), self.state.schema)
         self._last_tail = TailVectors(tail, delta, keys, live, as_matrix(live.column(col), dim), keys.keep_mask(delta.rows))
         return self._last_tail
+
+    def _base_part(self, snap: Snapshot, q: VectorQuery, wanted: list[str], where: str | None, shadows: list[ShadowKeys],
+                   delta: "DeltaVectors", newest: "TailVectors | None") -> pa.Table:
+        """The base's ``k`` nearest live rows that no newer level supersedes, by the plan the
+        planner chooses; its time is recorded for the next choice."""
+        ds = snap.dataset
+        dim = self.state.schema.field(q.column).type.list_size
+        if self._base_rows[0] != ds.version:
+            self._base_rows = (ds.version, ds.count_rows())
+        rows = self._base_rows[1]
+        exact_ok = (not where or len(self.state.primary_key) == 1) and rows * dim * 4 <= self.config.vector_exact_max_bytes
+        plan = self.planner.choose(rows * dim, exact_ok, delta.base_indexed)
+        # Timed with the read of the base's vectors a new base version takes: a base that moves
+        # on often (compaction every second) makes exact scoring cost that read again each time.
+        t0 = time.perf_counter()
+        if plan == "exact":
+            found = self._search_base_exact(ds, q, wanted, where, delta, newest)
+        else:
+            found = self._search_base(snap, q, wanted, where, shadows, delta.base_indexed)
+        self.planner.record(plan, rows * dim, time.perf_counter() - t0)
+        return found
+
+    def _base_vectors(self, ds: lance.LanceDataset, col: str) -> "BaseVectors":
+        """The base version's vectors as one matrix with its keys, read once per version."""
+        base = self._base
+        if base is None or base.version != ds.version or base.column != col:
+            pk = list(self.state.primary_key)
+            t = ds.to_table(columns=[*pk, col])
+            dim = self.state.schema.field(col).type.list_size
+            matrix = as_matrix(t.column(col), dim)
+            base = self._base = BaseVectors(ds.version, col, t.select(pk), matrix, t.num_rows)
+        return base
+
+    def _search_base_exact(self, ds: lance.LanceDataset, q: VectorQuery, wanted: list[str], where: str | None,
+                           delta: "DeltaVectors", newest: "TailVectors | None") -> pa.Table:
+        """The base's ``k`` nearest live rows, scored exactly: every row's distance from the
+        version's matrix, the rows a newer level supersedes (and those ``where`` leaves out)
+        masked, the ``k`` nearest taken from the base by position."""
+        base = self._base_vectors(ds, q.column)
+        dist = base.distances(q.vector, q.metric)
+        keep = base.keep_mask(delta)
+        if newest is not None:
+            keep = keep & base.keep_mask(newest)
+        if where:
+            keep = keep & base.where_mask(ds, where, self.state.primary_key[0])
+        among = np.flatnonzero(keep)
+        if len(among) == 0:
+            return ds.schema.empty_table().select(wanted).append_column("_distance", pa.array([], pa.float32()))
+        d = dist[among]
+        d = np.where(np.isnan(d), np.inf, d)
+        k = q.k
+        order = np.argpartition(d, k - 1)[:k] if len(d) > k else np.arange(len(d))
+        order = order[np.argsort(d[order], kind="stable")]
+        picked = among[order]
+        rows = ds.take(picked.tolist(), columns=wanted)
+        return rows.append_column("_distance", pa.array(d[order], pa.float32()))
 
     def _search_base(
         self, snap: Snapshot, q: VectorQuery, wanted: list[str], where: str | None, shadows: list[ShadowKeys], indexed: bool
@@ -210,6 +275,107 @@ class VectorSearch:
             self._deltas.clear()
         self._deltas[key] = delta
         return delta
+
+
+class VectorPlanner:
+    """Chooses how a vector search reads the base, from what the reader measured: the index's
+    latency (its last searches, averaged) against exact scoring's cost per vector cell times
+    the base's cells. An unmeasured plan is tried once, so both get measured; a base without a
+    vector index is always scored exactly when it fits (Lance's flat search does the same work,
+    reading the vectors again each time). ``ReadConfig.vector_plan`` forces one.
+
+    Invariant: the choice changes which rows are candidates, never the answer's rule: both
+    plans return the base's nearest live rows that no newer level supersedes (exact scoring
+    with recall 1, the index up to its recall)."""
+
+    #: Weight of the newest measurement in the running averages.
+    ALPHA = 0.2
+    #: After this many searches by one plan the other is tried once again: its last
+    #: measurement may have been a cold start, or the base has grown since.
+    EXPLORE_EVERY = 64
+
+    def __init__(self, config: ReadConfig) -> None:
+        self.config = config
+        #: seconds per search through the index, and per vector cell (row x dimension) exactly
+        self.index_seconds: float | None = None
+        self.exact_seconds_per_cell: float | None = None
+        self.chosen: dict[str, int] = {"exact": 0, "index": 0}
+        self._since_other = 0
+
+    def choose(self, cells: int, exact_ok: bool, indexed: bool) -> str:
+        forced = self.config.vector_plan
+        if forced != "auto":
+            plan = "exact" if forced == "exact" and exact_ok else "index"
+        elif not exact_ok:
+            plan = "index"
+        elif not indexed:
+            plan = "exact"
+        elif self.index_seconds is None:
+            plan = "index"
+        elif self.exact_seconds_per_cell is None:
+            plan = "exact"
+        else:
+            plan = "exact" if cells * self.exact_seconds_per_cell < self.index_seconds else "index"
+            self._since_other += 1
+            if self._since_other > self.EXPLORE_EVERY:
+                plan, self._since_other = ("index" if plan == "exact" else "exact"), 0
+        self.chosen[plan] += 1
+        return plan
+
+    def record(self, plan: str, cells: int, seconds: float) -> None:
+        if plan == "index":
+            self.index_seconds = seconds if self.index_seconds is None else (1 - self.ALPHA) * self.index_seconds + self.ALPHA * seconds
+        elif cells:
+            per = seconds / cells
+            old = self.exact_seconds_per_cell
+            self.exact_seconds_per_cell = per if old is None else (1 - self.ALPHA) * old + self.ALPHA * per
+
+
+@dataclass
+class BaseVectors:
+    """A base version's vectors as one matrix (in the base's row order, as ``take`` counts
+    positions), with the rows' keys, for exact scoring; the masks of what supersedes rows are
+    kept per level object (a snapshot's SSTables, a WAL tail) and per filter."""
+
+    version: int
+    column: str
+    keys: pa.Table
+    matrix: np.ndarray
+    rows: int
+    _norms: np.ndarray | None = None
+    _keep: dict[int, tuple[Any, np.ndarray]] = field(default_factory=dict)
+    _where: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def distances(self, query: np.ndarray, metric: str) -> np.ndarray:
+        if metric != "l2":
+            return distances(self.matrix, query, metric)
+        if self._norms is None:
+            self._norms = np.einsum("ij,ij->i", self.matrix, self.matrix)
+        q = query.astype(np.float32)
+        return np.maximum(self._norms - 2 * matvec(self.matrix, q) + float(q @ q), 0.0)
+
+    def keep_mask(self, level: "DeltaVectors | TailVectors") -> np.ndarray:
+        """The rows whose key ``level`` does not hold, once per level object."""
+        hit = self._keep.get(id(level))
+        if hit is not None and hit[0] is level:
+            return hit[1]
+        mask = level.keys.keep_mask(self.keys)
+        if len(self._keep) >= DELTAS_KEPT:
+            self._keep.clear()
+        self._keep[id(level)] = (level, mask)
+        return mask
+
+    def where_mask(self, ds: lance.LanceDataset, where: str, key: str) -> np.ndarray:
+        """The rows matching ``where`` (Lance evaluates it on the base, giving their keys),
+        once per filter."""
+        mask = self._where.get(where)
+        if mask is None:
+            matched = ds.to_table(columns=[key], filter=where).column(key)
+            mask = pc.is_in(self.keys.column(key), value_set=matched.combine_chunks()).to_numpy(zero_copy_only=False)
+            if len(self._where) >= MASKS_KEPT:
+                self._where.clear()
+            self._where[where] = mask
+        return mask
 
 
 def vector_index_name(ds: lance.LanceDataset, column: str) -> str | None:
