@@ -169,9 +169,13 @@ class VectorSearch:
             self._base_rows = (ds.version, ds.count_rows())
         rows = self._base_rows[1]
         exact_ok = (not where or len(self.state.primary_key) == 1) and rows * dim * 4 <= self.config.vector_exact_max_bytes
-        plan = self.planner.choose(rows * dim, exact_ok, delta.base_indexed)
-        # Timed with the read of the base's vectors a new base version takes: a base that moves
-        # on often (compaction every second) makes exact scoring cost that read again each time.
+        self.planner.searched(ds.version)
+        built = self._base is not None and self._base.version == ds.version and self._base.column == q.column
+        plan = self.planner.choose(rows * dim, exact_ok, delta.base_indexed, built)
+        if plan == "exact" and not built:
+            t0 = time.perf_counter()
+            self._base_vectors(ds, q.column)
+            self.planner.built(time.perf_counter() - t0)
         t0 = time.perf_counter()
         if plan == "exact":
             found = self._search_base_exact(ds, q, wanted, where, delta, newest)
@@ -279,10 +283,13 @@ class VectorSearch:
 
 class VectorPlanner:
     """Chooses how a vector search reads the base, from what the reader measured: the index's
-    latency (its last searches, averaged) against exact scoring's cost per vector cell times
-    the base's cells. An unmeasured plan is tried once, so both get measured; a base without a
-    vector index is always scored exactly when it fits (Lance's flat search does the same work,
-    reading the vectors again each time). ``ReadConfig.vector_plan`` forces one.
+    latency (its last searches, averaged) against exact scoring's: its cost per vector cell
+    times the base's cells, plus the read of the base's vectors a new base version takes,
+    shared by the searches a version has seen on average (a base that compaction moves on
+    every second, searched now and then, pays that read on nearly every search). An
+    unmeasured plan is tried once, so both get measured; a base without a vector index is
+    always scored exactly when it fits (Lance's flat search does the same work, reading the
+    vectors again each time). ``ReadConfig.vector_plan`` forces one.
 
     Invariant: the choice changes which rows are candidates, never the answer's rule: both
     plans return the base's nearest live rows that no newer level supersedes (exact scoring
@@ -293,6 +300,9 @@ class VectorPlanner:
     #: After this many searches by one plan the other is tried once again: its last
     #: measurement may have been a cold start, or the base has grown since.
     EXPLORE_EVERY = 64
+    #: Each plan is measured this many times before the averages decide (a first search pays
+    #: cold caches: the index's, the masks of what supersedes base rows).
+    WARM_UP = 3
 
     def __init__(self, config: ReadConfig) -> None:
         self.config = config
@@ -300,9 +310,17 @@ class VectorPlanner:
         self.index_seconds: float | None = None
         self.exact_seconds_per_cell: float | None = None
         self.chosen: dict[str, int] = {"exact": 0, "index": 0}
+        self.samples: dict[str, int] = {"exact": 0, "index": 0}
         self._since_other = 0
+        #: seconds to read a base version's vectors, and searches per base version (averaged)
+        self.build_seconds: float | None = None
+        self.searches_per_version: float | None = None
+        self._version: int | None = None
+        self._searches = 0
 
-    def choose(self, cells: int, exact_ok: bool, indexed: bool) -> str:
+    def choose(self, cells: int, exact_ok: bool, indexed: bool, built: bool = False) -> str:
+        """The plan of a search of ``cells`` vector cells (``exact_ok``: the base fits the
+        exact plan; ``indexed``: it has a vector index; ``built``: its vectors are read)."""
         forced = self.config.vector_plan
         if forced != "auto":
             plan = "exact" if forced == "exact" and exact_ok else "index"
@@ -310,19 +328,45 @@ class VectorPlanner:
             plan = "index"
         elif not indexed:
             plan = "exact"
-        elif self.index_seconds is None:
+        elif self.samples["index"] < self.WARM_UP:
             plan = "index"
-        elif self.exact_seconds_per_cell is None:
+        elif self.samples["exact"] < self.WARM_UP:
             plan = "exact"
         else:
-            plan = "exact" if cells * self.exact_seconds_per_cell < self.index_seconds else "index"
+            plan = "exact" if self.exact_seconds(cells, built) < self.index_seconds else "index"
             self._since_other += 1
             if self._since_other > self.EXPLORE_EVERY:
                 plan, self._since_other = ("index" if plan == "exact" else "exact"), 0
         self.chosen[plan] += 1
         return plan
 
+    def exact_seconds(self, cells: int, built: bool = False) -> float:
+        """What an exact search of ``cells`` is expected to cost: with the base version's
+        vectors not read yet, its share of that read (among the searches a version has seen)."""
+        per_search = cells * (self.exact_seconds_per_cell or 0.0)
+        if built or self.build_seconds is None:
+            return per_search
+        return per_search + self.build_seconds / max(1.0, self.searches_per_version or 1.0)
+
+    def searched(self, version: int) -> None:
+        """A search of the base at ``version`` begins (counts searches per version)."""
+        if version != self._version:
+            if self._version is not None:
+                old = self.searches_per_version
+                n = float(self._searches)
+                self.searches_per_version = n if old is None else (1 - self.ALPHA) * old + self.ALPHA * n
+            self._version, self._searches = version, 0
+        self._searches += 1
+
+    def built(self, seconds: float) -> None:
+        """The base's vectors were read for a new version in ``seconds``."""
+        old = self.build_seconds
+        self.build_seconds = seconds if old is None else (1 - self.ALPHA) * old + self.ALPHA * seconds
+
     def record(self, plan: str, cells: int, seconds: float) -> None:
+        self.samples[plan] += 1
+        if self.samples[plan] == 1:  # cold: the index's first load, the masks' first build
+            return
         if plan == "index":
             self.index_seconds = seconds if self.index_seconds is None else (1 - self.ALPHA) * self.index_seconds + self.ALPHA * seconds
         elif cells:
