@@ -303,6 +303,8 @@ class VectorPlanner:
     #: Each plan is measured this many times before the averages decide (a first search pays
     #: cold caches: the index's, the masks of what supersedes base rows).
     WARM_UP = 3
+    #: Plans whose expected costs are within this factor are close enough to be tried again.
+    CLOSE = 2.0
 
     def __init__(self, config: ReadConfig) -> None:
         self.config = config
@@ -333,9 +335,12 @@ class VectorPlanner:
         elif self.samples["exact"] < self.WARM_UP:
             plan = "exact"
         else:
-            plan = "exact" if self.exact_seconds(cells, built) < self.index_seconds else "index"
+            exact, index = self.exact_seconds(cells, built), self.index_seconds
+            plan = "exact" if exact < index else "index"
             self._since_other += 1
-            if self._since_other > self.EXPLORE_EVERY:
+            # Only a close call is tried again: a plan measured several times slower stays so
+            # (trying it would cost the search that many times: exact scoring of a large base).
+            if self._since_other > self.EXPLORE_EVERY and max(exact, index) < self.CLOSE * min(exact, index):
                 plan, self._since_other = ("index" if plan == "exact" else "exact"), 0
         self.chosen[plan] += 1
         return plan
