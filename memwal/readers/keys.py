@@ -34,6 +34,14 @@ def normalize_key(key: Any, primary_key: Sequence[str]) -> dict[str, Any]:
 
 def keys_table(keys: Iterable[Any], primary_key: Sequence[str], schema: pa.Schema) -> pa.Table:
     """A table of the key columns, typed as in ``schema``."""
+    if len(primary_key) == 1:  # scalars (or 1-tuples, or dicts) of one column: no dict per key
+        values = keys if isinstance(keys, (list, tuple)) else list(keys)
+        if all(not isinstance(v, (dict, tuple, list)) for v in values):
+            try:
+                return pa.table({primary_key[0]: pa.array(values, schema.field(primary_key[0]).type)})
+            except _NOT_OF_THE_TYPE as e:
+                raise PrimaryKeyError(f"key values do not match the key column types: {e}") from None
+        keys = values
     rows = [normalize_key(k, primary_key) for k in keys]
     try:
         return pa.table({c: pa.array([r[c] for r in rows], schema.field(c).type) for c in primary_key})

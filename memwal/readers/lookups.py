@@ -9,6 +9,7 @@ reads is the reader's choice; this module reads what it is given.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,8 @@ class PointLookups:
         #: background refresh so the first lookup on it finds its index pages loaded
         self.warm_predicate: str | None = None
         self._base_lookups: BaseLookup | None = None
+        #: the live SSTables' integer keys merged, per snapshot (see :class:`MergedKeys`)
+        self._merged: tuple[tuple, MergedKeys | None] | None = None
 
     def one(self, key: dict[str, Any], shard_id: str, out_schema: pa.Schema, snap: Snapshot, tail: pa.Table | None) -> pa.Table:
         """The live row of ``key`` (typed, in shard ``shard_id``) in ``tail`` and ``snap``,
@@ -70,8 +73,9 @@ class PointLookups:
 
         Each key is looked up where its newest version is, as a point lookup does, but for all
         keys at once: the WAL tail by a semi-join, then every live SSTable newest first by its
-        key set (one vectorised search per SSTable for an integer key), read by position with
-        one ``take`` per SSTable, then the base for the rest with one filter. Reading the
+        key set (one vectorised search per SSTable for an integer key), read by position (from
+        the SSTable's rows in the cache once lookups of many keys come back to it, else one
+        ``take`` per SSTable: :meth:`SSTableCache.take_many`), then the base for the rest with one filter. Reading the
         SSTables whole and merging them (as a scan does) cost more than the lookups for a
         thousand keys, and a SQL list of a thousand literals more than the read
         (docs/bench-log/reads.md, "Lookups of many keys").
@@ -85,13 +89,18 @@ class PointLookups:
                 keys = without_keys(keys, mine, pk)  # the WAL tail holds their newest version
                 parts.append(mine.filter(pc.invert(mine.column(TOMBSTONE))).select(names))
         todo = _KeysToFind(keys, pk)
-        for shard in snap.shards:
-            for path, key_set in self.live_keys.newest(snap, shard.shard_id):
-                if todo.done:
-                    break
-                positions = todo.find(key_set)
-                if positions:
-                    parts.append(self.cache.take(path, positions, names))
+        merged = self._merged_keys(snap) if todo.ints is not None else None
+        if merged is not None:  # one search of all SSTables' keys at once
+            for i, positions in todo.find_merged(merged).items():
+                parts.append(self.cache.take_many(merged.paths[i], positions, names, merged.sizes[i]))
+        else:
+            for shard in snap.shards:
+                for path, key_set in self.live_keys.newest(snap, shard.shard_id):
+                    if todo.done:
+                        break
+                    positions = todo.find(key_set)
+                    if positions:
+                        parts.append(self.cache.take_many(path, positions, names, len(key_set)))
         rest = todo.remaining()
         if rest.num_rows:
             if len(pk) == 1:
@@ -102,7 +111,18 @@ class PointLookups:
             parts.append(base)
         if not parts:
             return out_schema.empty_table()
-        return pa.concat_tables([p.cast(out_schema) for p in parts])
+        return pa.concat_tables([p if p.schema.equals(out_schema) else p.cast(out_schema) for p in parts])
+
+    def _merged_keys(self, snap: Snapshot) -> "MergedKeys | None":
+        """The snapshot's live SSTables' keys as one sorted array, each key's newest version
+        only, built once per snapshot; None when a key set is not of integer keys."""
+        ident = (snap.base_version, tuple((s.shard_id, s.manifest.version, s.compacted_generation, s.read_after) for s in snap.shards))
+        if self._merged is not None and self._merged[0] == ident:
+            return self._merged[1]
+        sets = [(path, ks) for shard in snap.shards for path, ks in self.live_keys.newest(snap, shard.shard_id)]
+        merged = MergedKeys.of(sets) if all(ks.ints is not None for _, ks in sets) else None
+        self._merged = (ident, merged)
+        return merged
 
     def warm(self, snap: Snapshot, current: Snapshot | None) -> None:
         """Load what the next lookups on ``snap`` would load first, before it replaces
@@ -126,6 +146,37 @@ class PointLookups:
         if lookup is None or lookup.dataset is not snap.dataset:
             lookup = self._base_lookups = point_lookup(snap.dataset)
         return lookup
+
+
+@dataclass(frozen=True)
+class MergedKeys:
+    """The integer keys of a snapshot's live SSTables in one sorted array, each key once, at its
+    newest version: which SSTable holds it, at which position, and whether as a tombstone. A
+    lookup of many keys searches it once, instead of once per SSTable (a hundred SSTables cost
+    5 ms of a 1,000-key lookup that way).
+
+    Invariant: a key's entry is its first occurrence in the SSTables taken newest first, shard
+    by shard (shards share no key), which is the version a point lookup reads."""
+
+    keys: np.ndarray
+    sstable: np.ndarray
+    positions: np.ndarray
+    tombstones: np.ndarray
+    paths: tuple[str, ...]
+    sizes: tuple[int, ...]
+
+    @classmethod
+    def of(cls, sets: list[tuple[str, KeySet]]) -> "MergedKeys":
+        if not sets:
+            empty = np.zeros(0, np.int64)
+            return cls(empty, empty.astype(np.int32), empty, empty.astype(bool), (), ())
+        keys = np.concatenate([ks.ints for _, ks in sets])  # type: ignore[misc]
+        which = np.concatenate([np.full(len(ks.ints), i, np.int32) for i, (_, ks) in enumerate(sets)])  # type: ignore[arg-type]
+        positions = np.concatenate([ks.positions for _, ks in sets])  # type: ignore[misc]
+        tombstones = np.concatenate([ks.tombstones for _, ks in sets])  # type: ignore[misc]
+        unique, first = np.unique(keys, return_index=True)  # the first occurrence: the newest
+        return cls(unique, which[first], positions[first], tombstones[first],
+                   tuple(p for p, _ in sets), tuple(len(ks) for _, ks in sets))
 
 
 class _KeysToFind:
@@ -166,6 +217,23 @@ class _KeysToFind:
                 if not hit[0]:
                     found.append(hit[1])
         return sorted(set(found))
+
+    def find_merged(self, merged: MergedKeys) -> dict[int, list[int]]:
+        """Resolve every open key ``merged`` holds; per SSTable (its index in ``merged``), the
+        positions of those it holds as rows."""
+        assert self.ints is not None
+        at = np.flatnonzero(self.open)
+        if not len(merged.keys) or not len(at):
+            return {}
+        i = np.searchsorted(merged.keys, self.ints[at])
+        i = np.minimum(i, len(merged.keys) - 1)
+        hit = merged.keys[i] == self.ints[at]
+        self.open[at[hit]] = False
+        rows = i[hit][~merged.tombstones[i[hit]]]
+        out: dict[int, list[int]] = {}
+        for s, pos in zip(merged.sstable[rows].tolist(), merged.positions[rows].tolist()):
+            out.setdefault(s, []).append(pos)
+        return {s: sorted(set(p)) for s, p in out.items()}  # a key asked twice is one row
 
     def remaining(self) -> pa.Table:
         """The keys no SSTable held."""

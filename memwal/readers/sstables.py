@@ -136,6 +136,8 @@ class SSTableCache:
         #: what rows are returned as. An SSTable written before a column was added or dropped
         #: (:meth:`memwal.table.Table.update_schema`) is read as if written under it.
         self.schema = schema
+        #: SSTables a lookup of many keys has taken rows from, and how often (see :meth:`take_many`)
+        self._asked: dict[str, int] = {}
 
     def _names(self, path: str) -> list[str]:
         """The SSTable's columns, cached with it: a lookup asks on every take, and Lance builds
@@ -240,6 +242,24 @@ class SSTableCache:
         if not self._missing(path, columns):
             return ds.to_table(columns=columns)
         return self._evolved(ds.to_table(columns=self._present(path, columns)), columns)
+
+    def take_many(self, path: str, positions: Sequence[int], columns: Sequence[str], rows_held: int) -> pa.Table:
+        """The SSTable's live rows at ``positions`` for a lookup of many keys: from its rows in
+        the cache when they are there (a ``take`` by Lance costs ~0.5 ms a call, a hundred
+        SSTables 50 ms a lookup of a thousand keys), else by Lance; an SSTable asked a second
+        time has its rows (``columns``) cached when they fit (:meth:`worth_caching`, estimated
+        from the rows taken and the ``rows_held`` of its key set)."""
+        wanted = list(dict.fromkeys([*columns, TOMBSTONE]))
+        if ("rows", path) in self._lru or ("rows:" + ",".join(wanted), path) in self._lru:
+            return self.rows(path, columns).take(pa.array(positions, pa.int64())).select(list(columns))
+        taken = self.take(path, positions, columns)
+        asked = self._asked.get(path, 0) + 1
+        if len(self._asked) >= 4096:
+            self._asked.clear()
+        self._asked[path] = asked
+        if asked >= 2 and taken.num_rows and self.worth_caching(taken.nbytes * max(rows_held, 1) // taken.num_rows):
+            self.rows(path, columns)  # for the next lookups of many keys
+        return taken
 
     def take(self, path: str, positions: Sequence[int], columns: Sequence[str]) -> pa.Table:
         """The SSTable's live rows at ``positions`` (:meth:`KeySet.find`'s), uncached."""
