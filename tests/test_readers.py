@@ -10,6 +10,7 @@ import sys
 import tempfile
 import threading
 import time
+from decimal import Decimal
 
 import lance
 import numpy as np
@@ -599,3 +600,31 @@ def test_a_point_lookup_types_its_key_as_a_batch_of_keys_does(key_type):
 
     check()
 
+
+
+def test_get_many_reads_every_level_the_same_way_cold_warm_and_from_the_concatenated_sstables(table_uri):
+    """A lookup of many keys searches all SSTables' keys at once; the first lookups take rows
+    from Lance, SSTables asked again are cached, and once all are the rows come from their
+    concatenation: every way gives the model's rows (newest version per key, deletes gone)."""
+    schema = pa.schema([("id", pa.int64()), ("v", pa.string()), ("d", pa.decimal128(12, 2))])
+    model: dict[int, dict] = {}
+    with Table.create(table_uri, schema, ["id"], "bucket(id, 2)") as t:
+        t.write(pa.Table.from_pylist([{"id": i, "v": f"base{i}", "d": Decimal(i)} for i in range(200)], schema=schema))
+        t.flush()
+        Compactor(t.state).run_once()
+        model.update({i: {"id": i, "v": f"base{i}", "d": Decimal(i)} for i in range(200)})
+        for gen in range(6):  # SSTables updating, adding and deleting keys, newest wins
+            rows = [{"id": i, "v": f"g{gen}-{i}", "d": Decimal(gen * 1000 + i)} for i in range(gen * 17, 240, 7 + gen)]
+            t.write(pa.Table.from_pylist(rows, schema=schema))
+            gone = list(range(gen * 5, 240, 31))
+            t.delete({"id": gone})
+            t.flush()
+            model.update({r["id"]: r for r in rows})
+            for k in gone:
+                model.pop(k, None)
+    r = readers.open(table_uri, refresh_interval_ms=None)
+    keys = list(range(0, 250))
+    for _ in range(4):
+        got = {row["id"]: row for row in r.get_many(keys).to_pylist()}
+        assert got == model
+    assert r._points._delta is not None  # the last lookups read the concatenated SSTables

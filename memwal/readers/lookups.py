@@ -45,6 +45,8 @@ class PointLookups:
         self._base_lookups: BaseLookup | None = None
         #: the live SSTables' integer keys merged, per snapshot (see :class:`MergedKeys`)
         self._merged: tuple[tuple, MergedKeys | None] | None = None
+        #: their rows concatenated, for the last column list asked (see :meth:`_delta_rows`)
+        self._delta: tuple[tuple, tuple[pa.Table, np.ndarray]] | None = None
 
     def one(self, key: dict[str, Any], shard_id: str, out_schema: pa.Schema, snap: Snapshot, tail: pa.Table | None) -> pa.Table:
         """The live row of ``key`` (typed, in shard ``shard_id``) in ``tail`` and ``snap``,
@@ -91,8 +93,15 @@ class PointLookups:
         todo = _KeysToFind(keys, pk)
         merged = self._merged_keys(snap) if todo.ints is not None else None
         if merged is not None:  # one search of all SSTables' keys at once
-            for i, positions in todo.find_merged(merged).items():
-                parts.append(self.cache.take_many(merged.paths[i], positions, names, merged.sizes[i]))
+            hits = todo.find_merged(merged)
+            rows = self._delta_rows(merged, names) if hits else None
+            if rows is not None:  # one take from the SSTables' rows, concatenated once
+                table, offsets = rows
+                at = np.concatenate([offsets[i] + np.asarray(p, np.int64) for i, p in hits.items()])
+                parts.append(table.take(pa.array(at, pa.int64())))
+            else:
+                for i, positions in hits.items():
+                    parts.append(self.cache.take_many(merged.paths[i], positions, names, merged.sizes[i]))
         else:
             for shard in snap.shards:
                 for path, key_set in self.live_keys.newest(snap, shard.shard_id):
@@ -112,6 +121,21 @@ class PointLookups:
         if not parts:
             return out_schema.empty_table()
         return pa.concat_tables([p if p.schema.equals(out_schema) else p.cast(out_schema) for p in parts])
+
+    def _delta_rows(self, merged: "MergedKeys", names: list[str]) -> tuple[pa.Table, np.ndarray] | None:
+        """The snapshot's SSTables' rows (``names``) as one table, with where each SSTable's
+        begin, once every one of them is in the cache (lookups of many keys put them there,
+        :meth:`SSTableCache.take_many`); built once per snapshot and column list."""
+        key = (merged, tuple(names))
+        if self._delta is not None and self._delta[0][0] is merged and self._delta[0][1] == key[1]:
+            return self._delta[1]
+        if not all(self.cache.holds_rows(path, names) for path in merged.paths):
+            return None
+        parts = [self.cache.rows(path, names).select(names) for path in merged.paths]
+        offsets = np.concatenate([[0], np.cumsum([p.num_rows for p in parts])[:-1]]).astype(np.int64)
+        table = pa.concat_tables(parts).combine_chunks() if parts else pa.schema([]).empty_table()
+        self._delta = (key, (table, offsets))
+        return self._delta[1]
 
     def _merged_keys(self, snap: Snapshot) -> "MergedKeys | None":
         """The snapshot's live SSTables' keys as one sorted array, each key's newest version

@@ -243,14 +243,18 @@ class SSTableCache:
             return ds.to_table(columns=columns)
         return self._evolved(ds.to_table(columns=self._present(path, columns)), columns)
 
+    def holds_rows(self, path: str, columns: Sequence[str]) -> bool:
+        """Whether the SSTable's rows (all, or ``columns``) are in the cache."""
+        wanted = list(dict.fromkeys([*columns, TOMBSTONE]))
+        return ("rows", path) in self._lru or ("rows:" + ",".join(wanted), path) in self._lru
+
     def take_many(self, path: str, positions: Sequence[int], columns: Sequence[str], rows_held: int) -> pa.Table:
         """The SSTable's live rows at ``positions`` for a lookup of many keys: from its rows in
         the cache when they are there (a ``take`` by Lance costs ~0.5 ms a call, a hundred
         SSTables 50 ms a lookup of a thousand keys), else by Lance; an SSTable asked a second
         time has its rows (``columns``) cached when they fit (:meth:`worth_caching`, estimated
         from the rows taken and the ``rows_held`` of its key set)."""
-        wanted = list(dict.fromkeys([*columns, TOMBSTONE]))
-        if ("rows", path) in self._lru or ("rows:" + ",".join(wanted), path) in self._lru:
+        if self.holds_rows(path, columns):
             return self.rows(path, columns).take(pa.array(positions, pa.int64())).select(list(columns))
         taken = self.take(path, positions, columns)
         asked = self._asked.get(path, 0) + 1
