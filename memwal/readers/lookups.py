@@ -9,7 +9,6 @@ reads is the reader's choice; this module reads what it is given.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,7 +19,7 @@ from memwal.lsm import without_keys
 from memwal.readers.keys import keys_predicate, quote_ident, sql_literal
 from memwal.readers.merge import int_key as merge_int_key
 from memwal.readers.points import BaseLookup, base_point_read, point_lookup
-from memwal.readers.sstables import KeySet, LiveKeySets, SSTableCache, lookup_key
+from memwal.readers.sstables import KeySet, LiveKeySets, MergedKeys, SSTableCache, lookup_key
 from memwal.schema import TOMBSTONE
 from memwal.snapshot import Snapshot
 from memwal.state import TableState
@@ -43,10 +42,9 @@ class PointLookups:
         #: background refresh so the first lookup on it finds its index pages loaded
         self.warm_predicate: str | None = None
         self._base_lookups: BaseLookup | None = None
-        #: the live SSTables' integer keys merged, per snapshot (see :class:`MergedKeys`)
-        self._merged: tuple[tuple, MergedKeys | None] | None = None
-        #: their rows concatenated, for the last column list asked (see :meth:`_delta_rows`)
-        self._delta: tuple[tuple, tuple[pa.Table, np.ndarray]] | None = None
+        #: the live SSTables' rows concatenated, for the last snapshot and column list asked
+        #: (see :meth:`_delta_rows`)
+        self._delta: tuple[tuple, tuple[pa.Table, dict[str, int]]] | None = None
 
     def one(self, key: dict[str, Any], shard_id: str, out_schema: pa.Schema, snap: Snapshot, tail: pa.Table | None) -> pa.Table:
         """The live row of ``key`` (typed, in shard ``shard_id``) in ``tail`` and ``snap``,
@@ -91,25 +89,25 @@ class PointLookups:
                 keys = without_keys(keys, mine, pk)  # the WAL tail holds their newest version
                 parts.append(mine.filter(pc.invert(mine.column(TOMBSTONE))).select(names))
         todo = _KeysToFind(keys, pk)
-        merged = self._merged_keys(snap) if todo.ints is not None else None
-        if merged is not None:  # one search of all SSTables' keys at once
-            hits = todo.find_merged(merged)
-            rows = self._delta_rows(merged, names) if hits else None
-            if rows is not None:  # one take from the SSTables' rows, concatenated once
-                table, offsets = rows
-                at = np.concatenate([offsets[i] + np.asarray(p, np.int64) for i, p in hits.items()])
-                parts.append(table.take(pa.array(at, pa.int64())))
-            else:
-                for i, positions in hits.items():
-                    parts.append(self.cache.take_many(merged.paths[i], positions, names, merged.sizes[i]))
-        else:
-            for shard in snap.shards:
-                for path, key_set in self.live_keys.newest(snap, shard.shard_id):
-                    if todo.done:
-                        break
-                    positions = todo.find(key_set)
-                    if positions:
+        delta = self._delta_rows(snap, names) if todo.ints is not None else None
+        for shard in snap.shards:
+            merged = self.live_keys.merged(snap, shard.shard_id) if todo.ints is not None else None
+            if merged is not None:  # one search of all the shard's SSTables' keys at once
+                listed, keys_of = merged
+                for level, positions in todo.find_merged(keys_of).items():
+                    path, key_set = listed[level]
+                    if delta is not None:  # from the SSTables' rows, concatenated once
+                        table, offsets = delta
+                        parts.append(table.take(pa.array(offsets[path] + np.asarray(positions, np.int64), pa.int64())))
+                    else:
                         parts.append(self.cache.take_many(path, positions, names, len(key_set)))
+                continue
+            for path, key_set in self.live_keys.newest(snap, shard.shard_id):
+                if todo.done:
+                    break
+                positions = todo.find(key_set)
+                if positions:
+                    parts.append(self.cache.take_many(path, positions, names, len(key_set)))
         rest = todo.remaining()
         if rest.num_rows:
             if len(pk) == 1:
@@ -122,31 +120,24 @@ class PointLookups:
             return out_schema.empty_table()
         return pa.concat_tables([p if p.schema.equals(out_schema) else p.cast(out_schema) for p in parts])
 
-    def _delta_rows(self, merged: "MergedKeys", names: list[str]) -> tuple[pa.Table, np.ndarray] | None:
-        """The snapshot's SSTables' rows (``names``) as one table, with where each SSTable's
-        begin, once every one of them is in the cache (lookups of many keys put them there,
-        :meth:`SSTableCache.take_many`); built once per snapshot and column list."""
-        key = (merged, tuple(names))
-        if self._delta is not None and self._delta[0][0] is merged and self._delta[0][1] == key[1]:
-            return self._delta[1]
-        if not all(self.cache.holds_rows(path, names) for path in merged.paths):
+    def _delta_rows(self, snap: Snapshot, names: list[str]) -> tuple[pa.Table, dict[str, int]] | None:
+        """The snapshot's live SSTables' rows (``names``) as one table, with where each
+        SSTable's begin, once every one of them is in the cache (lookups of many keys put them
+        there, :meth:`SSTableCache.take_many`); built once per snapshot and column list."""
+        ident = (snap.base_version, tuple((s.shard_id, s.manifest.version, s.compacted_generation, s.read_after) for s in snap.shards),
+                 tuple(names))
+        kept = self._delta  # once: another thread may replace it meanwhile
+        if kept is not None and kept[0] == ident:
+            return kept[1]
+        paths_ = [path for shard in snap.shards for path, _ in self.live_keys.newest(snap, shard.shard_id)]
+        if not paths_ or not all(self.cache.holds_rows(path, names) for path in paths_):
             return None
-        parts = [self.cache.rows(path, names).select(names) for path in merged.paths]
-        offsets = np.concatenate([[0], np.cumsum([p.num_rows for p in parts])[:-1]]).astype(np.int64)
-        table = pa.concat_tables(parts).combine_chunks() if parts else pa.schema([]).empty_table()
-        self._delta = (key, (table, offsets))
-        return self._delta[1]
-
-    def _merged_keys(self, snap: Snapshot) -> "MergedKeys | None":
-        """The snapshot's live SSTables' keys as one sorted array, each key's newest version
-        only, built once per snapshot; None when a key set is not of integer keys."""
-        ident = (snap.base_version, tuple((s.shard_id, s.manifest.version, s.compacted_generation, s.read_after) for s in snap.shards))
-        if self._merged is not None and self._merged[0] == ident:
-            return self._merged[1]
-        sets = [(path, ks) for shard in snap.shards for path, ks in self.live_keys.newest(snap, shard.shard_id)]
-        merged = MergedKeys.of(sets) if all(ks.ints is not None for _, ks in sets) else None
-        self._merged = (ident, merged)
-        return merged
+        schema = pa.schema([self.state.write_schema.field(c) for c in names])
+        parts = [self.cache.rows(path, names).select(names).cast(schema) for path in paths_]
+        starts = np.concatenate([[0], np.cumsum([p.num_rows for p in parts])[:-1]]).astype(np.int64)
+        built = (pa.concat_tables(parts).combine_chunks(), {path: int(at) for path, at in zip(paths_, starts)})
+        self._delta = (ident, built)
+        return built
 
     def warm(self, snap: Snapshot, current: Snapshot | None) -> None:
         """Load what the next lookups on ``snap`` would load first, before it replaces
@@ -170,37 +161,6 @@ class PointLookups:
         if lookup is None or lookup.dataset is not snap.dataset:
             lookup = self._base_lookups = point_lookup(snap.dataset)
         return lookup
-
-
-@dataclass(frozen=True)
-class MergedKeys:
-    """The integer keys of a snapshot's live SSTables in one sorted array, each key once, at its
-    newest version: which SSTable holds it, at which position, and whether as a tombstone. A
-    lookup of many keys searches it once, instead of once per SSTable (a hundred SSTables cost
-    5 ms of a 1,000-key lookup that way).
-
-    Invariant: a key's entry is its first occurrence in the SSTables taken newest first, shard
-    by shard (shards share no key), which is the version a point lookup reads."""
-
-    keys: np.ndarray
-    sstable: np.ndarray
-    positions: np.ndarray
-    tombstones: np.ndarray
-    paths: tuple[str, ...]
-    sizes: tuple[int, ...]
-
-    @classmethod
-    def of(cls, sets: list[tuple[str, KeySet]]) -> "MergedKeys":
-        if not sets:
-            empty = np.zeros(0, np.int64)
-            return cls(empty, empty.astype(np.int32), empty, empty.astype(bool), (), ())
-        keys = np.concatenate([ks.ints for _, ks in sets])  # type: ignore[misc]
-        which = np.concatenate([np.full(len(ks.ints), i, np.int32) for i, (_, ks) in enumerate(sets)])  # type: ignore[arg-type]
-        positions = np.concatenate([ks.positions for _, ks in sets])  # type: ignore[misc]
-        tombstones = np.concatenate([ks.tombstones for _, ks in sets])  # type: ignore[misc]
-        unique, first = np.unique(keys, return_index=True)  # the first occurrence: the newest
-        return cls(unique, which[first], positions[first], tombstones[first],
-                   tuple(p for p, _ in sets), tuple(len(ks) for _, ks in sets))
 
 
 class _KeysToFind:
@@ -243,21 +203,20 @@ class _KeysToFind:
         return sorted(set(found))
 
     def find_merged(self, merged: MergedKeys) -> dict[int, list[int]]:
-        """Resolve every open key ``merged`` holds; per SSTable (its index in ``merged``), the
-        positions of those it holds as rows."""
+        """Resolve every open key a shard's merged key set holds; per SSTable (its level in
+        it, newest first), the positions of those it holds as rows."""
         assert self.ints is not None
         at = np.flatnonzero(self.open)
-        if not len(merged.keys) or not len(at):
+        if not len(merged.ints) or not len(at):
             return {}
-        i = np.searchsorted(merged.keys, self.ints[at])
-        i = np.minimum(i, len(merged.keys) - 1)
-        hit = merged.keys[i] == self.ints[at]
+        i = np.minimum(np.searchsorted(merged.ints, self.ints[at]), len(merged.ints) - 1)
+        hit = merged.ints[i] == self.ints[at]
         self.open[at[hit]] = False
         rows = i[hit][~merged.tombstones[i[hit]]]
         out: dict[int, list[int]] = {}
-        for s, pos in zip(merged.sstable[rows].tolist(), merged.positions[rows].tolist()):
-            out.setdefault(s, []).append(pos)
-        return {s: sorted(set(p)) for s, p in out.items()}  # a key asked twice is one row
+        for level, pos in zip(merged.levels[rows].tolist(), merged.positions[rows].tolist()):
+            out.setdefault(level, []).append(pos)
+        return {level: sorted(set(p)) for level, p in out.items()}  # a key asked twice is one row
 
     def remaining(self) -> pa.Table:
         """The keys no SSTable held."""

@@ -124,6 +124,22 @@ def reading(path: str) -> Iterator[None]:
         raise damaged from e
 
 
+def _row_bytes(schema: pa.Schema, columns: Sequence[str]) -> int:
+    """About how many bytes a row of ``columns`` takes in memory (64 for a variable-width value)."""
+    def width(t: pa.DataType) -> int | None:
+        try:
+            return max(1, t.bit_width // 8)
+        except ValueError:  # not of fixed width
+            return None
+
+    total = 0
+    for c in columns:
+        t = schema.field(c).type if c in schema.names else pa.null()
+        item = width(t.value_type) if pa.types.is_fixed_size_list(t) else None
+        total += t.list_size * item if item is not None else (width(t) or 64)
+    return total
+
+
 class SSTableCache:
     """Open datasets, key sets and whole rows of SSTables, bounded by ``max_bytes``.
 
@@ -261,7 +277,7 @@ class SSTableCache:
         the ``rows_held`` of its key set)."""
         if self.holds_rows(path, columns):
             return self.rows(path, columns).take(pa.array(positions, pa.int64())).select(list(columns))
-        if rows_held <= READ_WHOLE_ROWS:
+        if rows_held <= READ_WHOLE_ROWS and self.worth_caching(rows_held * _row_bytes(self._stored(path), columns)):
             wanted = list(dict.fromkeys([*columns, TOMBSTONE]))
             with reading(path):
                 whole = self._read_all(path, wanted)
@@ -363,6 +379,20 @@ class LiveKeySets:
         """The shard's live SSTables in ``snap``, newest first, with their key sets."""
         entry = self._entry(snap, shard_id)
         return [] if entry is None else entry[1]
+
+    def merged(self, snap: "Snapshot", shard_id: str) -> "tuple[list[tuple[str, KeySet]], MergedKeys] | None":
+        """The shard's live SSTables newest first and their key sets merged, built once per
+        shard state; None when a key set is not of integer keys."""
+        entry = self._entry(snap, shard_id)
+        if entry is None:
+            return None
+        listed = entry[1]
+        if not listed or not all(k.ints is not None for _, k in listed):
+            return None
+        merged = entry[2][0]
+        if merged is None:
+            merged = entry[2][0] = MergedKeys.of([k for _, k in listed])
+        return listed, merged
 
     def find(self, snap: "Snapshot", shard_id: str, key: Any) -> tuple[str, bool, int] | None:
         """The newest live SSTable of the shard holding ``key`` (:func:`lookup_key`'s form):

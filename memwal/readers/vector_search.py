@@ -29,7 +29,7 @@ from memwal.readers.config import ReadConfig
 from memwal.readers.sql import filter_rows
 from memwal.readers.sstables import KeySet, LiveKeySets, SSTableCache
 from memwal.readers.stream import ShadowKeys
-from memwal.readers.vectors import as_matrix, distances, matvec, top_k, vector_columns
+from memwal.readers.vectors import METRICS, as_matrix, distances, matvec, top_k, vector_columns
 from memwal.schema import TOMBSTONE
 from memwal.snapshot import Snapshot
 from memwal.state import TableState
@@ -168,7 +168,8 @@ class VectorSearch:
         if self._base_rows[0] != ds.version:
             self._base_rows = (ds.version, ds.count_rows())
         rows = self._base_rows[1]
-        exact_ok = (not where or len(self.state.primary_key) == 1) and rows * dim * 4 <= self.config.vector_exact_max_bytes
+        exact_ok = (q.metric in METRICS and (not where or len(self.state.primary_key) == 1)
+                    and rows * dim * 4 <= self.config.vector_exact_max_bytes)
         self.planner.searched(ds.version)
         built = self._base is not None and self._base.version == ds.version and self._base.column == q.column
         plan = self.planner.choose(rows * dim, exact_ok, delta.base_indexed, built)
@@ -208,6 +209,7 @@ class VectorSearch:
         if where:
             keep = keep & base.where_mask(ds, where, self.state.primary_key[0])
         among = np.flatnonzero(keep)
+        among = among[~np.isnan(dist[among])]  # a null vector has no distance: never a result (as in Lance)
         if len(among) == 0:
             return ds.schema.empty_table().select(wanted).append_column("_distance", pa.array([], pa.float32()))
         d = dist[among]
@@ -396,12 +398,16 @@ class BaseVectors:
     _where: dict[str, np.ndarray] = field(default_factory=dict)
 
     def distances(self, query: np.ndarray, metric: str) -> np.ndarray:
-        if metric != "l2":
-            return distances(self.matrix, query, metric)
+        """As :func:`distances`, the rows' squared norms kept for the version (l2, cosine)."""
         if self._norms is None:
             self._norms = np.einsum("ij,ij->i", self.matrix, self.matrix)
         q = query.astype(np.float32)
-        return np.maximum(self._norms - 2 * matvec(self.matrix, q) + float(q @ q), 0.0)
+        if metric == "l2":
+            return np.maximum(self._norms - 2 * matvec(self.matrix, q) + float(q @ q), 0.0)
+        if metric == "cosine":
+            with np.errstate(invalid="ignore", divide="ignore"):
+                return 1.0 - matvec(self.matrix, q) / (np.sqrt(self._norms) * float(np.linalg.norm(q)))
+        return distances(self.matrix, query, metric)
 
     def keep_mask(self, level: "DeltaVectors | TailVectors") -> np.ndarray:
         """The rows whose key ``level`` does not hold, once per level object."""
