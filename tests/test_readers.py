@@ -603,9 +603,9 @@ def test_a_point_lookup_types_its_key_as_a_batch_of_keys_does(key_type):
 
 
 def test_get_many_reads_every_level_the_same_way_cold_warm_and_from_the_concatenated_sstables(table_uri):
-    """A lookup of many keys searches all SSTables' keys at once; the first lookups take rows
-    from Lance, SSTables asked again are cached, and once all are the rows come from their
-    concatenation: every way gives the model's rows (newest version per key, deletes gone)."""
+    """A lookup of many keys searches all SSTables' keys at once, and takes the rows from Lance
+    (a cache too small for them) or from the SSTables' rows cached and concatenated: either way
+    the model's rows (newest version per key, deletes gone)."""
     schema = pa.schema([("id", pa.int64()), ("v", pa.string()), ("d", pa.decimal128(12, 2))])
     model: dict[int, dict] = {}
     with Table.create(table_uri, schema, ["id"], "bucket(id, 2)") as t:
@@ -622,9 +622,13 @@ def test_get_many_reads_every_level_the_same_way_cold_warm_and_from_the_concaten
             model.update({r["id"]: r for r in rows})
             for k in gone:
                 model.pop(k, None)
-    r = readers.open(table_uri, refresh_interval_ms=None)
+    from memwal.readers.reader import Reader
+
     keys = list(range(0, 250))
-    for _ in range(4):
-        got = {row["id"]: row for row in r.get_many(keys).to_pylist()}
-        assert got == model
-    assert r._points._delta is not None  # the last lookups read the concatenated SSTables
+    # A cache too small to hold any SSTable's rows: every lookup takes its rows from Lance.
+    for r, concatenated in ((Reader(TableState.load(table_uri), cache_bytes=16 << 10), False),
+                            (readers.open(table_uri, refresh_interval_ms=None), True)):
+        for _ in range(3):
+            got = {row["id"]: row for row in r.get_many(keys).to_pylist()}
+            assert got == model
+        assert (r._points._delta is not None) == concatenated

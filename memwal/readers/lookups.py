@@ -89,7 +89,7 @@ class PointLookups:
                 keys = without_keys(keys, mine, pk)  # the WAL tail holds their newest version
                 parts.append(mine.filter(pc.invert(mine.column(TOMBSTONE))).select(names))
         todo = _KeysToFind(keys, pk)
-        delta = self._delta_rows(snap, names) if todo.ints is not None else None
+        delta = self._delta_rows(snap, names, warm=True) if todo.ints is not None else None
         for shard in snap.shards:
             merged = self.live_keys.merged(snap, shard.shard_id) if todo.ints is not None else None
             if merged is not None:  # one search of all the shard's SSTables' keys at once
@@ -120,16 +120,22 @@ class PointLookups:
             return out_schema.empty_table()
         return pa.concat_tables([p if p.schema.equals(out_schema) else p.cast(out_schema) for p in parts])
 
-    def _delta_rows(self, snap: Snapshot, names: list[str]) -> tuple[pa.Table, dict[str, int]] | None:
+    def _delta_rows(self, snap: Snapshot, names: list[str], warm: bool = False) -> tuple[pa.Table, dict[str, int]] | None:
         """The snapshot's live SSTables' rows (``names``) as one table, with where each
         SSTable's begin, once every one of them is in the cache (lookups of many keys put them
-        there, :meth:`SSTableCache.take_many`); built once per snapshot and column list."""
+        there, :meth:`SSTableCache.take_many`); built once per snapshot and column list. With
+        ``warm``, SSTables small enough to be read whole (:meth:`SSTableCache.cache_small`) are
+        read into the cache first: a lookup of many keys then reads each new SSTable once."""
         ident = (snap.base_version, tuple((s.shard_id, s.manifest.version, s.compacted_generation, s.read_after) for s in snap.shards),
                  tuple(names))
         kept = self._delta  # once: another thread may replace it meanwhile
         if kept is not None and kept[0] == ident:
             return kept[1]
-        paths_ = [path for shard in snap.shards for path, _ in self.live_keys.newest(snap, shard.shard_id)]
+        listed = [(path, ks) for shard in snap.shards for path, ks in self.live_keys.newest(snap, shard.shard_id)]
+        paths_ = [path for path, _ in listed]
+        if warm:
+            for path, ks in listed:
+                self.cache.cache_small(path, names, len(ks))
         if not paths_ or not all(self.cache.holds_rows(path, names) for path in paths_):
             return None
         schema = pa.schema([self.state.write_schema.field(c) for c in names])

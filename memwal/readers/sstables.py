@@ -267,6 +267,21 @@ class SSTableCache:
         wanted = list(dict.fromkeys([*columns, TOMBSTONE]))
         return ("rows", path) in self._lru or ("rows:" + ",".join(wanted), path) in self._lru
 
+    def cache_small(self, path: str, columns: Sequence[str], rows_held: int) -> bool:
+        """Read the SSTable's rows (``columns``) into the cache if it is small (at most
+        :data:`READ_WHOLE_ROWS` rows whose size :meth:`worth_caching`); whether they are held."""
+        if self.holds_rows(path, columns):
+            return True
+        if rows_held > READ_WHOLE_ROWS or not self.worth_caching(rows_held * _row_bytes(self._stored(path), columns)):
+            return False
+        wanted = list(dict.fromkeys([*columns, TOMBSTONE]))
+        with reading(path):
+            whole = self._read_all(path, wanted)
+        if not self.worth_caching(whole.nbytes):
+            return False
+        self._lru.put(("rows:" + ",".join(wanted), path), whole, whole.nbytes)
+        return True
+
     def take_many(self, path: str, positions: Sequence[int], columns: Sequence[str], rows_held: int) -> pa.Table:
         """The SSTable's live rows at ``positions`` for a lookup of many keys: from its rows in
         the cache when they are there (a ``take`` by Lance costs ~0.5 ms a call, a hundred
