@@ -394,7 +394,7 @@ class Compactor:
         others one by one. A shard whose files cannot be
         read goes to ``on_damage`` (if given; else the error is raised) and the others go on.
         While the base is paused (:meth:`TableState.base_paused`: a column is being widened)
-        no round starts: what is left is compacted by a later call.
+        no round commits: what is left is compacted by a later call.
 
         With ``upto`` (shard id -> generation) no generation above a shard's bound is
         compacted: a fold takes what was pending when it was decided, not what writers flush
@@ -408,10 +408,6 @@ class Compactor:
         pending = list(shard_ids)
         lost_in_a_row = 0
         while pending:
-            paused = self.state.base_paused()
-            if paused:  # a widening's cast and swap must see no other commit (memwal.evolve)
-                log.info("compaction of %s waits: %s", self.state.uri, paused)
-                break
             plans: list[CompactionPlan] = []
             rows = 0
             later: list[str] = []  # past this round's row budget: planned next round, first
@@ -434,6 +430,10 @@ class Compactor:
                     plans.append(plan)
                     rows += plan.live.num_rows + plan.dead.num_rows
             if not plans:
+                break
+            paused = self.state.base_paused()  # once a round, right before it commits
+            if paused:  # a widening's cast and swap must see no other commit (memwal.evolve)
+                log.info("compaction of %s waits: %s", self.state.uri, paused)
                 break
             done, lost, damaged = self._commit_round(plans, on_damage)
             results += done
@@ -469,13 +469,10 @@ class Compactor:
     def _commit_round(
         self, plans: list["CompactionPlan"], on_damage: Callable[[str, Exception], None] | None
     ) -> tuple[list[CompactionResult], int, set[str]]:
-        """Commit one round's plans: (results, races lost, shards found damaged). Nothing when
-        the base was paused while they were planned (a widening began: memwal.evolve)."""
+        """Commit one round's plans: (results, races lost, shards found damaged)."""
         done: list[CompactionResult] = []
         lost = 0
         damaged: set[str] = set()
-        if self.state.base_paused():
-            return done, lost, damaged
         joint = self._joinable(plans)
         if joint:
             try:

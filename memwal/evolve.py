@@ -180,12 +180,7 @@ class SchemaUpdate:
         stored before is read as the new columns."""
         base = self.state.dataset()
         self._check(base.schema.names)
-        for f in self._widen:
-            old = base.schema.field(f.name).type
-            if not is_widening(old, f.type):
-                raise SchemaMismatchError(
-                    f"cannot change {f.name!r} from {old} to {f.type}: not every value converts exactly "
-                    "(a column only widens: a wider integer or float, a decimal with no fewer digits)")
+        self._widenings(base.schema)  # refused before anything is committed
         before = base.version
         if self._add:
             base.add_columns(pa.schema(self._add))
@@ -220,15 +215,8 @@ class SchemaUpdate:
         names = [f.name for f in self._widen]
         self._hold_pause(marker, names)
         try:
-            base = self.state.dataset()
-            todo = []
-            for f in self._widen:  # again, under the pause: another widening may have run meanwhile
-                now = base.schema.field(f.name).type if f.name in base.schema.names else None
-                if now is not None and now.equals(f.type):
-                    continue
-                if now is None or not is_widening(now, f.type):
-                    raise SchemaMismatchError(f"cannot change {f.name!r} from {now} to {f.type}: it changed meanwhile")
-                todo.append(f)
+            # Again, under the pause: another widening may have made a column as wide meanwhile.
+            todo = self._widenings(self.state.dataset().schema, done_ok=True)
             if not todo:
                 return
             names = [f.name for f in todo]
@@ -256,6 +244,22 @@ class SchemaUpdate:
             self._repair_missed(hidden)
         finally:
             io.remove(marker)
+
+    def _widenings(self, schema: pa.Schema, done_ok: bool = False) -> list[pa.Field]:
+        """The widenings of :attr:`_widen` that ``schema`` still needs; SchemaMismatchError for
+        one that is no widening of its column (with ``done_ok``, a column already of the type is
+        left out: another widening made it)."""
+        todo = []
+        for f in self._widen:
+            now = schema.field(f.name).type if f.name in schema.names else None
+            if done_ok and now is not None and now.equals(f.type):
+                continue
+            if now is None or not is_widening(now, f.type):
+                raise SchemaMismatchError(
+                    f"cannot change {f.name!r} from {now} to {f.type}: not every value converts exactly "
+                    "(a column only widens: a wider integer or float, a decimal with no fewer digits)")
+            todo.append(f)
+        return todo
 
     def _hold_pause(self, marker: str, names: list[str]) -> None:
         """Make the pause marker, waiting while another widening holds it (one that died holds

@@ -78,6 +78,11 @@ def join(*parts: str) -> str:
     return out
 
 
+def basename(uri: str) -> str:
+    """The last part of a URI or path: a table's name under the root that holds it."""
+    return uri.rstrip("/").rpartition("/")[2]
+
+
 def normalize_uri(uri: str) -> str:
     """A table URI without a trailing slash; local paths (and ``file://`` URIs) become absolute
     paths, so every process names a table's files the same way."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from memwal import paths
 from memwal.streaming.progress import BatchProgress
 from memwal.streaming.timing import PHASES
 
@@ -103,7 +104,7 @@ class IngestMetrics:
         for field, counter in self.counters.items():
             counter.inc(getattr(r, field))
         for t in batch.tables:
-            name = t.table.rstrip("/").rpartition("/")[2]
+            name = paths.basename(t.table)
             for field, counter in self.table_counters.items():
                 counter.labels(name).inc(getattr(t, field))
         if batch.timing is not None:

@@ -175,8 +175,10 @@ class SSTableCache:
 
     def _decide_missing(self, path: str, columns: Sequence[str] | None) -> bool:
         stored = self._stored(path)
-        widened = widened_sources(stored.names).keys() & set(self.schema.names if columns is None and self.schema is not None else columns or ())
-        if widened and self._replayed_values(path, widened):
+        asked = columns if columns is not None else (self.schema.names if self.schema is not None else ())
+        sources = widened_sources(stored.names)
+        hidden = sorted(h for c in asked for h in sources.get(c, ()))
+        if hidden and self._replayed_values(path, hidden):
             return True
         if columns is None:
             return self.schema is not None and (stored.names != self.schema.names or needs_evolving(stored, self.schema))
@@ -184,11 +186,10 @@ class SSTableCache:
             return any(c not in stored.names for c in columns)
         return needs_evolving(stored, pa.schema([self.schema.field(c) for c in columns]))
 
-    def _replayed_values(self, path: str, columns: set[str]) -> bool:
-        """Whether the SSTable holds a value in the hidden older self of one of ``columns``: a
-        writer replayed WAL entries of before a widening into it (:func:`as_evolved`). Every
-        SSTable written since a widening has the hidden column, nearly always all null."""
-        hidden = sorted(h for c in columns for h in widened_sources(self._names(path)).get(c, ()))
+    def _replayed_values(self, path: str, hidden: list[str]) -> bool:
+        """Whether the SSTable holds a value in one of the ``hidden`` older selves of widened
+        columns: a writer replayed WAL entries of before a widening into it (:func:`as_evolved`).
+        Every SSTable written since a widening has the hidden column, nearly always all null."""
         t = self.dataset(path).to_table(columns=hidden)
         return any(t.column(h).null_count < t.num_rows for h in hidden)
 
@@ -285,20 +286,12 @@ class SSTableCache:
     def take_many(self, path: str, positions: Sequence[int], columns: Sequence[str], rows_held: int) -> pa.Table:
         """The SSTable's live rows at ``positions`` for a lookup of many keys: from its rows in
         the cache when they are there (a ``take`` by Lance costs ~0.5 ms a call, a hundred
-        SSTables 50 ms a lookup of a thousand keys), else by Lance. A small SSTable (at most
-        :data:`READ_WHOLE_ROWS` rows) is read whole instead, its rows (``columns``) cached when
-        they fit (:meth:`worth_caching`), which costs about what the take would; a larger one
-        asked a second time has them cached when they fit (estimated from the rows taken and
-        the ``rows_held`` of its key set)."""
-        if self.holds_rows(path, columns):
+        SSTables 50 ms a lookup of a thousand keys), else by Lance. A small SSTable is read whole
+        into the cache instead (:meth:`cache_small`), which costs about what the take would; a
+        larger one asked a second time has its rows cached when they fit (estimated from the rows
+        taken and the ``rows_held`` of its key set)."""
+        if self.cache_small(path, columns, rows_held):
             return self.rows(path, columns).take(pa.array(positions, pa.int64())).select(list(columns))
-        if rows_held <= READ_WHOLE_ROWS and self.worth_caching(rows_held * _row_bytes(self._stored(path), columns)):
-            wanted = list(dict.fromkeys([*columns, TOMBSTONE]))
-            with reading(path):
-                whole = self._read_all(path, wanted)
-            if self.worth_caching(whole.nbytes):
-                self._lru.put(("rows:" + ",".join(wanted), path), whole, whole.nbytes)
-            return whole.take(pa.array(positions, pa.int64())).select(list(columns))
         taken = self.take(path, positions, columns)
         asked = self._asked.get(path, 0) + 1
         if len(self._asked) >= 4096:

@@ -29,7 +29,7 @@ from memwal.readers.config import ReadConfig
 from memwal.readers.sql import filter_rows
 from memwal.readers.sstables import KeySet, LiveKeySets, SSTableCache
 from memwal.readers.stream import ShadowKeys
-from memwal.readers.vectors import METRICS, as_matrix, distances, matvec, top_k, vector_columns
+from memwal.readers.vectors import METRICS, as_matrix, distances, matvec, nearest, top_k, vector_columns
 from memwal.schema import TOMBSTONE
 from memwal.snapshot import Snapshot
 from memwal.state import TableState
@@ -208,18 +208,11 @@ class VectorSearch:
             keep = keep & base.keep_mask(newest)
         if where:
             keep = keep & base.where_mask(ds, where, self.state.primary_key[0])
-        among = np.flatnonzero(keep)
-        among = among[~np.isnan(dist[among])]  # a null vector has no distance: never a result (as in Lance)
+        among = np.flatnonzero(keep & ~np.isnan(dist))  # a null vector has no distance: never a result (as in Lance)
         if len(among) == 0:
             return ds.schema.empty_table().select(wanted).append_column("_distance", pa.array([], pa.float32()))
-        d = dist[among]
-        d = np.where(np.isnan(d), np.inf, d)
-        k = q.k
-        order = np.argpartition(d, k - 1)[:k] if len(d) > k else np.arange(len(d))
-        order = order[np.argsort(d[order], kind="stable")]
-        picked = among[order]
-        rows = ds.take(picked.tolist(), columns=wanted)
-        return rows.append_column("_distance", pa.array(d[order], pa.float32()))
+        picked, d = nearest(dist, q.k, among)
+        return ds.take(picked.tolist(), columns=wanted).append_column("_distance", pa.array(d, pa.float32()))
 
     def _search_base(
         self, snap: Snapshot, q: VectorQuery, wanted: list[str], where: str | None, shadows: list[ShadowKeys], indexed: bool

@@ -60,12 +60,18 @@ def top_k(rows: pa.Table, dist: np.ndarray, k: int, among: np.ndarray | None = N
     """The ``k`` rows of ``rows`` nearest by ``dist`` (NaN last), nearest first, with
     ``_distance``; only rows at the positions ``among`` (sorted) when given, so a caller with
     a mask takes k rows instead of copying every kept one first."""
+    picked, d = nearest(dist, k, among)
+    return rows.take(pa.array(picked, pa.int64())).append_column("_distance", pa.array(d, pa.float32()))
+
+
+def nearest(dist: np.ndarray, k: int, among: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The positions of the ``k`` nearest by ``dist`` (NaN last), nearest first, and their
+    distances; only among the positions ``among`` (sorted) when given."""
     if among is not None:
         dist = dist[among]
     if len(dist) == 0:
-        return rows.slice(0, 0).append_column("_distance", pa.array([], pa.float32()))
+        return np.zeros(0, np.int64), dist
     d = np.where(np.isnan(dist), np.inf, dist)
     order = np.argpartition(d, k - 1)[:k] if len(d) > k else np.arange(len(d))
     order = order[np.argsort(d[order], kind="stable")]
-    picked = order if among is None else among[order]
-    return rows.take(pa.array(picked, pa.int64())).append_column("_distance", pa.array(dist[order], pa.float32()))
+    return (order if among is None else among[order]), dist[order]

@@ -210,12 +210,14 @@ class _Process:
 _PROCESS = _Process()
 
 
-def _snapshot(state: Any, pin: PinnedSnapshot) -> Any:
+def _snapshot(state: Any, pin: PinnedSnapshot, base: Any = None) -> Any:
+    """The pinned snapshot (``base``: its base version, already open)."""
     from memwal.manifest import ShardManifest
     from memwal.snapshot import ShardState, Snapshot
 
     shards = tuple(ShardState(ShardManifest.from_bytes(s.manifest), s.compacted_generation) for s in pin.shards)
-    return Snapshot(state.dataset(pin.base_version), state.manifests.mem_wal_index(pin.base_version), shards)
+    base = base if base is not None else state.dataset(pin.base_version)
+    return Snapshot(base, state.manifests.mem_wal_index(pin.base_version), shards)
 
 
 class ScanReader(DataSourceReader):
@@ -314,12 +316,12 @@ class ScanReader(DataSourceReader):
         from memwal import paths
 
         plan = self._plan if self._plan is not None else self.plan()
-        state = _PROCESS.state(plan.uri, plan.opts.storage)
-        state = _PROCESS.state_of(plan.uri, plan.opts.storage, state.dataset(plan.snapshot.base_version))
+        base = _PROCESS.state(plan.uri, plan.opts.storage).dataset(plan.snapshot.base_version)
+        state = _PROCESS.state_of(plan.uri, plan.opts.storage, base)
         pk = list(state.primary_key)
         out = list(plan.columns)
         target = to_arrow_schema(self.schema, timezone="UTC")
-        snap = _snapshot(state, plan.snapshot)
+        snap = _snapshot(state, plan.snapshot, base)
         cache = _PROCESS.cache(state.storage_options)
         columns = list(dict.fromkeys([*out, *pk])) if plan.where is None else state.schema.names
         if isinstance(partition, DeltaSplit):

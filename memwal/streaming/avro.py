@@ -38,10 +38,9 @@ import pyarrow.compute as pc
 
 from memwal.errors import InvalidArgumentError, MemwalError
 from memwal.streaming.avro_native import NativeReader, Step, conform_rows, conformable, nested_plan, plan, record_fits
-from memwal.streaming.batches import (Binaries, Decoded, binary_array, bisect_failures, changed_fields, json_type, reason,
-                                      value_offsets)
-from memwal.streaming.connect import ConnectSchema, arrow_type
-from memwal.streaming.envelope import OP, Columns, EventSchema, change_rows, envelope_type, event_schema, row_schema
+from memwal.streaming.batches import Binaries, Decoded, binary_array, bisect_failures, json_type, reason, value_offsets
+from memwal.streaming.connect import ConnectSchema
+from memwal.streaming.envelope import OP, Columns, EventSchema, change_rows, changed_columns, envelope_type, event_schema, row_schema
 
 log = logging.getLogger(__name__)
 
@@ -408,18 +407,9 @@ class AvroDecoder:
         if hit is not None and hit[0] is writer:
             return hit[1]
         if writer.envelope:
-            row, skip = row_schema(writer.connect), set()
+            found = changed_columns(self.schema, row_schema(writer.connect))
         else:
-            row, skip = ConnectSchema.from_avro(json.loads(writer.json)), {self.op_field, self.sequence_field}
-        typed = []
-        for name, f in (row.fields if row is not None else ()):
-            if name in skip:
-                continue
-            try:
-                typed.append((name, arrow_type(f)))
-            except ValueError:  # no column type: its values stay unread
-                continue
-        found = changed_fields(self.schema, typed)
+            found = changed_columns(self.schema, ConnectSchema.from_avro(json.loads(writer.json)), {self.op_field, self.sequence_field})
         self._changed[id(writer)] = (writer, found)
         return found
 

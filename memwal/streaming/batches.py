@@ -10,7 +10,7 @@ dispatches to them, so no format imports the module that chooses it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -18,7 +18,6 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from memwal.errors import MemwalError
-from memwal.schema import is_widening
 
 #: Kafka keys or values: an Arrow binary array (as the source yields them) or a list.
 Binaries = pa.Array | pa.ChunkedArray | Sequence[bytes | None]
@@ -143,23 +142,6 @@ class Decoded:
     #: Table columns whose type the records' schemas give wider (name -> the wider nullable
     #: field): a source whose column was widened, ``int`` to ``bigint`` (``SinkOptions.evolve``).
     wider_columns: dict[str, pa.Field] = field(default_factory=dict)
-
-
-def changed_fields(table: pa.Schema, fields: Iterable[tuple[str, pa.DataType]]) -> tuple[dict[str, pa.Field], dict[str, pa.Field]]:
-    """Of a source's fields (name, column type), those ``table`` lacks and those whose type is
-    wider than their column's (:func:`memwal.schema.is_widening`), as nullable fields. A name
-    memwal reserves (``_...``) is neither: its values stay unread."""
-    new: dict[str, pa.Field] = {}
-    wider: dict[str, pa.Field] = {}
-    for name, type_ in fields:
-        if not name or name.startswith("_"):
-            continue
-        i = table.get_field_index(name)
-        if i < 0:
-            new[name] = pa.field(name, type_, nullable=True)
-        elif is_widening(table.field(i).type, type_):
-            wider[name] = pa.field(name, type_, nullable=True)
-    return new, wider
 
 
 class ValueDecoder(Protocol):

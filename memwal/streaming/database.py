@@ -31,7 +31,6 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
 
 import pyarrow as pa
 
@@ -140,7 +139,7 @@ class DatabaseSink:
             df.unpersist()
         report = WriteReport.combined(parts, batch_id, seconds=time.perf_counter() - t0)
         self.history.record(report, tuple(parts))
-        log.info("%s; %d table(s): %s", report.line(), len(parts), ", ".join(f"{table_name_of(p.table)} {p.rows}" for p in parts))
+        log.info("%s; %d table(s): %s", report.line(), len(parts), ", ".join(f"{paths.basename(p.table)} {p.rows}" for p in parts))
 
     def _sink(self, topic: str, records, batch_id: int) -> MemwalSink | WriteReport:
         """The sink of ``topic``'s table, which is created from an event of it that carries its
@@ -150,7 +149,6 @@ class DatabaseSink:
         if sink is not None:
             return sink
         from memwal.io import file_io_for
-        from memwal.table import Table
 
         uri = self.table_uri(topic)
         io = file_io_for(uri, self.storage)
@@ -173,7 +171,6 @@ class DatabaseSink:
             n = self._dead_letters(topic, records, batch_id, reason)
             log.warning("topic %s: %d record(s) to %s: %s", topic, n, self.dead_letter_uri, reason)
             return WriteReport(batch_id=batch_id, rows=n, dead_letters=n, table=self.dead_letter_uri)
-        Table.open(uri, self.storage).close()
         sink = self.sinks[topic] = MemwalSink(uri, self.options, self.storage).bind(records.sparkSession)
         return sink
 
@@ -203,25 +200,16 @@ class DatabaseSink:
 
     def _dead_letters(self, topic: str, records, batch_id: int, reason: str) -> int:
         """Record a topic's records that have no table as dead letters of the root's table."""
-        from memwal.write.dead_letters import SCHEMA, write_dead_letters
+        from memwal.write.dead_letters import dead_letter_rows, write_dead_letters
+        from memwal.write.messages import DEAD_SCHEMA, ERROR, KEY, KPART, OFFSET, ORDER, RAW, TOPIC
 
-        n = 0
-        batch: list[dict[str, Any]] = []
-        for row in records.select("key", "value", "partition", "offset").toLocalIterator():
-            batch.append({"dlq_id": f"{topic}/{row['partition']}/{row['offset']}", "error": reason, "topic": topic,
-                          "partition": row["partition"], "offset": row["offset"], "key": row["key"], "value": row["value"],
-                          "batch_id": batch_id, "recorded_at": None, "target": self.root})
-            if len(batch) >= 10_000:
-                n += write_dead_letters(self.dead_letter_uri, pa.Table.from_pylist(batch, schema=SCHEMA.remove_metadata()), self.storage)
-                batch = []
-        if batch:
-            n += write_dead_letters(self.dead_letter_uri, pa.Table.from_pylist(batch, schema=SCHEMA.remove_metadata()), self.storage)
-        return n
-
-
-def table_name_of(uri: str) -> str:
-    """A table's name under its root (the last part of its URI)."""
-    return uri.rstrip("/").rpartition("/")[2]
+        got = records.select("key", "value", "partition", "offset").toArrow()
+        n = got.num_rows
+        bad = pa.table({ORDER: pa.array(range(n), pa.int64()), ERROR: pa.array([reason] * n, pa.string()),
+                        TOPIC: pa.array([topic] * n, pa.string()), KPART: got.column("partition").cast(pa.int32()),
+                        OFFSET: got.column("offset").cast(pa.int64()), KEY: got.column("key"), RAW: got.column("value")},
+                       schema=DEAD_SCHEMA)
+        return write_dead_letters(self.dead_letter_uri, dead_letter_rows(bad, batch_id, self.root), self.storage)
 
 
 def ingest_database(
@@ -255,7 +243,7 @@ def ingest_database(
 
         configure_s3a(spark, sink.storage)
     subscription = topic_pattern if topic_pattern is not None else ",".join(topics)
-    name = query_name or f"memwal-ingest-database-{table_name_of(sink.root)}"
+    name = query_name or f"memwal-ingest-database-{paths.basename(sink.root)}"
     listener = MemwalProgressListener(sink.history, name, None, observers)
     spark.streams.addListener(listener)
     stream = kafka_stream(spark, bootstrap, subscription, starting_offsets=starting_offsets,

@@ -35,10 +35,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal.errors import InvalidArgumentError
-from memwal.streaming.batches import (Binaries, Decoded, binary_array, bisect_failures, changed_fields, json_type, read_json_objects,
-                                      value_offsets)
-from memwal.streaming.connect import ConnectSchema, arrow_type
-from memwal.streaming.envelope import OP, Columns, EventSchema, change_rows, envelope_type, event_schema, row_schema
+from memwal.streaming.batches import Binaries, Decoded, binary_array, bisect_failures, json_type, read_json_objects, value_offsets
+from memwal.streaming.connect import ConnectSchema
+from memwal.streaming.envelope import OP, Columns, EventSchema, change_rows, changed_columns, envelope_type, event_schema, row_schema
 
 __all__ = ["DebeziumDecoder", "EventSchema", "OP", "SchemaGroup", "schema_from_event", "schema_groups"]
 
@@ -233,7 +232,7 @@ class DebeziumDecoder:
         wider: dict[str, pa.Field] = {}
         for group in schema_groups(arr, self._schemas):
             columns, parse = self._plan(group.schema)
-            new, widened = self._changed_columns(group.schema)
+            new, widened = changed_columns(self.schema, row_schema(group.schema))
             new_columns.update(new)
             wider.update(widened)
             vals = group.values
@@ -263,22 +262,6 @@ class DebeziumDecoder:
             order = np.argsort(pos, kind="stable")
             rows, pos = rows.take(pa.array(order, pa.int64())), pos[order]
         return Decoded(rows, pos, errors, skipped, new_columns, wider)
-
-    def _changed_columns(self, schema: ConnectSchema | None) -> tuple[dict[str, pa.Field], dict[str, pa.Field]]:
-        """The row fields of a value schema that the table lacks, and those whose Connect type
-        is wider than their column's, as nullable columns of their Connect types (a field whose
-        type has no column type, or whose name memwal reserves, is left out: its values stay
-        unread, or are converted to the column's type, as before)."""
-        row = row_schema(schema)
-        if row is None:
-            return {}, {}
-        typed = []
-        for name, f in row.fields:
-            try:
-                typed.append((name, arrow_type(f)))
-            except ValueError:
-                continue
-        return changed_fields(self.schema, typed)
 
     def _keys(self, keys: pa.BinaryArray) -> dict[str, pa.Array]:
         """Primary-key columns of Debezium key JSON, bare or wrapped (converted by their schema);

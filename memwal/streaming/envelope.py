@@ -17,13 +17,14 @@ them into the table's rows, the same for both.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal.errors import InvalidArgumentError
+from memwal.schema import is_widening
 from memwal.streaming.connect import ConnectSchema, arrow_type, convert, parse_type
 
 #: The column of decoded rows holding the operation (not a table column: those may not start with "_").
@@ -82,6 +83,31 @@ def event_schema(row: ConnectSchema, key: ConnectSchema | None) -> EventSchema:
         except ValueError as e:
             raise InvalidArgumentError(f"column {name!r}: {e}") from None
     return EventSchema(pa.schema(fields), tuple(n for n, _ in key.fields) if key is not None and key.fields else None)
+
+
+def changed_columns(table: pa.Schema, row: ConnectSchema | None, skip: Collection[str | None] = ()
+                    ) -> tuple[dict[str, pa.Field], dict[str, pa.Field]]:
+    """Of a source's row fields (their Connect schema ``row``, but those in ``skip``), those
+    ``table`` lacks and those whose type is wider than their column's
+    (:func:`memwal.schema.is_widening`), as nullable fields of their Connect types
+    (``SinkOptions.evolve``). A field whose type has no column type, or whose name memwal
+    reserves (``_...``), is neither: its values stay unread, or are converted to the column's
+    type, as before."""
+    new: dict[str, pa.Field] = {}
+    wider: dict[str, pa.Field] = {}
+    for name, f in (row.fields if row is not None else ()):
+        if not name or name.startswith("_") or name in skip:
+            continue
+        try:
+            type_ = arrow_type(f)
+        except ValueError:
+            continue
+        i = table.get_field_index(name)
+        if i < 0:
+            new[name] = pa.field(name, type_, nullable=True)
+        elif is_widening(table.field(i).type, type_):
+            wider[name] = pa.field(name, type_, nullable=True)
+    return new, wider
 
 
 def row_schema(value: ConnectSchema | None) -> ConnectSchema | None:
