@@ -9,6 +9,7 @@ import duckdb
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,18 +18,19 @@ from memwal import Table, WriterConfig, readers
 from memwal.lsm import newest_per_key
 from memwal.readers import ReadConfig
 from memwal.readers.sstables import KeySet, SSTableCache
-from memwal.readers.stream import Level, MergedScan, take
+from memwal.readers.stream import ShadowKeys, base_rows, shard_rows
 from memwal.schema import TOMBSTONE
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.float64())])
 
 
-def _level(keys: list[int], key_type: pa.DataType, tombstones: list[bool], tag: str) -> Level:
-    """An SSTable of ``keys`` as Lance leaves one: its live rows, the newest of each key."""
-    rows = pa.table({"k": pa.array(keys, key_type), "v": pa.array([f"{tag}{i}" for i in range(len(keys))], pa.string()),
+def _level(keys: list[int], key_type: pa.DataType, tombstones: list[bool]) -> tuple[KeySet, pa.Table]:
+    """An SSTable of ``keys`` as Lance leaves one (its live rows, the newest of each key): its
+    key set and its rows."""
+    rows = pa.table({"k": pa.array(keys, key_type), "v": pa.array([f"{k}@{i}" for i, k in enumerate(keys)], pa.string()),
                      TOMBSTONE: pa.array(tombstones, pa.bool_())})
     rows = newest_per_key(rows, ["k"])
-    return Level(tag, lambda: (KeySet.of(rows, ["k"]), rows))
+    return KeySet.of(rows, ["k"]), rows
 
 
 @settings(max_examples=150, deadline=None)
@@ -37,46 +39,44 @@ def _level(keys: list[int], key_type: pa.DataType, tombstones: list[bool], tag: 
     base_keys=st.lists(st.integers(-5, 45), max_size=40, unique=True),
     tail=st.one_of(st.none(), st.lists(st.tuples(st.integers(0, 40), st.booleans()), max_size=8)),
     key_type=st.sampled_from([pa.int64(), pa.int16(), pa.string()]),
-    batch_rows=st.integers(1, 7),
-    ahead=st.integers(1, 3),
+    base_batch=st.integers(1, 7),
 )
-def test_a_streamed_scan_keeps_the_rows_the_lsm_merge_keeps(shards, base_keys, tail, key_type, batch_rows, ahead):
-    """Levels newest first, each minus the keys of newer ones: exactly the newest live row of
-    each key over base, SSTables (oldest first per shard) and WAL tail, whatever the batch
-    size and read-ahead. Shards own disjoint keys: a shard's keys are made its own."""
+def test_the_merge_keeps_the_rows_the_lsm_model_keeps(shards, base_keys, tail, key_type, base_batch):
+    """Each shard's levels newest first, each minus the keys of newer ones and the tail's,
+    then the base minus every key above it, then the tail: exactly the newest live row of each
+    key over base, SSTables (oldest first per shard) and WAL tail. Shards own disjoint keys: a
+    shard's keys are made its own."""
     cast = str if key_type == pa.string() else int
-    levels, model_parts = [], []
+    schema = pa.schema([("k", key_type), ("v", pa.string())])
     base = pa.table({"k": pa.array([cast(k) for k in base_keys], key_type), "v": pa.array([f"b{k}" for k in base_keys], pa.string()),
                      TOMBSTONE: pa.array([False] * len(base_keys), pa.bool_())})
-    model_parts.append(base)
+    model_parts, levels = [base], []
     for s, sstables in enumerate(shards):
-        mine = []
-        for g, entries in enumerate(sstables):  # oldest first
-            keys = [cast(k * len(shards) + s) for k, _ in entries]  # disjoint across shards
-            tag = f"s{s}g{g}-"
-            level = _level(keys, key_type, [t for _, t in entries], tag)
-            model_parts.append(level.read()[1])
-            mine.append(level)
+        mine = [_level([cast(k * len(shards) + s) for k, _ in entries], key_type, [t for _, t in entries]) for entries in sstables]
+        model_parts += [rows for _, rows in mine]  # oldest first
         levels.append(list(reversed(mine)))  # newest first
     tail_table = None
+    tail_keys = ShadowKeys(["k"], schema)
     if tail is not None:
         tail_table = newest_per_key(pa.table({"k": pa.array([cast(k) for k, _ in tail], key_type),
                                               "v": pa.array([f"t{i}" for i in range(len(tail))], pa.string()),
                                               TOMBSTONE: pa.array([t for _, t in tail], pa.bool_())}), ["k"])
         model_parts.append(tail_table)
+        tail_keys.add_rows(tail_table)
     everything = newest_per_key(pa.concat_tables(model_parts), ["k"])
     expected = sorted(r["v"] for r in everything.to_pylist() if not r[TOMBSTONE])
 
-    schema = pa.schema([("k", key_type), ("v", pa.string())])
-    scan = MergedScan(levels, lambda: pa.RecordBatchReader.from_batches(schema, base.select(["k", "v"]).to_batches(max_chunksize=3)),
-                      tail_table, ["k", "v"], ["k"], schema, None, batch_rows, ahead)
-    batches = list(scan)
-    assert all(0 < b.num_rows <= max(batch_rows, 3) for b in batches)
-    got = sorted(v for b in batches for v in b.column("v").to_pylist())
-    assert got == expected
-    limited = list(take(iter(MergedScan(levels, lambda: pa.RecordBatchReader.from_batches(schema, base.select(["k", "v"]).to_batches()),
-                                        tail_table, ["k", "v"], ["k"], schema, None, batch_rows, ahead)), 3))
-    assert sum(b.num_rows for b in limited) == min(3, len(expected))
+    got = [v for shard in levels for rows in shard_rows(iter(shard), tail_keys, ["k"], schema) for v in rows.column("v").to_pylist()]
+    shadow = ShadowKeys(["k"], schema)
+    shadow.merge(tail_keys)
+    for shard in levels:
+        for keys, _ in shard:
+            shadow.add_key_set(keys)
+    for batch in base_rows(base.select(["k", "v"]).to_batches(max_chunksize=base_batch), shadow):
+        got += batch.column("v").to_pylist()
+    if tail_table is not None:
+        got += tail_table.filter(pc.invert(tail_table.column(TOMBSTONE))).column("v").to_pylist()
+    assert sorted(got) == expected
 
 
 def _table_with_sstables(uri: str, flushes: int = 5) -> tuple[Table, dict[int, dict]]:
@@ -91,6 +91,53 @@ def _table_with_sstables(uri: str, flushes: int = 5) -> tuple[Table, dict[int, d
         model.update({i: {"id": i, "name": f"f{f}-{i}", "score": float(f * 10_000 + i)} for i in ids})
         model.pop(f * 150 + 1)
     return t, model
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    steps=st.lists(st.tuples(st.sampled_from(["upsert", "delete", "flush", "compact"]), st.lists(st.integers(0, 80), min_size=1, max_size=20)),
+                   min_size=1, max_size=8),
+    rows_per_split=st.integers(1, 60),
+    where=st.sampled_from([None, "score > 120", "name LIKE 'u%'"]),
+)
+def test_every_split_read_alone_adds_up_to_the_scan_and_the_model(tmp_path_factory, steps, rows_per_split, where):
+    """A plan of splits, pickled as it travels to Spark's executors and each split read alone
+    by another process's reads, returns exactly the rows of ``scan()`` and of the model: with
+    SSTables, deletes, compacted generations, base fragments split by rows and the WAL tail."""
+    import pickle
+
+    from memwal.compactor import Compactor
+    from memwal.readers.process import ProcessReads
+    from memwal.state import TableState
+
+    uri = str(tmp_path_factory.mktemp("splits") / "t")
+    base = pa.table({"id": range(0, 80, 2), "name": [f"b{i}" for i in range(0, 80, 2)], "score": [float(i) for i in range(0, 80, 2)]}, schema=SCHEMA)
+    t = Table.create(uri, SCHEMA, ["id"], "bucket(id, 3)", writer=WriterConfig(max_memtable_rows=100_000), initial_data=base)
+    model = {r["id"]: r for r in base.to_pylist()}
+    with t:
+        for n, (kind, keys) in enumerate(steps):
+            if kind == "upsert":
+                batch = [{"id": k, "name": f"u{n}-{k}", "score": float(n * 100 + k)} for k in dict.fromkeys(keys)]
+                t.write(pa.Table.from_pylist(batch, schema=SCHEMA))
+                model.update({r["id"]: r for r in batch})
+            elif kind == "delete":
+                t.delete({"id": keys})
+                for k in keys:
+                    model.pop(k, None)
+            elif kind == "flush":
+                t.flush()
+            else:
+                t.flush()
+                Compactor(TableState.load(uri)).run_once()
+        r = readers.open(uri, consistency="strong")
+        plan = pickle.loads(pickle.dumps(r.plan_scan(["id", "name", "score"], where, rows_per_split)))
+        executor = ProcessReads().split_reader(uri, None, plan)
+        parts = [row for split in plan.splits for b in executor.read(split) for row in b.to_pylist()]
+        scanned = r.scan(where=where).to_pylist()
+    keep = {"score > 120": lambda m: m["score"] > 120, "name LIKE 'u%'": lambda m: m["name"].startswith("u")}.get(where, lambda m: True)
+    want = sorted(m["id"] for m in model.values() if keep(m))
+    assert sorted(row["id"] for row in parts) == want  # each live key in exactly one split
+    assert {row["id"]: row for row in parts} == {row["id"]: row for row in scanned} == {k: m for k, m in model.items() if keep(m)}
 
 
 def test_to_batches_streams_bounded_batches_of_the_merged_view(table_uri):

@@ -33,7 +33,7 @@ from memwal.readers.lookups import POINT_LOOKUP_BATCH, PointLookups
 from memwal.readers.plan import Planner, ReadPlan
 from memwal.readers.points import first_row
 from memwal.readers.pruning import Pruning
-from memwal.readers.stream import scan_snapshot
+from memwal.readers.splits import ScanPlan, SplitReader, plan_scan
 from memwal.readers.vector_search import VectorSearch
 from memwal.schema import stored_schema
 from memwal.snapshot import Snapshot, take_snapshot
@@ -293,10 +293,23 @@ class Reader:
 
     # -- scans (memwal.readers.stream) -----------------------------------------------------------
 
-    def _stream(
-        self, snap: Snapshot, tail: pa.Table | None, wanted: Sequence[str], where: str | None, limit: int | None
-    ) -> Iterator[pa.RecordBatch]:
-        return scan_snapshot(snap, tail, self.sstables, self.config, self.state.primary_key, self.state.schema, wanted, where, limit)
+    def _splits(self, snap: Snapshot, tail: pa.Table | None, wanted: Sequence[str], where: str | None,
+                rows_per_split: int | None = None) -> SplitReader:
+        plan = plan_scan(snap, tail, wanted, where, rows_per_split)
+        return SplitReader(plan, snap, self.sstables, self.config, self.state.primary_key, self.state.schema)
+
+    def plan_scan(self, columns: Sequence[str] | None = None, where: str | None = None, rows_per_split: int | None = None) -> ScanPlan:
+        """A scan of ``columns`` (the primary key among them) matching ``where``, planned as
+        splits (:mod:`memwal.readers.splits`) for engines that read them on several workers
+        (``format("memwal")``): the base's fragments grouped up to ``rows_per_split`` rows
+        (None: one split). Each split is read with :meth:`split_reader`."""
+        snap, tail = self._pruned_view(where)
+        wanted = list(dict.fromkeys([*self._planner.output_schema(columns).names, *self.state.primary_key]))
+        return plan_scan(snap, tail, wanted, where, rows_per_split)
+
+    def split_reader(self, plan: ScanPlan) -> SplitReader:
+        """What reads ``plan``'s splits in this process, through this reader's SSTable cache."""
+        return SplitReader(plan, plan.open(self.state), self.sstables, self.config, self.state.primary_key, self.state.schema)
 
     def _scan_batches(self, columns: Sequence[str] | None, where: str | None, limit: int | None) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
@@ -305,7 +318,7 @@ class Reader:
         schema = self._planner.output_schema(columns)  # the view's columns (see _lookup)
         out = schema.names
         wanted = list(dict.fromkeys([*out, *self.state.primary_key]))
-        batches = self._stream(snap, tail, wanted, where, limit)
+        batches = self._splits(snap, tail, wanted, where).scan(limit)
         if wanted == out:
             return schema, batches
         return schema, (b.select(out) for b in batches)
@@ -382,7 +395,7 @@ class Reader:
         snap, tail = self._pruned_view(where)
         if tail is None and snap.num_live_sstables == 0:
             return snap.dataset.count_rows(filter=where)
-        return sum(b.num_rows for b in self._stream(snap, tail, list(self.state.primary_key), where, None))
+        return sum(b.num_rows for b in self._splits(snap, tail, list(self.state.primary_key), where).scan())
 
     # -- vector search (memwal.readers.vector_search) --------------------------------------------
 

@@ -1,47 +1,37 @@
-"""The merged view as a stream of record batches: scans that never hold the table.
+"""The LSM merge of a scan, as streams of record batches that never hold the table.
 
 A scan used to build the newest version of every key of every live SSTable in memory, then
 drop those keys from the base: a table whose rows were all in SSTables (5M rows just put)
-took 2.8 GB and 9 s before its first row. :class:`MergedScan` yields the same rows level by
-level, newest first, holding one SSTable at a time:
+took 2.8 GB and 9 s before its first row. The merge here goes level by level, newest first,
+holding one SSTable at a time:
 
-1. each shard's live SSTables, newest first: an SSTable's rows, read by Lance with the scan's
-   filter and projection, minus the keys of the shard's newer SSTables and of the WAL tail
-   (their key sets say which), tombstones dropped;
+1. each shard's live SSTables, newest first (:func:`shard_rows`): an SSTable's rows, read by
+   Lance with the scan's filter and projection, minus the keys of the shard's newer SSTables
+   and of the WAL tail (their key sets say which), tombstones dropped;
 2. the base table's batches, as Lance yields them, minus every key an SSTable or the WAL
-   tail holds;
+   tail holds (:func:`base_rows`);
 3. the WAL tail's live rows (strong reads).
 
 Shards own disjoint keys, so a shard's SSTables shadow only its own older rows and the base.
-What is held is one SSTable's rows (at most ``max_memtable_rows``), the key sets of the live
-SSTables (which a reader keeps for its point lookups anyway) and Lance's read-ahead of the
-base; a scan with a limit stops reading when it has its rows, usually inside the newest
-SSTable. The rows are those of :func:`memwal.lsm.newest_per_key` over the levels minus the
-tombstones, in another order (tests/test_lsm.py checks it against that model).
+The rows are those of :func:`memwal.lsm.newest_per_key` over the levels minus the tombstones,
+in another order (tests/test_scans.py checks it against that model). Which levels a scan
+reads, and in what pieces, is planned in :mod:`memwal.readers.splits`.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal import paths
 from memwal.lsm import without_keys
-from memwal.manifest import SsTable
-from memwal.readers.config import ReadConfig
 from memwal.readers.merge import BATCH_BITMAP_BYTES, BatchKeyDrop, int_key
-from memwal.readers.sql import filter_rows
-from memwal.readers.sstables import KeySet, SSTableCache
+from memwal.readers.sstables import KeySet
 from memwal.schema import TOMBSTONE
-from memwal.snapshot import Snapshot
 
 
 def _distinct(ids: np.ndarray) -> np.ndarray:
@@ -170,123 +160,31 @@ class ShadowKeys:
         return drop
 
 
-@dataclass(frozen=True)
-class Level:
-    """One SSTable as a scan reads it: its path, and how to read its key set and its rows
-    (projected and filtered, with ``_tombstone``)."""
-
-    path: str
-    read: Callable[[], tuple[KeySet, pa.Table]]
-
-
-class MergedScan:
-    """The live rows of a snapshot, streamed level by level (see the module doc).
-
-    ``shards`` holds each shard's live SSTables, newest first; ``base`` starts the base
-    table's scan (projected and filtered by Lance) when called; ``tail`` is the WAL tail,
-    newest row per key with ``_tombstone`` (None for eventual reads). Every level is projected
-    to ``columns``, which hold the primary key.
-    """
-
-    def __init__(
-        self,
-        shards: Sequence[Sequence[Level]],
-        base: Callable[[], pa.RecordBatchReader],
-        tail: pa.Table | None,
-        columns: Sequence[str],
-        primary_key: Sequence[str],
-        schema: pa.Schema,
-        where: str | None,
-        batch_rows: int,
-        sstables_ahead: int,
-        base_ahead: int = 0,
-    ) -> None:
-        self.shards = shards
-        self.base = base
-        self.tail = tail
-        self.columns = list(columns)
-        self.primary_key = list(primary_key)
-        self.schema = schema
-        self.where = where
-        self.batch_rows = batch_rows
-        self.sstables_ahead = sstables_ahead
-        self.base_ahead = base_ahead
-        self.out_schema = pa.schema([schema.field(c) for c in self.columns])
-
-    def _batches(self, rows: pa.Table) -> Iterator[pa.RecordBatch]:
-        rows = rows.select(self.columns).cast(self.out_schema)
-        yield from (b for b in rows.to_batches(max_chunksize=self.batch_rows) if b.num_rows)
-
-    def __iter__(self) -> Iterator[pa.RecordBatch]:
-        tail_keys = ShadowKeys(self.primary_key, self.schema)
-        if self.tail is not None:
-            tail_keys.add_rows(self.tail)
-        every = ShadowKeys(self.primary_key, self.schema)  # what shadows the base
-        if self.tail is not None:
-            every.add_rows(self.tail)
-        order = [(s, level) for s, levels in enumerate(self.shards) for level in levels]
-        # Lance decodes the base on its own threads while the SSTables are read and merged
-        # here: up to ``base_ahead`` batches wait in a queue (none for a limited scan, which
-        # usually ends before the base).
-        base_batches = _Prefetch(self.base, self.base_ahead) if self.base_ahead and order else _Lazy(self.base)
-        ahead_n = max(1, self.sstables_ahead)
-        pool = ThreadPoolExecutor(min(ahead_n, len(order))) if order else None
-        try:
-            ahead: deque[Future[tuple[KeySet, pa.Table]]] = deque()
-            queued = 0
-
-            def fill() -> None:
-                nonlocal queued
-                while pool is not None and queued < len(order) and len(ahead) < ahead_n:
-                    ahead.append(pool.submit(order[queued][1].read))
-                    queued += 1
-
-            current, newer = -1, ShadowKeys(self.primary_key, self.schema)
-            for shard, _level in order:
-                if not ahead:
-                    fill()
-                keys, rows = ahead.popleft().result()
-                if ahead_n > 1:
-                    fill()  # the next ones are read while this one is yielded
-                if shard != current:
-                    current, newer = shard, ShadowKeys(self.primary_key, self.schema)
-                rows = tail_keys.drop(newer.drop(rows))
-                rows = rows.filter(pc.invert(rows.column(TOMBSTONE)))
-                newer.add_key_set(keys)
-                every.add_key_set(keys)
-                yield from self._batches(rows)
-        except BaseException:
-            base_batches.close()
-            raise
-        finally:
-            if pool is not None:
-                # A scan stopped early (a limit, a closed stream) does not wait for the reads
-                # ahead: those not started are dropped, those running end on their own.
-                pool.shutdown(wait=False, cancel_futures=True)
-        drop = every.batch_filter()
-        for batch in base_batches:
-            kept = drop(batch)
-            if kept.num_rows:
-                yield kept.select(self.columns) if kept.schema.names != self.columns else kept
-        if self.tail is not None:
-            live = self.tail.filter(pc.invert(self.tail.column(TOMBSTONE)))
-            yield from self._batches(filter_rows(live.drop_columns([TOMBSTONE]), self.where))
+def shard_rows(
+    reads: Iterable[tuple[KeySet, pa.Table]], tail_keys: ShadowKeys, primary_key: Sequence[str], schema: pa.Schema
+) -> Iterator[pa.Table]:
+    """One shard's live rows above the base: ``reads`` are its SSTables newest first (each
+    one's key set, and its rows with ``_tombstone``); each yields its rows whose key neither a
+    newer SSTable of the shard nor the WAL tail (``tail_keys``) holds, tombstones dropped.
+    The merge every scan path runs (:mod:`memwal.readers.splits`)."""
+    newer = ShadowKeys(primary_key, schema)
+    for keys, rows in reads:
+        rows = tail_keys.drop(newer.drop(rows))
+        newer.add_key_set(keys)
+        yield rows.filter(pc.invert(rows.column(TOMBSTONE)))
 
 
-class _Lazy:
-    """The base's batches, its scan started when first iterated."""
-
-    def __init__(self, start: Callable[[], pa.RecordBatchReader]) -> None:
-        self._start = start
-
-    def __iter__(self) -> Iterator[pa.RecordBatch]:
-        return iter(self._start())
-
-    def close(self) -> None:
-        pass
+def base_rows(batches: Iterable[pa.RecordBatch], shadow: ShadowKeys) -> Iterator[pa.RecordBatch]:
+    """The base's batches minus the rows whose key ``shadow`` (every live SSTable's keys and
+    the WAL tail's) holds: their newest version, or their deletion, is above the base."""
+    drop = shadow.batch_filter()
+    for batch in batches:
+        kept = drop(batch)
+        if kept.num_rows:
+            yield kept
 
 
-class _Prefetch:
+class Prefetch:
     """The base's batches, read on a thread into a queue of at most ``ahead`` from now on.
 
     Closing it (the scan stopped) makes the thread stop at its next batch."""
@@ -357,50 +255,3 @@ def take(batches: Iterator[pa.RecordBatch], limit: int | None) -> Iterator[pa.Re
         close = getattr(batches, "close", None)
         if close is not None:
             close()
-
-
-def scan_snapshot(
-    snap: Snapshot,
-    tail: pa.Table | None,
-    cache: SSTableCache,
-    config: ReadConfig,
-    primary_key: Sequence[str],
-    schema: pa.Schema,
-    wanted: Sequence[str],
-    where: str | None,
-    limit: int | None,
-) -> Iterator[pa.RecordBatch]:
-    """The live rows of ``snap`` and ``tail`` matching ``where``, columns ``wanted`` (which
-    hold the primary key), as record batches: a :class:`MergedScan` of the snapshot's levels,
-    their SSTables read through ``cache``, cut after ``limit`` rows. ``schema`` is the table's."""
-    pk = list(primary_key)
-    wanted = list(wanted)
-    batch_rows = config.scan_batch_rows
-    if tail is None and snap.num_live_sstables == 0:  # the base alone: Lance applies the limit
-        return iter(snap.dataset.scanner(columns=wanted, filter=where, limit=limit, batch_size=batch_rows).to_reader())
-    read_columns = [*wanted, TOMBSTONE]
-
-    def level(shard_id: str, sst: SsTable) -> Level:
-        path = paths.sstable_path(snap.dataset.uri, shard_id, sst.path)
-
-        def read() -> tuple[KeySet, pa.Table]:
-            if where is None:
-                if cache.worth_caching(sst.in_memory_bytes):
-                    rows = cache.rows(path, wanted)  # cached: an SSTable never changes
-                else:
-                    rows = cache.read(path, columns=read_columns)
-                return cache.keys(path, pk, rows), rows
-            return cache.keys(path, pk), cache.read(path, columns=read_columns, filter=where)
-
-        return Level(path, read)
-
-    shards = [[level(s.shard_id, t) for t in reversed(s.live_sstables)] for s in snap.shards]
-
-    def base() -> pa.RecordBatchReader:
-        return snap.dataset.scanner(columns=wanted, filter=where, batch_size=batch_rows).to_reader()
-
-    # A limited scan reads one SSTable at a time: it usually ends inside the newest.
-    ahead = config.scan_sstables_ahead if limit is None else 1
-    base_ahead = config.scan_base_batches_ahead if limit is None else 0
-    merged = MergedScan(shards, base, tail, wanted, pk, schema, where, batch_rows, ahead, base_ahead)
-    return take(iter(merged), limit)

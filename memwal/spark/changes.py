@@ -40,9 +40,9 @@ class FeedSplit(InputPartition):
 
 
 def _state(uri: str, opts: FormatOptions) -> Any:
-    from memwal.spark.scan import _PROCESS
+    from memwal.readers.process import PROCESS
 
-    return _PROCESS.state(uri, opts.storage)
+    return PROCESS.state(uri, opts.storage)
 
 
 def _splits(start: dict, end: dict) -> list[InputPartition]:
