@@ -37,7 +37,7 @@ $(JARS): $(VENV)/.installed memwal/jvm/__init__.py $(wildcard memwal/jvm/*.pom.x
 	touch $@
 
 demo: system-deps $(VENV)/.installed $(JARS)
-	$(PY) -m memwal.demo
+	$(PY) -m memwal_dev.demo
 
 test: system-deps $(VENV)/.installed $(JARS)
 	$(VENV)/bin/ruff check .

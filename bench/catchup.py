@@ -37,7 +37,7 @@ import os
 import sys
 import time
 
-from memwal.runtime import configure_process  # noqa: E402
+from memwal.core.runtime import configure_process  # noqa: E402
 
 configure_process()
 
@@ -241,7 +241,7 @@ def main() -> int:
             else:  # python: the engine's own write path, the rows decoded up front
                 uri = _copy(mem_base, os.path.join(work, "t-python"))
                 from memwal.streaming.decode import JsonDecoder
-                from memwal.schema import conform
+                from memwal.core.schema import conform
 
                 decoder = JsonDecoder(SCHEMA, op_field=None)
                 tables = [conform(decoder.decode(records.column("value").slice(i, 10_000))[0].select(SCHEMA.names), SCHEMA)

@@ -16,7 +16,7 @@ import shutil
 import sys
 import time
 
-from memwal.runtime import configure_process  # noqa: E402
+from memwal.core.runtime import configure_process  # noqa: E402
 
 configure_process()  # Lance's log filter, before Lance is imported
 
@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import git_rev, machine, report, today, work_dir  # noqa: E402
 
 from memwal import Table, readers  # noqa: E402
-from memwal.compactor import Compactor  # noqa: E402
+from memwal.maintain.compactor import Compactor  # noqa: E402
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("val", pa.float64()), pa.field("name", pa.string())])
 

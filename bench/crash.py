@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from memwal.runtime import configure_process  # noqa: E402
+from memwal.core.runtime import configure_process  # noqa: E402
 
 configure_process()  # Lance's log filter, before lance is imported here or in the fork server
 
@@ -56,7 +56,7 @@ SHARDING = "bucket(id, 2)"
 
 
 def _gc_config():
-    from memwal.gc import GcConfig
+    from memwal.maintain.gc import GcConfig
 
     # Short grace periods so GC removes compacted SSTables, covered WAL and old manifests, and
     # drains (which fence the writer) while the writer writes.
@@ -99,7 +99,7 @@ def writer_main(uri: str, ack_path: str, seed: int, tag: str) -> None:
 
 def maintenance_main(uri: str, seed: int) -> None:
     """Run maintenance cycles (flush-stranded, compaction, GC) until killed."""
-    from memwal.maintenance import Maintenance, MaintenanceConfig
+    from memwal.maintain.maintenance import Maintenance, MaintenanceConfig
 
     rng = random.Random(seed)
     m = Maintenance(uri, MaintenanceConfig(
@@ -202,7 +202,7 @@ def check(uri: str, model: dict[int, str | None], pending: dict | None, totals: 
 
 
 def maintain_fully(uri: str) -> None:
-    from memwal.maintenance import Maintenance, MaintenanceConfig
+    from memwal.maintain.maintenance import Maintenance, MaintenanceConfig
 
     m = Maintenance(uri, MaintenanceConfig(indexes=False, views=False, flush_stranded_after_seconds=0.0, gc_config=_gc_config()))
     for _ in range(2):
@@ -211,8 +211,8 @@ def maintain_fully(uri: str) -> None:
 
 def expire_leases(uri: str) -> None:
     """A SIGKILLed writer's lease stays live for its full term; the driver knows it is dead."""
-    from memwal import paths
-    from memwal.io import LocalFileIO
+    from memwal.core import paths
+    from memwal.core.io import LocalFileIO
     from memwal.write.lease import WriterLease
 
     io = LocalFileIO()
@@ -238,7 +238,7 @@ def run(trials: int, seed: int, workdir: Path, maintain_every: int = 25, max_run
     Table.create(uri, pa.schema([("id", pa.int64()), ("v", pa.string())]), ["id"], SHARDING,
                  writer=WriterConfig(durability="fsync", max_memtable_rows=2_000)).close()
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["memwal.table", "memwal.maintenance", "memwal.readers", "pyarrow"])
+    ctx.set_forkserver_preload(["memwal.table", "memwal.maintain.maintenance", "memwal.readers", "pyarrow"])
     model: dict[int, str | None] = {}
     totals = Totals()
     t0 = time.monotonic()

@@ -26,7 +26,7 @@ from helpers import PEOPLE  # noqa: E402
 from test_dead_writer import start_writer  # noqa: E402
 
 from memwal import Table, readers  # noqa: E402
-from memwal.state import TableState  # noqa: E402
+from memwal.core.state import TableState  # noqa: E402
 
 
 def visible(uri: str) -> int:

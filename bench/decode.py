@@ -30,7 +30,7 @@ import time
 import types
 from typing import Any
 
-from memwal.runtime import configure_process  # noqa: E402
+from memwal.core.runtime import configure_process  # noqa: E402
 
 configure_process()  # Lance's log filter, before Lance is imported
 
@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import SCHEMA, batch_rows, git_rev, machine, today  # noqa: E402
 
 from memwal import Table  # noqa: E402
-from memwal.state import TableState  # noqa: E402
+from memwal.core.state import TableState  # noqa: E402
 from memwal.streaming import kafka_source as new_source  # noqa: E402
 from memwal.streaming import sink as new_sink  # noqa: E402
 from memwal.streaming.sink import SinkOptions  # noqa: E402

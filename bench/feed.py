@@ -6,7 +6,7 @@ deletes), every other one compacted into the base. Measured:
 
 - **read**: the feed from before the first generation to the last flush (before-images
   included), against the baseline of reading the same SSTables raw, newest row per key
-  (:func:`memwal.feed.net_changes`, what a consumer without before-images reads);
+  (:func:`memwal.readers.feed.net_changes`, what a consumer without before-images reads);
 - **ingest**: writing, flushing and compacting the generations with a registered consumer
   that reads each new generation and commits (the pattern of a Spark stream on the feed),
   against the same without a consumer;
@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-from memwal.runtime import configure_process  # noqa: E402
+from memwal.core.runtime import configure_process  # noqa: E402
 
 configure_process()  # Lance's log filter, before Lance is imported
 
@@ -33,10 +33,12 @@ import pyarrow as pa  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import SCHEMA, base_rows, git_rev, machine, report, today, work_dir  # noqa: E402
 
-from memwal import Table, feed, paths  # noqa: E402
-from memwal.compactor import Compactor  # noqa: E402
-from memwal.gc import GarbageCollector, GcConfig  # noqa: E402
-from memwal.indexes import IndexMaintainer  # noqa: E402
+from memwal import Table  # noqa: E402
+from memwal.core import paths  # noqa: E402
+from memwal.readers import feed  # noqa: E402
+from memwal.maintain.compactor import Compactor  # noqa: E402
+from memwal.maintain.gc import GarbageCollector, GcConfig  # noqa: E402
+from memwal.core.indexes import IndexMaintainer  # noqa: E402
 
 NOW = GcConfig(reader_grace_seconds=0, manifest_retention_seconds=0, base_version_retention_seconds=0, drain_interval_seconds=0,
                time_travel_seconds=0, min_sstables_to_drain=1)

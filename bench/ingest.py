@@ -36,7 +36,7 @@ sends the catch-up's records as Avro (bare datums of bench/common.py's AVSC) ins
 
 ``--kafka-sources spark,python`` (the default: both) runs each phase through Spark's own Kafka
 connector and memwal's Python source, each against the naive sink on the same source. The
-broker is a local Apache Kafka 4 (memwal.streaming.local_broker, full JIT); its start time and
+broker is a local Apache Kafka 4 (memwal_dev.local_broker, full JIT); its start time and
 memory are printed.
 """
 
@@ -51,7 +51,7 @@ import sys
 import threading
 import time
 
-from memwal.runtime import configure_process  # noqa: E402
+from memwal.core.runtime import configure_process  # noqa: E402
 
 configure_process()  # Lance's log filter, before Lance is imported
 
@@ -66,7 +66,7 @@ from memwal import Table, WriterConfig, readers  # noqa: E402
 from memwal.streaming import SinkOptions, ingest, kafka_stream, local_session  # noqa: E402
 from memwal.streaming.adaptive import AdaptiveSizing  # noqa: E402
 from memwal.streaming.job import MIN_ROWS_PER_TASK  # noqa: E402
-from memwal.streaming.local_broker import start_local_broker  # noqa: E402
+from memwal_dev.local_broker import start_local_broker  # noqa: E402
 
 PROBE = -1
 log = logging.getLogger("bench.ingest")
@@ -74,7 +74,7 @@ log = logging.getLogger("bench.ingest")
 
 @contextlib.contextmanager
 def open_broker(workdir: str):
-    """An Apache Kafka 4 broker (memwal.streaming.local_broker) with the full JIT, stopped on exit."""
+    """An Apache Kafka 4 broker (memwal_dev.local_broker) with the full JIT, stopped on exit."""
     with start_local_broker(workdir, fast_start=False) as b:
         print(f"Apache Kafka broker on {b.bootstrap}: up in {b.start_seconds:.1f}s, {b.rss_bytes() / 2**20:.0f} MiB resident")
         yield b
@@ -144,7 +144,7 @@ class NaiveSink:
         )
         t1 = time.perf_counter()
         if data.num_rows:
-            from memwal.lsm import newest_per_key  # a user would write this dedup by hand
+            from memwal.core.lsm import newest_per_key  # a user would write this dedup by hand
 
             data = newest_per_key(data.sort_by([("partition", "ascending"), ("offset", "ascending")]), ["id"])
             vec = pa.FixedSizeListArray.from_arrays(data.column("vec").combine_chunks().flatten(), DIM)
@@ -217,7 +217,7 @@ def run_memwal(spark, broker, topic: str, uri: str, ckpt: str, batch: int, tasks
 
 def shard_manifests(uri: str) -> dict:
     """Each shard's current manifest (shard id -> ShardManifest)."""
-    from memwal.state import TableState
+    from memwal.core.state import TableState
 
     store = TableState.load(uri).manifests
     return {sid: m for sid in store.list_shards() if (m := store.read_shard(sid)) is not None}
@@ -231,7 +231,7 @@ def writer_epochs(uri: str) -> int:
 def pending_sstables(uri: str) -> dict[str, int]:
     """Each shard's SSTables not yet compacted into the base (what readers merge, what the
     table's bounds limit)."""
-    from memwal.state import TableState
+    from memwal.core.state import TableState
 
     return {s.shard_id: len(s.live_sstables) for s in TableState.load(uri).snapshot().shards}
 
@@ -242,8 +242,8 @@ def run_real_time(spark, broker, topic: str, uri: str, work: str, stop: threadin
     ``flush_interval`` seconds make SSTables that only compaction keeps under the table's bounds.
     Every 10 s the uncompacted SSTables per shard are sampled; their maximum and last value are
     printed at the end (the bound a long run must hold)."""
-    from memwal.maintenance import Maintenance, MaintenanceConfig
-    from memwal.state import TableState
+    from memwal.maintain.maintenance import Maintenance, MaintenanceConfig
+    from memwal.core.state import TableState
     from memwal.streaming.realtime import ingest_real_time
 
     maintenance = Maintenance(TableState.load(uri), MaintenanceConfig(interval_seconds=1.0))

@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 
-from memwal.runtime import configure_process  # noqa: E402
+from memwal.core.runtime import configure_process  # noqa: E402
 
 configure_process()  # Lance's log filter, before Lance is imported
 
@@ -44,7 +44,7 @@ from common import git_rev, machine, pct, read_samples, report, today  # noqa: E
 
 from memwal import Table, readers  # noqa: E402
 from memwal.streaming import SinkOptions, ingest, local_session  # noqa: E402
-from memwal.streaming.local_broker import start_local_broker  # noqa: E402
+from memwal_dev.local_broker import start_local_broker  # noqa: E402
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("val", pa.float64()), pa.field("name", pa.string())])
 

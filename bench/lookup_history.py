@@ -29,7 +29,7 @@ import os
 import sys
 import time
 
-from memwal.runtime import configure_process  # noqa: E402
+from memwal.core.runtime import configure_process  # noqa: E402
 
 configure_process()  # Lance's log filter, before Lance is imported
 
@@ -41,9 +41,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import git_rev, machine, pct, report, today, work_dir  # noqa: E402
 
 from memwal import Table  # noqa: E402
-from memwal.compactor import Compactor  # noqa: E402
-from memwal.indexes import IndexMaintainer  # noqa: E402
-from memwal.maintenance import Maintenance, MaintenanceConfig  # noqa: E402
+from memwal.maintain.compactor import Compactor  # noqa: E402
+from memwal.core.indexes import IndexMaintainer  # noqa: E402
+from memwal.maintain.maintenance import Maintenance, MaintenanceConfig  # noqa: E402
 from memwal.readers.points import base_point_read  # noqa: E402
 from memwal.views import changes  # noqa: E402
 from memwal.views.refresh import Delta  # noqa: E402

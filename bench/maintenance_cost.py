@@ -27,7 +27,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from memwal.runtime import configure_process  # noqa: E402
+from memwal.core.runtime import configure_process  # noqa: E402
 
 configure_process()  # Lance's log filter, before Lance is imported
 
@@ -39,9 +39,9 @@ from common import git_rev, machine, today  # noqa: E402
 from keepup import SCHEMA, base_table, disk_bytes  # noqa: E402
 
 from memwal import Table  # noqa: E402
-from memwal.gc import GcConfig  # noqa: E402
-from memwal.indexes import SegmentPolicy, segment_rows  # noqa: E402
-from memwal.maintenance import Maintenance, MaintenanceConfig  # noqa: E402
+from memwal.maintain.gc import GcConfig  # noqa: E402
+from memwal.core.indexes import SegmentPolicy, segment_rows  # noqa: E402
+from memwal.maintain.maintenance import Maintenance, MaintenanceConfig  # noqa: E402
 
 
 @dataclass(frozen=True)

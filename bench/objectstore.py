@@ -19,7 +19,7 @@ c. one compaction (``Compactor.run_once``) of the SSTables of the first memwal r
    base index catch-up maintenance does before GC can collect them;
 d. a GC pass with the default config (nothing is old enough yet: what every maintenance cycle
    pays), then a collecting one (grace periods 0: drains and deletes what compaction made redundant),
-   then the removal of old base versions (``memwal.basefiles``, their owner since issue 34; GC
+   then the removal of old base versions (``memwal.maintain.basefiles``, their owner since issue 34; GC
    did it before);
 e. an idle maintenance cycle (``Maintenance.run_cycle`` with the default config when nothing is
    pending: no SSTable to fold, nothing to collect) on a ``--idle-shards``-shard table, after
@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import parse_qs
 
-from memwal.runtime import configure_process  # noqa: E402
+from memwal.core.runtime import configure_process  # noqa: E402
 
 configure_process()  # Lance's log filter, before Lance is imported
 
@@ -57,12 +57,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import SCHEMA, base_rows, batch_rows, git_rev, machine, report, today  # noqa: E402
 
 from memwal import Table  # noqa: E402
-from memwal.basefiles import BaseFiles  # noqa: E402
-from memwal.compactor import Compactor  # noqa: E402
-from memwal.gc import GarbageCollector, GcConfig  # noqa: E402
-from memwal.indexes import IndexMaintainer  # noqa: E402
-from memwal.maintenance import Maintenance  # noqa: E402
-from memwal.state import TableState  # noqa: E402
+from memwal.maintain.basefiles import BaseFiles  # noqa: E402
+from memwal.maintain.compactor import Compactor  # noqa: E402
+from memwal.maintain.gc import GarbageCollector, GcConfig  # noqa: E402
+from memwal.core.indexes import IndexMaintainer  # noqa: E402
+from memwal.maintain.maintenance import Maintenance  # noqa: E402
+from memwal.core.state import TableState  # noqa: E402
 
 #: The request classes S3 prices; every request falls in exactly one.
 CLASSES = ("GET", "PUT", "LIST", "HEAD", "DELETE")

@@ -16,7 +16,7 @@ import multiprocessing
 import time
 from typing import Any
 
-from memwal.runtime import configure_process  # noqa: E402
+from memwal.core.runtime import configure_process  # noqa: E402
 
 configure_process()  # Lance's log filter, before Lance is imported
 

@@ -28,7 +28,7 @@ import os
 import sys
 import time
 
-from memwal.runtime import configure_process  # noqa: E402
+from memwal.core.runtime import configure_process  # noqa: E402
 
 configure_process()  # Lance's log filter, before Lance is imported
 
@@ -118,7 +118,7 @@ def vector_search(work: str, rows: int, queries: int) -> dict:
     import embeddings
 
     from memwal import IndexConfig
-    from memwal.indexes import IndexMaintainer, vector_index_params
+    from memwal.core.indexes import IndexMaintainer, vector_index_params
     from memwal.readers import ReadConfig
 
     data = embeddings.load()

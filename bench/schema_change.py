@@ -1,6 +1,6 @@
 """What a schema change costs on a large base (issue 44): adding a column against widening one.
 
-Adding a nullable column is one metadata commit. Widening a column (memwal.evolve) reads the
+Adding a nullable column is one metadata commit. Widening a column (memwal.maintain.evolve) reads the
 column and the row ids from the base and writes one new column file per fragment, with
 maintenance's base commits paused meanwhile, so its time is the pause compaction waits. The bench
 loads a table of ``--rows`` rows (an int32 column, a 50-byte string column) and times each change

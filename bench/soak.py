@@ -56,7 +56,7 @@ import tempfile
 import threading
 import time
 
-from memwal.runtime import configure_process  # noqa: E402
+from memwal.core.runtime import configure_process  # noqa: E402
 
 configure_process()  # Lance's log filter, before Lance is imported
 
@@ -68,10 +68,11 @@ from common import git_rev, machine, pct, read_samples, today  # noqa: E402
 from ingest import open_broker  # noqa: E402
 from keepup import SCHEMA, base_table, disk_bytes, read_probes  # noqa: E402
 
-from memwal import Table, paths, readers  # noqa: E402
-from memwal.io import FileIO, file_io_for  # noqa: E402
-from memwal.maintenance import MaintenanceConfig  # noqa: E402
-from memwal.metrics import MaintenanceMetrics  # noqa: E402
+from memwal import readers, Table  # noqa: E402
+from memwal.core import paths  # noqa: E402
+from memwal.core.io import FileIO, file_io_for  # noqa: E402
+from memwal.maintain.maintenance import MaintenanceConfig  # noqa: E402
+from memwal.maintain.metrics import MaintenanceMetrics  # noqa: E402
 from memwal.streaming import SinkOptions, ingest, local_session  # noqa: E402
 
 #: CSV columns, in order; the PNG draws them in panels of like units.
@@ -291,7 +292,7 @@ class FaultyStore:
     BUCKET = "soak"
 
     def __init__(self, work: str, rate: float, seed: int = 1) -> None:
-        from memwal.streaming.local_broker import free_port
+        from memwal_dev.local_broker import free_port
 
         self.work = work
         port = free_port()

@@ -27,7 +27,7 @@ import statistics
 import sys
 import time
 
-from memwal.runtime import configure_process
+from memwal.core.runtime import configure_process
 
 configure_process()
 
@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import SCHEMA, base_rows, batch_rows, git_rev, machine, report, today  # noqa: E402
 
 from memwal import Table, readers  # noqa: E402
-from memwal.state import TableState  # noqa: E402
+from memwal.core.state import TableState  # noqa: E402
 
 
 def plain_lance_source():

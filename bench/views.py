@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-from memwal.runtime import configure_process  # noqa: E402
+from memwal.core.runtime import configure_process  # noqa: E402
 
 configure_process()  # Lance's log filter, before Lance is imported
 
@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import SCHEMA, base_rows, git_rev, machine, report, today, work_dir  # noqa: E402
 
 from memwal import Table  # noqa: E402
-from memwal.compactor import Compactor  # noqa: E402
+from memwal.maintain.compactor import Compactor  # noqa: E402
 from memwal.views import UdfColumn, View  # noqa: E402
 
 UDF_ROWS = [0]

@@ -33,9 +33,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from commit_size import fold, rows_to_fold  # noqa: E402
 from common import git_rev, machine, report, today  # noqa: E402
 
-from memwal import paths  # noqa: E402
-from memwal.manifest import ManifestStore  # noqa: E402
-from memwal.state import TableState  # noqa: E402
+from memwal.core import paths  # noqa: E402
+from memwal.core.manifest import ManifestStore  # noqa: E402
+from memwal.core.state import TableState  # noqa: E402
 
 
 def listing_every_manifest_dir(store: ManifestStore) -> list[str]:

@@ -26,7 +26,7 @@ import statistics
 import sys
 import time
 
-from memwal.runtime import configure_process  # noqa: E402
+from memwal.core.runtime import configure_process  # noqa: E402
 
 configure_process()  # Lance's log filter, before Lance is imported
 
@@ -35,7 +35,7 @@ from common import SCHEMA, base_rows, batch_rows, git_rev, machine, pct, report,
 
 from memwal import Table  # noqa: E402
 from memwal.streaming import SinkOptions, ingest, local_session  # noqa: E402
-from memwal.streaming.local_broker import start_local_broker  # noqa: E402
+from memwal_dev.local_broker import start_local_broker  # noqa: E402
 
 
 def run(spark, broker, topic: str, work: str, name: str, base, args, writer_process: bool) -> dict:

@@ -2,7 +2,7 @@
 
 Builds a small table in a temporary directory (four shards, a compacted base, then SSTables
 pending again, one shard slowed by tight bounds), renders the live view exactly as
-``memwal status --watch`` draws it (:func:`memwal.terminal.status_view`) into rich's SVG export,
+``memwal status --watch`` draws it (:func:`memwal.cli.terminal.status_view`) into rich's SVG export,
 and converts that to PNG with cairosvg (``pip install -e ".[docs]"``; it needs the system's
 libcairo). Run: ``python docs/render_screenshot.py``.
 """
@@ -19,11 +19,11 @@ import pyarrow as pa
 from rich.console import Console
 
 from memwal import Table
-from memwal.maintenance import Maintenance
-from memwal.metadata import Bounds
-from memwal.state import TableState
-from memwal.status import table_status
-from memwal.terminal import status_view
+from memwal.maintain.maintenance import Maintenance
+from memwal.core.metadata import Bounds
+from memwal.core.state import TableState
+from memwal.maintain.status import table_status
+from memwal.cli.terminal import status_view
 
 OUT = Path(__file__).resolve().parent / "images" / "status-watch.png"
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.float64())])

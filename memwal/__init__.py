@@ -13,11 +13,11 @@ The main entry points::
 ``memwal.streaming`` holds the Spark sink and the Kafka source.
 """
 
-from memwal.runtime import configure_process
+from memwal.core.runtime import configure_process
 
-configure_process()  # Lance's log filter, before anything of memwal imports Lance (memwal.runtime)
+configure_process()  # Lance's log filter, before anything of memwal imports Lance (memwal.core.runtime)
 
-from memwal.errors import (  # noqa: E402
+from memwal.core.errors import (  # noqa: E402
     CommitConflictError,
     ConcurrencyError,
     FencedError,
@@ -52,9 +52,9 @@ _LAZY = {
     "Table": "memwal.table",
     "WriteResult": "memwal.table",
     "WriteReport": "memwal.write.messages",
-    "Bounds": "memwal.metadata",
-    "IndexConfig": "memwal.metadata",
-    "WriterConfig": "memwal.metadata",
+    "Bounds": "memwal.core.metadata",
+    "IndexConfig": "memwal.core.metadata",
+    "WriterConfig": "memwal.core.metadata",
 }
 
 

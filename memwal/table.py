@@ -17,30 +17,30 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from memwal import paths
-from memwal.errors import InvalidArgumentError, PrimaryKeyError, ShardingSpecError, TableExistsError
-from memwal.indexes import FTS_PARAMS, fts_index_name
-from memwal.io import FileIO, file_io_for
-from memwal.manifest import ManifestStore, ShardManifest
-from memwal.metadata import CONFIG_KEY, Bounds, IndexConfig, TableMetadata, WriterConfig
-from memwal.partial import check_keys_present, check_merge, presence_of_columns, presence_of_dicts, presence_type
-from memwal.routing import check_shard
-from memwal.schema import as_table, conform, key_schema, with_primary_key
-from memwal.sharding import ShardingSpec, ShardResolver, ShardValues, lance_init_kwargs, parse_sharding_spec
-from memwal.snapshot import Snapshot
-from memwal.state import TableState, resolve_storage, table_exists
-from memwal.storage import StorageConfig
-from memwal.status import TableStatus, table_status
+from memwal.core import paths
+from memwal.core.errors import InvalidArgumentError, PrimaryKeyError, ShardingSpecError, TableExistsError
+from memwal.core.indexes import FTS_PARAMS, fts_index_name
+from memwal.core.io import FileIO, file_io_for
+from memwal.core.manifest import ManifestStore, ShardManifest
+from memwal.core.metadata import CONFIG_KEY, Bounds, IndexConfig, TableMetadata, WriterConfig
+from memwal.core.partial import check_keys_present, check_merge, presence_of_columns, presence_of_dicts, presence_type
+from memwal.core.routing import check_shard
+from memwal.core.schema import as_table, conform, key_schema, with_primary_key
+from memwal.core.sharding import ShardingSpec, ShardResolver, ShardValues, lance_init_kwargs, parse_sharding_spec
+from memwal.core.snapshot import Snapshot
+from memwal.core.state import TableState, resolve_storage, table_exists
+from memwal.core.storage import StorageConfig
+from memwal.maintain.status import TableStatus, table_status
 from memwal.write.api import TableWrite, WriteBatch, WriteReport
 from memwal.write.messages import WriteMode
 from memwal.write.protocol import ShardRecords, TableWriter
 from memwal.write.pool import ShardWriterPool
 
 if TYPE_CHECKING:
-    from memwal.evolve import SchemaUpdate
-    from memwal.maintenance import Maintenance, MaintenanceConfig
+    from memwal.maintain.evolve import SchemaUpdate
+    from memwal.maintain.maintenance import Maintenance, MaintenanceConfig
     from memwal.readers.reader import Consistency, Reader
-    from memwal.upgrade import UpgradeReport
+    from memwal.maintain.upgrade import UpgradeReport
     from memwal.views import View
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ WriteResult = WriteReport
 
 
 class Table:
-    """A memwal table: the user facade over a :class:`~memwal.state.TableState` (what the
+    """A memwal table: the user facade over a :class:`~memwal.core.state.TableState` (what the
     table is) and a :class:`~memwal.write.protocol.TableWriter` (this process's write path).
 
     Create with :meth:`create`, open with :meth:`open`. Writes are routed to shards and go
@@ -137,7 +137,7 @@ class Table:
         columns are null. The sharding columns must be primary-key columns, so every key
         maps to exactly one shard for its whole life.
 
-        ``bounds`` (default :class:`~memwal.metadata.Bounds`) are stored with the table: what
+        ``bounds`` (default :class:`~memwal.core.metadata.Bounds`) are stored with the table: what
         maintenance keeps it within, and where its writers slow down and stall.
         """
         uri = paths.normalize_uri(uri)
@@ -211,8 +211,8 @@ class Table:
     @staticmethod
     def upgrade(uri: str, *, dry_run: bool = False, storage_options: "Mapping[str, str] | StorageConfig | None" = None) -> "UpgradeReport":
         """Move a table made by the previous version (base with stable row ids) to the current
-        layout, offline; a no-op on a current table (see :mod:`memwal.upgrade`)."""
-        from memwal.upgrade import upgrade
+        layout, offline; a no-op on a current table (see :mod:`memwal.maintain.upgrade`)."""
+        from memwal.maintain.upgrade import upgrade
 
         return upgrade(uri, dry_run=dry_run, storage_options=storage_options)
 
@@ -230,13 +230,13 @@ class Table:
 
     def update_schema(self) -> "SchemaUpdate":
         """Add nullable columns or drop columns, while the table is written and read elsewhere
-        (:mod:`memwal.evolve`; a type change is refused by Lance on a MemWAL table)::
+        (:mod:`memwal.maintain.evolve`; a type change is refused by Lance on a MemWAL table)::
 
             with table.update_schema() as u:
                 u.add_column("note", pa.string()).drop_column("legacy")
 
         This handle flushes its writers and reloads: its next writes take the new columns."""
-        from memwal.evolve import SchemaUpdate
+        from memwal.maintain.evolve import SchemaUpdate
 
         def reload(_change: object) -> None:
             self.writer.close()
@@ -292,7 +292,7 @@ class Table:
         row changes only the columns it carries (a column missing from an Arrow table, or a
         key missing from a dict, keeps its stored value; an explicit null sets null), rows of
         one key fold in order, and a key not stored yet is inserted with the absent columns
-        null; see :mod:`memwal.partial`. Either way through the write path
+        null; see :mod:`memwal.core.partial`. Either way through the write path
         (:mod:`memwal.write.protocol`), shards in parallel.
         """
         if check_merge(merge) == "partial":
@@ -337,7 +337,7 @@ class Table:
 
     def write_shard(self, shard_id: str, values: ShardValues, rows: pa.Table, *, deletes: bool = False) -> None:
         """Write rows a caller routed to one shard itself; refuses rows of another shard
-        (:class:`~memwal.errors.ShardRoutingError`)."""
+        (:class:`~memwal.core.errors.ShardRoutingError`)."""
         schema = key_schema(self.write_schema, self.primary_key) if deletes else self.write_schema
         rows = conform(rows, schema)
         check_shard(rows, self.spec.shard_value_arrays(rows), self.resolver, shard_id)
@@ -377,7 +377,7 @@ class Table:
         """The maintenance service of this table (compaction, indexes, GC, views)."""
         # Imported on use, like the reader and views below: a process that only writes (a
         # Spark write task) need not load the read, view and DataFusion machinery.
-        from memwal.maintenance import Maintenance
+        from memwal.maintain.maintenance import Maintenance
 
         return Maintenance(self.state, config)
 

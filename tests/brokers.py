@@ -1,6 +1,6 @@
 """The tests' Kafka broker: Apache Kafka 4 (KRaft, one node) on 127.0.0.1.
 
-A thin layer over :mod:`memwal.streaming.local_broker`, which the demo and the benchmarks
+A thin layer over :mod:`memwal_dev.local_broker`, which the demo and the benchmarks
 use too: the broker's jars come from Maven (``python -m memwal.jvm fetch``, run by ``make
 test``); each broker formats its storage in the test's temporary directory and is stopped
 by its PID when the test (or the session) ends.
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from memwal.streaming.local_broker import BrokerError, LocalBroker, Record, free_port, start_local_broker
+from memwal_dev.local_broker import BrokerError, LocalBroker, Record, free_port, start_local_broker
 
 Broker = LocalBroker
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memwal.runtime import configure_process
+from memwal.core.runtime import configure_process
 
 configure_process()  # Lance's log filter, before Lance is imported
 
@@ -83,7 +83,7 @@ def s3_uri(s3_server) -> str:
 @pytest.fixture
 def s3_env(s3_server, monkeypatch):
     """The standard AWS_* variables point at the session's S3 server (and no other storage variable is set)."""
-    from memwal.storage import ENVIRONMENT_VARIABLES
+    from memwal.core.storage import ENVIRONMENT_VARIABLES
 
     for var, _key in ENVIRONMENT_VARIABLES:
         monkeypatch.delenv(var, raising=False)

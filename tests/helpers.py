@@ -17,9 +17,10 @@ import lance.mem_wal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal import paths, readers
-from memwal.io import LocalFileIO
-from memwal.manifest import SsTable
+from memwal import readers
+from memwal.core import paths
+from memwal.core.io import LocalFileIO
+from memwal.core.manifest import SsTable
 
 PEOPLE = pa.schema(
     [
@@ -120,7 +121,7 @@ def run_sink_batch(uri: str, options, data: pa.Table, batch_id: int):
     prepare and write stages (as in a worker), then the driver's commit; its report."""
     import pickle
 
-    from memwal.state import TableState
+    from memwal.core.state import TableState
     from memwal.streaming.sink import Prepare, Write
     from memwal.streaming.write_task import MESSAGE
     from memwal.write.api import TableWrite

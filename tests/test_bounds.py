@@ -15,16 +15,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import PEOPLE, people
-from memwal import Bounds, Table, WriterConfig, WriteStalledError, paths, readers
-from memwal.bounds import FoldSchedule, compaction_order, fragment_target
-from memwal.errors import ConcurrencyError, InvalidArgumentError
-from memwal.gc import GcConfig
-from memwal.maintenance import Maintenance, MaintenanceConfig
-from memwal.metadata import TableMetadata
-from memwal.metrics import MaintenanceMetrics
-from memwal.render import render_status
-from memwal.state import TableState
-from memwal.status import table_status
+from memwal import Bounds, readers, Table, WriterConfig, WriteStalledError
+from memwal.core import paths
+from memwal.maintain.bounds import FoldSchedule, compaction_order, fragment_target
+from memwal.core.errors import ConcurrencyError, InvalidArgumentError
+from memwal.maintain.gc import GcConfig
+from memwal.maintain.maintenance import Maintenance, MaintenanceConfig
+from memwal.core.metadata import TableMetadata
+from memwal.maintain.metrics import MaintenanceMetrics
+from memwal.cli.render import render_status
+from memwal.core.state import TableState
+from memwal.maintain.status import table_status
 
 #: Small bounds: writes slow down from 2 uncompacted SSTables in a shard and stop at 3.
 SMALL = Bounds(
@@ -228,14 +229,14 @@ def test_maintenance_removes_base_versions_over_their_bound(table_uri):
 
 
 def test_manifest_size_and_disk_are_measured_and_reported(table_uri, monkeypatch):
-    import memwal.basefiles
+    import memwal.maintain.basefiles
 
     table = Table.create(table_uri, PEOPLE, ["id"], "unsharded", initial_data=people(range(1000, 1010)))
     _flushes(table, 2)
     # A table this small is under the disk ratio's floor: its fixed files are most of it.
     small = _maintenance(table.state, Bounds(max_disk_ratio=1.0)).run_cycle()
     assert small.disk_bytes is not None and small.disk_bytes > small.live_bytes and "disk" not in small.bounds_exceeded
-    monkeypatch.setattr(memwal.basefiles, "DISK_RATIO_FLOOR_BYTES", 0)  # as a large table would be
+    monkeypatch.setattr(memwal.maintain.basefiles, "DISK_RATIO_FLOOR_BYTES", 0)  # as a large table would be
     # A manifest bound of 1 byte cannot be met: it is reported (after compact_files ran).
     # A disk bound of 1x the live data cannot be met either: versions go down to the newest.
     m = _maintenance(table.state, Bounds(max_manifest_bytes=1, max_disk_ratio=1.0), max_generations_per_commit=1)
@@ -328,7 +329,7 @@ def test_base_file_compaction_is_not_blocked_by_a_group_over_its_row_budget(tmp_
     import lance
     import pyarrow as pa
 
-    from memwal.basefiles import compact_files_within
+    from memwal.maintain.basefiles import compact_files_within
 
     def rows(lo: int, n: int) -> pa.Table:
         return pa.table({"id": pa.array(range(lo, lo + n), pa.int64()), "v": [f"r{i}" for i in range(lo, lo + n)]})
@@ -359,7 +360,7 @@ def test_a_compaction_for_the_full_fragments_leaves_the_small_ones_to_their_rule
     import lance
     import pyarrow as pa
 
-    from memwal.basefiles import compact_files_within
+    from memwal.maintain.basefiles import compact_files_within
 
     def rows(lo: int, n: int) -> pa.Table:
         return pa.table({"id": pa.array(range(lo, lo + n), pa.int64())})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memwal.cache import ByteLRU
+from memwal.core.cache import ByteLRU
 
 
 def test_evicts_least_recently_used_until_within_bytes():

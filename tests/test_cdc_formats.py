@@ -20,7 +20,7 @@ from helpers import approx, keyed_changes, run_sink_batch, table_rows
 from registry import Registry
 
 from memwal import Table, readers
-from memwal.errors import InvalidArgumentError
+from memwal.core.errors import InvalidArgumentError
 from memwal.streaming import SinkOptions, ingest
 from memwal.streaming.avro import AvroDecoder
 from memwal.streaming.avro_native import plan, record_fits
@@ -525,7 +525,7 @@ def test_a_delete_keeps_its_sequence_for_the_next_writer(tmp_path):
     """--drop-stale across a delete: the delete's sequence is recorded beside the table, so a
     later writer of the shard (another worker, a restarted query: here the worker cache is
     cleared) still drops a change older than the delete, and takes a newer one."""
-    from memwal.deleted import deleted_sequences_uri, read_deletes
+    from memwal.write.deleted import deleted_sequences_uri, read_deletes
     from memwal.write.worker import WORKER
 
     uri = str(tmp_path / "t")
@@ -643,7 +643,7 @@ def test_the_sink_creates_the_deleted_sequences_table_before_its_tasks_append(tm
     import lance
 
     from memwal.streaming import sink
-    from memwal.deleted import deleted_sequences_uri, read_deletes, record_deletes
+    from memwal.write.deleted import deleted_sequences_uri, read_deletes, record_deletes
 
     uri = str(tmp_path / "t")
     Table.create(uri, SCHEMA, ["id"], "bucket(id, 2)").close()

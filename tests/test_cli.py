@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from memwal import paths
+from memwal.core import paths
 
 
 def memwal(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -236,7 +236,7 @@ def test_maintain_lowers_its_own_cpu_priority_when_asked(tmp_path):
 def test_get_and_scan_read_without_a_table_handle(tmp_path, monkeypatch, capsys):
     """Reading commands open a reader on the table's state: no ``Table``, which holds a writer
     pool (and would flush it when closed)."""
-    from memwal import Table, cli
+    from memwal import cli, Table
 
     uri = str(tmp_path / "t")
     with Table.create(uri, pa.schema([("id", pa.int64()), ("name", pa.string())]), ["id"], "bucket(id, 2)") as t:

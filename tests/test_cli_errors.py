@@ -13,9 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from memwal import Table, paths, readers
-from memwal.errors import InvalidArgumentError, PrimaryKeyError, TableDamagedError, UnknownColumnError
-from memwal.metadata import WriterConfig
+from memwal import readers, Table
+from memwal.core import paths
+from memwal.core.errors import InvalidArgumentError, PrimaryKeyError, TableDamagedError, UnknownColumnError
+from memwal.core.metadata import WriterConfig
 
 N = 50
 

@@ -14,9 +14,9 @@ import pytest
 from helpers import PEOPLE, people
 
 from memwal import StaleCompactionError, Table, readers
-from memwal.compactor import Compactor
-from memwal.state import TableState
-from memwal.failpoints import DIR_ENV, ENV
+from memwal.maintain.compactor import Compactor
+from memwal.core.state import TableState
+from memwal.core.failpoints import DIR_ENV, ENV
 
 
 def live(uri: str) -> dict[int, str]:
@@ -187,7 +187,8 @@ def test_two_compactors_racing_in_threads(table_uri):
 
 # -- real process kills at exact steps -----------------------------------------------------------
 
-COMPACT = "import sys; from memwal.state import TableState; from memwal.compactor import Compactor; Compactor(TableState.load(sys.argv[1])).run_once()"
+COMPACT = ("import sys; from memwal.core.state import TableState; from memwal.maintain.compactor import Compactor; "
+           "Compactor(TableState.load(sys.argv[1])).run_once()")
 
 
 def run_until_failpoint(uri: str, point: str, marker_dir: str) -> subprocess.Popen:
@@ -234,7 +235,7 @@ def test_maintenance_rewrites_base_fragments_whose_deleted_rows_pile_up(table_ur
     """Updates leave the old rows deleted in their base fragment, and a point lookup pays for
     every deleted row of the fragment it reads; maintenance rewrites a fragment past the
     threshold even when no small fragments pile up, and the table reads the same after."""
-    from memwal.maintenance import Maintenance, MaintenanceConfig
+    from memwal.maintain.maintenance import Maintenance, MaintenanceConfig
 
     with Table.create(table_uri, PEOPLE, ["id"], "bucket(id, 1)", initial_data=people(range(1000), tag="base-")) as t:
         t.write(people(range(0, 1000, 4), tag="upd-"))  # 250 of 1000 rows updated: 25% deleted

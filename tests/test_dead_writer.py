@@ -23,7 +23,7 @@ import pytest
 from helpers import PEOPLE, people
 
 from memwal import Table, readers
-from memwal.state import TableState
+from memwal.core.state import TableState
 from memwal.write.pool import ShardWriterPool
 from memwal.write.lease import WriterLease
 

@@ -12,11 +12,12 @@ import pyarrow as pa
 import pytest
 from helpers import PEOPLE, CountingIO, people
 
-from memwal import Table, WriterConfig, paths, readers
+from memwal import readers, Table, WriterConfig
+from memwal.core import paths
 from memwal.cli import main
-from memwal.errors import InvalidArgumentError
-from memwal.io import LocalFileIO, ObjectStoreFileIO
-from memwal.wal import wal_positions
+from memwal.core.errors import InvalidArgumentError
+from memwal.core.io import LocalFileIO, ObjectStoreFileIO
+from memwal.core.wal import wal_positions
 from memwal.write.pool import ShardWriterPool
 
 

@@ -1,4 +1,4 @@
-"""Schema evolution (memwal.evolve): columns added and dropped while the table is written.
+"""Schema evolution (memwal.maintain.evolve): columns added and dropped while the table is written.
 
 Data is stored under the schema it was written with: SSTables flushed before the change, WAL
 entries still unflushed, and rows a writer claimed before the change goes on writing. Every
@@ -25,12 +25,13 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from memwal import InvalidArgumentError, SchemaMismatchError, Table, UnknownColumnError, WriterConfig, paths, readers
-from memwal.bounds import FoldSchedule
-from memwal.compactor import Compactor
-from memwal.maintenance import Maintenance, MaintenanceConfig
-from memwal.metadata import Bounds, IndexConfig
-from memwal.state import TableState
+from memwal import InvalidArgumentError, readers, SchemaMismatchError, Table, UnknownColumnError, WriterConfig
+from memwal.core import paths
+from memwal.maintain.bounds import FoldSchedule
+from memwal.maintain.compactor import Compactor
+from memwal.maintain.maintenance import Maintenance, MaintenanceConfig
+from memwal.core.metadata import Bounds, IndexConfig
+from memwal.core.state import TableState
 
 SCHEMA = pa.schema([
     pa.field("id", pa.int64()),
@@ -685,9 +686,9 @@ def test_a_column_a_view_reads_is_not_dropped_or_widened_under_it(table_uri):
 
 def test_the_format_and_ingest_pass_the_evolve_mode_on():
     """``memwal ingest --evolve`` reaches the tasks on the one-stage path too (``format("memwal")``'s ``evolve``)."""
-    from memwal.spark.options import FormatOptions
+    from memwal.spark.format_options import FormatOptions
     from memwal.spark.write import sink_options
-    from memwal.storage import StorageConfig
+    from memwal.core.storage import StorageConfig
     from memwal.streaming import SinkOptions
     from memwal.streaming.job import format_options
 

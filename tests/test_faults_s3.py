@@ -2,7 +2,7 @@
 moto (tests/faultproxy.py), for each fault class S3 really produces.
 
 Each operation either retries and succeeds or fails with memwal's
-:class:`~memwal.errors.StorageUnavailableError`; afterwards the table passes ``memwal check``
+:class:`~memwal.core.errors.StorageUnavailableError`; afterwards the table passes ``memwal check``
 and equals a model of the acknowledged writes. The faults are aimed at the request that
 commits each operation (its manifest or WAL entry, mostly a conditional PUT), where a failure
 matters most. docs/faults.md tabulates the outcomes.
@@ -23,14 +23,14 @@ from faultproxy import Fault, FaultProxy, rule, start_proxy
 from helpers import PROFILE
 
 from memwal import StorageUnavailableError, Table, TableDamagedError, readers
-from memwal.check import check_table
-from memwal.compactor import Compactor
-from memwal.errors import StorageError
-from memwal.gc import GarbageCollector, GcConfig
-from memwal.indexes import IndexMaintainer
-from memwal.io import file_io_for
-from memwal.maintenance import Maintenance, MaintenanceConfig
-from memwal.state import TableState
+from memwal.maintain.check import check_table
+from memwal.maintain.compactor import Compactor
+from memwal.core.errors import StorageError
+from memwal.maintain.gc import GarbageCollector, GcConfig
+from memwal.core.indexes import IndexMaintainer
+from memwal.core.io import file_io_for
+from memwal.maintain.maintenance import Maintenance, MaintenanceConfig
+from memwal.core.state import TableState
 from memwal.views import View
 
 pytestmark = pytest.mark.s3

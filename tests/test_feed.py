@@ -1,4 +1,4 @@
-"""The change feed (memwal.feed): replaying it reproduces the table, before-images are the
+"""The change feed (memwal.readers.feed): replaying it reproduces the table, before-images are the
 rows as they were, retention holds what a registered consumer has not read, and what GC
 collected is a typed error naming the oldest readable position."""
 
@@ -15,11 +15,12 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
-from memwal import Table, feed, readers
-from memwal.compactor import Compactor
-from memwal.errors import ChangesCollectedError
-from memwal.gc import GarbageCollector, GcConfig
-from memwal.indexes import IndexMaintainer
+from memwal import readers, Table
+from memwal.readers import feed
+from memwal.maintain.compactor import Compactor
+from memwal.core.errors import ChangesCollectedError
+from memwal.maintain.gc import GarbageCollector, GcConfig
+from memwal.core.indexes import IndexMaintainer
 
 #: an order line: a composite key, a decimal, a date, a wide string
 SCHEMA = pa.schema(
@@ -86,7 +87,7 @@ def apply(mirror: dict[tuple, dict], rows: pa.Table) -> None:
 
 def replay(target: Table, rows: pa.Table) -> None:
     """Apply change rows to a second table (what format('memwal') does with feed rows)."""
-    from memwal.lsm import newest_per_key
+    from memwal.core.lsm import newest_per_key
 
     if not rows.num_rows:
         return

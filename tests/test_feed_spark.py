@@ -13,8 +13,9 @@ import pyarrow as pa
 import pytest
 from test_spark_format import SCHEMA, rows_of
 
-from memwal import Table, feed, readers
-from memwal.compactor import Compactor
+from memwal import readers, Table
+from memwal.readers import feed
+from memwal.maintain.compactor import Compactor
 
 pytestmark = pytest.mark.spark
 

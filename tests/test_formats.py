@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from memwal import formats
-from memwal.errors import InputFileError
+from memwal.cli import files as formats
+from memwal.core.errors import InputFileError
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.float64())])
 

@@ -23,8 +23,8 @@ import pyarrow as pa
 import pytest
 
 from memwal import FencedError, StorageFullError, Table, readers
-from memwal.check import check_table
-from memwal.state import TableState
+from memwal.maintain.check import check_table
+from memwal.core.state import TableState
 
 SCHEMA = pa.schema(
     [

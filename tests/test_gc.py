@@ -12,13 +12,14 @@ from helpers import PEOPLE, people
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from memwal import Table, paths, readers
-from memwal.compactor import Compactor
-from memwal.state import TableState
-from memwal.gc import GarbageCollector, GcConfig, _WalMeta
-from memwal.indexes import IndexMaintainer
-from memwal.basefiles import BaseFiles
-from memwal.maintenance import Maintenance, MaintenanceConfig
+from memwal import readers, Table
+from memwal.core import paths
+from memwal.maintain.compactor import Compactor
+from memwal.core.state import TableState
+from memwal.maintain.gc import GarbageCollector, GcConfig, _WalMeta
+from memwal.core.indexes import IndexMaintainer
+from memwal.maintain.basefiles import BaseFiles
+from memwal.maintain.maintenance import Maintenance, MaintenanceConfig
 
 NOW = GcConfig(
     reader_grace_seconds=0,
@@ -77,7 +78,7 @@ def test_gc_removes_compacted_sstables_their_wal_and_old_manifests(table_uri):
         # manifests: only the newest few versions are kept
         assert len(t.manifests.retained_versions(r.shard_id)) == NOW.manifest_versions_kept
     assert live(table_uri) == model
-    # Old base versions, which hold the files compaction rewrote, are memwal.basefiles' to remove.
+    # Old base versions, which hold the files compaction rewrote, are memwal.maintain.basefiles' to remove.
     BaseFiles(t.state, t.metadata.bounds, reader_grace_seconds=0, version_retention_seconds=0).remove_versions()
     assert t.io.tree_size(table_uri) < disk_before
     # and the table still takes writes: the fenced writer epoch is claimed back

@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 
 from helpers import PEOPLE, people
 from memwal import Table, WriterConfig, readers
-from memwal.gc import GcConfig
-from memwal.indexes import SegmentPolicy, index_lag, segment_rows
-from memwal.maintenance import Maintenance, MaintenanceConfig
-from memwal.render import render_status
-from memwal.state import TableState
-from memwal.status import table_status
+from memwal.maintain.gc import GcConfig
+from memwal.core.indexes import SegmentPolicy, index_lag, segment_rows
+from memwal.maintain.maintenance import Maintenance, MaintenanceConfig
+from memwal.cli.render import render_status
+from memwal.core.state import TableState
+from memwal.maintain.status import table_status
 
 
 def _apply(policy: SegmentPolicy, segments: list[int], new_rows: int) -> list[int]:

@@ -13,9 +13,9 @@ import pytest
 from obstore.exceptions import UnknownConfigurationKeyError
 from obstore.store import from_url
 
-from memwal import paths
-from memwal.io import FileIO, LocalFileIO, ObjectInfo, ObjectStoreFileIO, file_io_for, split_uri
-from memwal.storage import (
+from memwal.core import paths
+from memwal.core.io import FileIO, LocalFileIO, ObjectInfo, ObjectStoreFileIO, file_io_for, split_uri
+from memwal.core.storage import (
     ENVIRONMENT_VARIABLES,
     RetryPolicy,
     StorageConfig,

@@ -489,7 +489,7 @@ def test_fetches_do_not_wait_for_new_records_or_back_off_unless_the_user_says_so
     from memwal.streaming import kafka_source as src
 
     base = {"kafka.bootstrap.servers": "127.0.0.1:9", "subscribe": "t"}
-    for key, default in (("fetch.wait.max.ms", src.options._FETCH_WAIT_MS), ("fetch.queue.backoff.ms", src.options._FETCH_QUEUE_BACKOFF_MS)):
+    for key, default in (("fetch.wait.max.ms", src.settings._FETCH_WAIT_MS), ("fetch.queue.backoff.ms", src.settings._FETCH_QUEUE_BACKOFF_MS)):
         assert src.Settings(base).consumer_conf()[key] == default
         assert src.Settings({**base, f"kafka.{key}": "250"}).consumer_conf()[key] == "250"
     import confluent_kafka

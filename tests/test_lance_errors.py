@@ -1,4 +1,4 @@
-"""memwal.lance_errors against the real errors of the pinned pylance, each provoked for real.
+"""memwal.core.lance_errors against the real errors of the pinned pylance, each provoked for real.
 
 If a Lance upgrade rewords one of these errors, the test that provokes it fails here, not a
 retry loop somewhere deep in the writer or the compactor.
@@ -14,9 +14,9 @@ import pyarrow as pa
 import pytest
 from helpers import PEOPLE, people
 
-from memwal import lance_errors
-from memwal.compactor import Compactor
-from memwal.errors import CommitConflictError, FencedError, StaleCompactionError
+from memwal.core import lance_errors
+from memwal.maintain.compactor import Compactor
+from memwal.core.errors import CommitConflictError, FencedError, StaleCompactionError
 from memwal.table import Table
 
 CHECKS = {
@@ -188,7 +188,7 @@ def test_a_write_with_no_room_is_storage_full(tmp_path):
     import subprocess
     import sys
 
-    from memwal.errors import StorageFullError
+    from memwal.core.errors import StorageFullError
 
     here = os.path.dirname(os.path.abspath(__file__))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.path.dirname(here)])}
@@ -208,7 +208,7 @@ def test_a_write_with_no_room_is_storage_full(tmp_path):
 def test_a_store_that_keeps_failing_is_unavailable(s3_server):
     from faultproxy import Fault, rule, start_proxy
 
-    from memwal.errors import StorageUnavailableError
+    from memwal.core.errors import StorageUnavailableError
 
     uri = s3_server.fresh_uri("plain")
     opts = {**s3_server.storage_options(), "client_max_retries": "1"}

@@ -6,7 +6,7 @@ import pyarrow as pa
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memwal.lsm import newest_across, newest_per_key, without_keys
+from memwal.core.lsm import newest_across, newest_per_key, without_keys
 
 VEC = pa.list_(pa.float32(), 2)
 

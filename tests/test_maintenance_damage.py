@@ -13,12 +13,13 @@ import sys
 import pytest
 from helpers import PEOPLE, people
 
-from memwal import Table, paths
-from memwal.errors import TableDamagedError, WalGapError
-from memwal.gc import GcConfig
-from memwal.maintenance import Maintenance, MaintenanceConfig
-from memwal.metrics import MaintenanceMetrics
-from memwal.state import TableState
+from memwal import Table
+from memwal.core import paths
+from memwal.core.errors import TableDamagedError, WalGapError
+from memwal.maintain.gc import GcConfig
+from memwal.maintain.maintenance import Maintenance, MaintenanceConfig
+from memwal.maintain.metrics import MaintenanceMetrics
+from memwal.core.state import TableState
 
 NOW = MaintenanceConfig(
     flush_stranded_after_seconds=0,

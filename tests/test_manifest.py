@@ -13,9 +13,10 @@ from helpers import PEOPLE, CountingIO, compact_by_hand, people
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memwal import Table, paths
-from memwal.io import LocalFileIO
-from memwal.manifest import ManifestStore, ShardManifest, decode_index_section
+from memwal import Table
+from memwal.core import paths
+from memwal.core.io import LocalFileIO
+from memwal.core.manifest import ManifestStore, ShardManifest, decode_index_section
 
 
 @given(st.integers(0, 2**64 - 1))

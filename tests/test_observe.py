@@ -18,13 +18,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_wal_gaps import remove_entry, stranded
 
 from memwal import Table
-from memwal.health import CHECKS, HealthConfig, table_health
-from memwal.maintenance import Maintenance
-from memwal.metadata import Bounds, WriterConfig
+from memwal.maintain.health import CHECKS, HealthConfig, table_health
+from memwal.maintain.maintenance import Maintenance
+from memwal.core.metadata import Bounds, WriterConfig
 from memwal.observe.maintenance import MaintenanceObserver
 from memwal.observe.server import MetricsServer
-from memwal.observe.table import TableCollector, TableMetricsConfig
-from memwal.state import TableState
+from memwal.observe.table_health import TableCollector, TableMetricsConfig
+from memwal.core.state import TableState
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "docs" / "grafana" / "memwal.json"
 

@@ -15,13 +15,13 @@ from test_observe import dashboard_series, scrape, value
 from test_streaming import SCHEMA
 
 from memwal import Table
-from memwal.maintenance import Maintenance
+from memwal.maintain.maintenance import Maintenance
 from memwal.observe.ingest import IngestMetrics
 from memwal.observe.maintenance import MaintenanceObserver
 from memwal.observe.server import MetricsServer
-from memwal.observe.table import TableCollector, TableMetricsConfig
+from memwal.observe.table_health import TableCollector, TableMetricsConfig
 from memwal.streaming import ingest
-from memwal.streaming.progress import BatchProgress
+from memwal.streaming.batch_progress import BatchProgress
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

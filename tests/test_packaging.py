@@ -1,6 +1,7 @@
 """A plain (non-editable) install of memwal works, and so does running from the repository
-root, where the source folder memwal/ (holding memwal/streaming, memwal/readers and
-memwal/proto) shadows the installed copy: the folder tree is the import namespace."""
+root, where the source folder memwal/ (its layers' folders and memwal/proto) shadows the
+installed copy: the folder tree is the import namespace. The wheel leaves the development
+tooling (memwal_dev/) out, and no module loads under two names."""
 
 from __future__ import annotations
 
@@ -44,6 +45,10 @@ def test_wheel_installs_into_a_fresh_venv(tmp_path):
         cwd=tmp_path,
     )
     (wheel,) = dist.glob("memwal-*.whl")
+    import zipfile
+
+    shipped = zipfile.ZipFile(wheel).namelist()
+    assert any(n.startswith("memwal/core/") for n in shipped) and not any(n.startswith("memwal_dev/") for n in shipped)
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     py = env_dir / "bin" / "python"
@@ -75,3 +80,41 @@ def test_wheel_installs_into_a_fresh_venv(tmp_path):
     assert all(line.startswith(str(ROOT / "memwal")) for line in here.stdout.split()), here.stdout
     cli_here = subprocess.run([str(env_dir / "bin" / "memwal"), "--help"], capture_output=True, text=True, cwd=ROOT)
     assert cli_here.returncode == 0 and "usage: memwal" in cli_here.stdout
+
+
+def test_every_module_loads_once_under_one_name():
+    """Every module of memwal and memwal_dev imported, no file is loaded twice under two names
+    (two copies of a module mean two of its caches and failing ``isinstance`` checks), and no
+    top-level name at the repository root leads into the package tree a second way."""
+    import importlib
+    import importlib.util
+    import pkgutil
+
+    import memwal
+    import memwal_dev
+
+    for pkg in (memwal, memwal_dev):
+        for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
+            if not info.name.endswith("__main__"):
+                importlib.import_module(info.name)
+    by_file: dict[str, list[str]] = {}
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if file and any(Path(file).resolve().is_relative_to(ROOT / tree) for tree in ("memwal", "memwal_dev", "pyspark_memwal")):
+            by_file.setdefault(str(Path(file).resolve()), []).append(name)
+    assert len(by_file) > 100
+    twice = {f: names for f, names in by_file.items() if len(names) > 1}
+    assert not twice, twice
+    for entry in ROOT.iterdir():
+        if entry.is_symlink():
+            assert not entry.resolve().is_relative_to(ROOT / "memwal"), f"{entry.name} links into the package"
+
+
+def test_the_architecture_page_lists_every_module_of_the_tree():
+    """docs/architecture.md's module table is the one tools/module_table.py makes from the tree."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("module_table", ROOT / "tools" / "module_table.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.main(["--check"]) == 0

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from memwal import Table
-from memwal.errors import InvalidArgumentError
-from memwal.metadata import WriterConfig
-from memwal.partial import fold, presence_of_columns, presence_of_dicts, presence_type, resolve
+from memwal.core.errors import InvalidArgumentError
+from memwal.core.metadata import WriterConfig
+from memwal.core.partial import fold, presence_of_columns, presence_of_dicts, presence_type, resolve
 from memwal.streaming.decode import JsonDecoder, json_presence
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.float64()), ("vec", pa.list_(pa.float32(), 2))])
@@ -30,7 +30,7 @@ def rows_of(table: Table) -> dict[int, dict]:
 
 
 def write_schema() -> pa.Schema:
-    from memwal.schema import with_primary_key
+    from memwal.core.schema import with_primary_key
 
     return with_primary_key(pa.schema([f if f.name in PK else f.with_nullable(True) for f in SCHEMA]), PK)
 

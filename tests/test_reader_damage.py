@@ -17,8 +17,9 @@ import sys
 import pytest
 from helpers import PEOPLE, people
 
-from memwal import Table, paths, readers
-from memwal.errors import TableDamagedError
+from memwal import readers, Table
+from memwal.core import paths
+from memwal.core.errors import TableDamagedError
 
 
 def memwal(*args) -> subprocess.CompletedProcess:

@@ -21,15 +21,16 @@ from hypothesis import strategies as st
 from helpers import examples
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from memwal import IndexConfig, Table, WriterConfig, paths, readers
-from memwal.errors import InvalidArgumentError
-from memwal.compactor import Compactor
-from memwal.state import TableState
-from memwal.indexes import IndexMaintainer
+from memwal import IndexConfig, readers, Table, WriterConfig
+from memwal.core import paths
+from memwal.core.errors import InvalidArgumentError
+from memwal.maintain.compactor import Compactor
+from memwal.core.state import TableState
+from memwal.core.indexes import IndexMaintainer
 from memwal.readers.bm25 import CorpusStats, score, tokenize
 from memwal.readers import reader as reader_module
 from memwal.readers.sstables import KeySet, MergedKeys
-from memwal.schema import TOMBSTONE
+from memwal.core.schema import TOMBSTONE
 
 WORDS = ["lance", "spark", "kafka", "arrow", "shard", "merge", "delta", "vector"]
 CATS = ["a", "b", "c"]
@@ -582,7 +583,7 @@ def test_a_point_lookup_types_its_key_as_a_batch_of_keys_does(key_type):
     """``get`` types one key without building a table; what it accepts, and how it types it,
     must be what ``get_many``'s ``keys_table`` does, or a lookup would miss a row a batch
     finds. Values of the column's own type and of any other type, on a composite key."""
-    from memwal.errors import PrimaryKeyError
+    from memwal.core.errors import PrimaryKeyError
     from memwal.readers.keys import keys_table, typed_key
 
     schema = pa.schema([("k", key_type), ("n", pa.int64())])

@@ -22,11 +22,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from memwal import Table, cli, paths
-from memwal.check import check_table
-from memwal.errors import TableDamagedError
-from memwal.repair import repair_table
-from memwal.state import TableState
+from memwal import cli, Table
+from memwal.core import paths
+from memwal.maintain.check import check_table
+from memwal.core.errors import TableDamagedError
+from memwal.maintain.repair import repair_table
+from memwal.core.state import TableState
 
 #: The writer: rows 0-39 flushed (gen 1), 40-59 flushed (gen 2), then 60-71 as one WAL
 #: entry per row, unflushed; killed. Prints, per shard, what holds which ids.
@@ -34,8 +35,9 @@ WRITER = r"""
 import json, os, sys
 import pyarrow as pa
 import lance
-from memwal import Table, paths
-from memwal.wal import WalEntry, wal_positions
+from memwal import Table
+from memwal.core import paths
+from memwal.core.wal import WalEntry, wal_positions
 
 uri = sys.argv[1]
 t = Table.create(uri, pa.schema([("id", pa.int64()), ("name", pa.string())]), ["id"], "bucket(id,2)")

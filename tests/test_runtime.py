@@ -1,4 +1,4 @@
-"""Lance's log filter (memwal.runtime): normal reads and writes print no Lance log line, the
+"""Lance's log filter (memwal.core.runtime): normal reads and writes print no Lance log line, the
 CLI's ``-v`` shows Lance's warnings, and a LANCE_LOG the user set wins."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from memwal.runtime import DEFAULT_LANCE_LOG, lance_log_filter, verbosity_in
+from memwal.core.runtime import DEFAULT_LANCE_LOG, lance_log_filter, verbosity_in
 
 #: A line of Lance's Rust logger (env_logger's format).
 LANCE_LINE = re.compile(r"^\[\S+ +(ERROR|WARN|INFO|DEBUG|TRACE) +lance", re.MULTILINE)
@@ -21,8 +21,8 @@ SCRIPT = """
 import sys
 import numpy as np, pyarrow as pa
 from memwal import IndexConfig, Table, readers
-from memwal.compactor import Compactor
-from memwal.indexes import IndexMaintainer
+from memwal.maintain.compactor import Compactor
+from memwal.core.indexes import IndexMaintainer
 dim = 8
 schema = pa.schema([("id", pa.int64()), ("vec", pa.list_(pa.float32(), dim))])
 rng = np.random.default_rng(0)
@@ -87,7 +87,7 @@ def test_the_cli_counts_its_v_before_it_parses_its_arguments(argv, count):
     (["-v", "status", "x"], "trace", "trace"),
 ])
 def test_the_cli_sets_lances_filter_from_its_v_count_unless_the_user_set_one(argv, user, expected):
-    code = f"import sys; sys.argv = ['memwal', *{argv!r}]; import memwal.cli, os; print(os.environ['LANCE_LOG'])"
+    code = f"import sys; sys.argv = ['memwal', *{argv!r}]; import memwal.cli.app, os; print(os.environ['LANCE_LOG'])"
     done = _run(["-c", code], _env(**({"LANCE_LOG": user} if user else {})))
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == expected

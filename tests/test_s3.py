@@ -15,10 +15,10 @@ import pyarrow as pa
 import pytest
 
 from memwal import StaleCompactionError, Table, readers
-from memwal.compactor import Compactor
-from memwal.gc import GarbageCollector, GcConfig
-from memwal.indexes import IndexMaintainer
-from memwal.state import TableState
+from memwal.maintain.compactor import Compactor
+from memwal.maintain.gc import GarbageCollector, GcConfig
+from memwal.core.indexes import IndexMaintainer
+from memwal.core.state import TableState
 from memwal.views import View, list_views
 
 pytestmark = pytest.mark.s3

@@ -19,8 +19,8 @@ from helpers import sigkill_when
 from test_streaming import SCHEMA, approx, workload
 
 from memwal import Table, jvm, readers
-from memwal.state import TableState
-from memwal.storage import ENVIRONMENT_VARIABLES, StorageConfig
+from memwal.core.state import TableState
+from memwal.core.storage import ENVIRONMENT_VARIABLES, StorageConfig
 from memwal.streaming import SinkOptions, ingest
 from memwal.write.dead_letters import dead_letter_uri, read_dead_letters
 from memwal.streaming.sink import Prepare, Write

@@ -15,11 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memwal import Table, WriterConfig, readers
-from memwal.lsm import newest_per_key
+from memwal.core.lsm import newest_per_key
 from memwal.readers import ReadConfig
 from memwal.readers.sstables import KeySet, SSTableCache
 from memwal.readers.stream import ShadowKeys, base_rows, shard_rows
-from memwal.schema import TOMBSTONE
+from memwal.core.schema import TOMBSTONE
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.float64())])
 
@@ -106,9 +106,9 @@ def test_every_split_read_alone_adds_up_to_the_scan_and_the_model(tmp_path_facto
     SSTables, deletes, compacted generations, base fragments split by rows and the WAL tail."""
     import pickle
 
-    from memwal.compactor import Compactor
+    from memwal.maintain.compactor import Compactor
     from memwal.readers.process import ProcessReads
-    from memwal.state import TableState
+    from memwal.core.state import TableState
 
     uri = str(tmp_path_factory.mktemp("splits") / "t")
     base = pa.table({"id": range(0, 80, 2), "name": [f"b{i}" for i in range(0, 80, 2)], "score": [float(i) for i in range(0, 80, 2)]}, schema=SCHEMA)

@@ -26,9 +26,9 @@ from brokers import produce
 from test_streaming import workload
 
 from memwal import Table, jvm
-from memwal.io import file_io_for
-from memwal.state import TableState
-from memwal.storage import ENVIRONMENT_VARIABLES, StorageConfig
+from memwal.core.io import file_io_for
+from memwal.core.state import TableState
+from memwal.core.storage import ENVIRONMENT_VARIABLES, StorageConfig
 from memwal.write.dead_letters import dead_letter_uri, read_dead_letters
 
 # soak: 230-270 s a run on the loaded 2-core machine (a dozen CLI processes and a Spark ingest), so it

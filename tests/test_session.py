@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from memwal.cli import build_parser
-from memwal.runtime import executor_env
+from memwal.core.runtime import executor_env
 from memwal.streaming.session import LOOPBACK, SESSION_DEFAULTS, is_local_master, resolve_master, session_settings
 
 

@@ -20,9 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memwal import Table, readers
-from memwal.compactor import Compactor
-from memwal.metadata import WriterConfig
-from memwal.state import TableState
+from memwal.maintain.compactor import Compactor
+from memwal.core.metadata import WriterConfig
+from memwal.core.state import TableState
 
 pytestmark = pytest.mark.spark
 

@@ -19,12 +19,12 @@ from helpers import examples
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from memwal import StaleCompactionError, Table, WriterConfig, readers
-from memwal.compactor import Compactor
-from memwal.metadata import Bounds
-from memwal.state import TableState
+from memwal.maintain.compactor import Compactor
+from memwal.core.metadata import Bounds
+from memwal.core.state import TableState
 from memwal.write.pool import ShardWriterPool
-from memwal.gc import GarbageCollector, GcConfig
-from memwal.indexes import IndexMaintainer
+from memwal.maintain.gc import GarbageCollector, GcConfig
+from memwal.core.indexes import IndexMaintainer
 
 SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
 KEYS = st.lists(st.integers(0, 12), min_size=1, max_size=6)  # few keys: histories collide

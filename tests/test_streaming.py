@@ -16,8 +16,8 @@ from brokers import produce
 from helpers import approx, run_sink_batch, table_rows, workload
 
 from memwal import Table, readers
-from memwal.failpoints import DIR_ENV, ENV
-from memwal.metadata import Bounds
+from memwal.core.failpoints import DIR_ENV, ENV
+from memwal.core.metadata import Bounds
 from memwal.streaming import SinkOptions, ingest
 from memwal.write.dead_letters import dead_letter_uri, read_dead_letters
 from memwal.streaming.sink import partition_keys

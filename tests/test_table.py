@@ -26,7 +26,7 @@ from memwal import (
     WriterConfig,
     readers,
 )
-from memwal import paths
+from memwal.core import paths
 from memwal.write.pool import ShardWriterPool
 
 

@@ -149,10 +149,10 @@ def test_status_watch_into_a_pipe_prints_the_text_status_each_interval(table_uri
 
 
 def test_check_and_repair_report_progress_per_shard(table_uri):
-    from memwal.check import check_table
-    from memwal.progress import Progress
-    from memwal.repair import repair_table
-    from memwal.state import TableState
+    from memwal.maintain.check import check_table
+    from memwal.core.progress import Progress
+    from memwal.maintain.repair import repair_table
+    from memwal.core.state import TableState
 
     table = Table.create(table_uri, PEOPLE, ["id"], "bucket(id, 3)")
     table.write(people(range(60)))

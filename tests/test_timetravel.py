@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 
 from memwal import IndexConfig, Table, readers
-from memwal.compactor import Compactor
-from memwal.errors import StateNotRetainedError
-from memwal.gc import GarbageCollector, GcConfig
+from memwal.maintain.compactor import Compactor
+from memwal.core.errors import StateNotRetainedError
+from memwal.maintain.gc import GarbageCollector, GcConfig
 from memwal.readers import timetravel
 
 SCHEMA = pa.schema([("id", pa.int64()), ("tag", pa.string())])

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memwal.errors import InvalidValueError, ShardingSpecError, TransformTypeError
-from memwal.sharding import ShardResolver, lance_spec_dict, parse_sharding_spec
-from memwal.transforms import (
+from memwal.core.errors import InvalidValueError, ShardingSpecError, TransformTypeError
+from memwal.core.sharding import ShardResolver, lance_spec_dict, parse_sharding_spec
+from memwal.core.transforms import (
     Bucket,
     Day,
     Hour,

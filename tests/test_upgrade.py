@@ -17,14 +17,15 @@ import pytest
 from test_view_changes import make_previous_table
 from test_views import REGIONS, SCHEMA, change, check_groups_view, check_rows_view
 
-from memwal import Table, paths
+from memwal import Table
+from memwal.core import paths
 from memwal.cli import main as cli_main
-from memwal.compactor import Compactor
-from memwal.errors import ConcurrencyError
-from memwal.failpoints import DIR_ENV as FAILPOINT_DIR_ENV
-from memwal.failpoints import ENV as FAILPOINTS_ENV
-from memwal.failpoints import EXIT_CODE
-from memwal.upgrade import UPGRADE_DIR, UpgradeBlockedError, plan_upgrade, purge_upgrades, upgrade
+from memwal.maintain.compactor import Compactor
+from memwal.core.errors import ConcurrencyError
+from memwal.core.failpoints import DIR_ENV as FAILPOINT_DIR_ENV
+from memwal.core.failpoints import ENV as FAILPOINTS_ENV
+from memwal.core.failpoints import EXIT_CODE
+from memwal.maintain.upgrade import UPGRADE_DIR, UpgradeBlockedError, plan_upgrade, purge_upgrades, upgrade
 from memwal.views import View
 from memwal.views.layout import ROW_ID
 from memwal.write.lease import WriterLease
@@ -247,7 +248,7 @@ def test_a_commit_to_the_old_base_during_the_copy_stops_the_swap(old_table, tmp_
 
 
 def test_upgrade_reports_the_rows_it_copies(old_table):
-    from memwal.progress import Progress
+    from memwal.core.progress import Progress
 
     heard: list[Progress] = []
     report = upgrade(old_table, progress=heard.append)  # (compacts the pending SSTables first)

@@ -13,8 +13,8 @@ import pyarrow as pa
 import pytest
 
 from memwal import IndexConfig, Table, readers
-from memwal import indexes as indexes_module
-from memwal.indexes import IndexMaintainer, vector_index_params
+from memwal.core import indexes as indexes_module
+from memwal.core.indexes import IndexMaintainer, vector_index_params
 
 SAMPLE = os.path.join(os.path.dirname(__file__), "data", "minilm_sample.npz")
 DIM = 384

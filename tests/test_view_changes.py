@@ -18,12 +18,13 @@ import pyarrow as pa
 import pytest
 from test_views import LABEL, REGIONS, SCHEMA, change, check_groups_view, check_rows_view, create_views, seeded
 
-from memwal import Table, paths
-from memwal.compactor import Compactor
-from memwal.feed import rows_by_key
-from memwal.gc import GarbageCollector, GcConfig
-from memwal.holds import read_hold
-from memwal.indexes import IndexMaintainer
+from memwal import Table
+from memwal.core import paths
+from memwal.maintain.compactor import Compactor
+from memwal.readers.feed import rows_by_key
+from memwal.maintain.gc import GarbageCollector, GcConfig
+from memwal.core.holds import read_hold
+from memwal.core.indexes import IndexMaintainer
 from memwal.views import View
 from memwal.views.layout import ROW_ID, SOURCE_KEY
 

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from helpers import examples
 
 from memwal import Table, WriterConfig
-from memwal.compactor import Compactor
-from memwal.state import TableState
+from memwal.maintain.compactor import Compactor
+from memwal.core.state import TableState
 from memwal.views import View
 
 SCHEMA = pa.schema([

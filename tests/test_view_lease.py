@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from memwal.errors import MemwalError
-from memwal.io import LocalFileIO
+from memwal.core.errors import MemwalError
+from memwal.core.io import LocalFileIO
 from memwal.views.errors import ViewBusyError
 from memwal.views.lease import Lease
 

@@ -21,9 +21,9 @@ from helpers import examples
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from memwal import Table, WriterConfig
-from memwal.compactor import Compactor
-from memwal.state import TableState
-from memwal.failpoints import DIR_ENV, ENV
+from memwal.maintain.compactor import Compactor
+from memwal.core.state import TableState
+from memwal.core.failpoints import DIR_ENV, ENV
 from memwal.views import View, ViewBusyError, ViewError, UdfColumn, list_views
 from viewudfs import CALLS_FILE, calls
 
@@ -298,7 +298,7 @@ def test_refresh_racing_compaction_and_base_file_compaction(table_uri):
 
 
 def test_maintenance_refreshes_registered_views(table_uri):
-    from memwal.maintenance import Maintenance
+    from memwal.maintain.maintenance import Maintenance
 
     t = seeded(table_uri, 300)
     rows, groups = create_views(table_uri)
@@ -315,7 +315,7 @@ def test_maintenance_refreshes_registered_views(table_uri):
 def test_a_cycle_that_only_compacts_base_files_brings_the_views_to_its_version(table_uri):
     """No SSTable to fold, but a base-file compaction moves the base version: the views follow
     it (their freshness, and the version an aggregate view reads old values from next)."""
-    from memwal.maintenance import Maintenance, MaintenanceConfig
+    from memwal.maintain.maintenance import Maintenance, MaintenanceConfig
 
     t = seeded(table_uri, 300)
     rows, groups = create_views(table_uri)

@@ -11,10 +11,11 @@ import sys
 import pytest
 from helpers import PEOPLE, people
 
-from memwal import Table, paths, readers
-from memwal.errors import TableDamagedError, WalGapError
-from memwal.maintenance import Maintenance, MaintenanceConfig
-from memwal.wal import first_missing
+from memwal import readers, Table
+from memwal.core import paths
+from memwal.core.errors import TableDamagedError, WalGapError
+from memwal.maintain.maintenance import Maintenance, MaintenanceConfig
+from memwal.core.wal import first_missing
 
 #: Writes three acknowledged rows (one WAL entry each) and dies without flushing.
 CRASHING_WRITER = """

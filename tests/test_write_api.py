@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from helpers import examples
 
 from memwal import Table, readers
-from memwal.state import TableState
+from memwal.core.state import TableState
 from memwal.write.api import TableWrite, WriteBatch, WriteReport
 from memwal.write.dead_letters import dead_letter_uri, read_dead_letters
 from memwal.write.messages import DEAD_SCHEMA, ERROR, KEY, KPART, OFFSET, ORDER, RAW, TOPIC

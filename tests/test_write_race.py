@@ -33,7 +33,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memwal import Table, readers
-from memwal.failpoints import DIR_ENV, ENV
+from memwal.core.failpoints import DIR_ENV, ENV
 
 SCHEMA = pa.schema(
     [

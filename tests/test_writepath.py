@@ -20,10 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memwal import Table, readers
-from memwal.partial import presence_of_dicts, presence_type
-from memwal.routing import route
-from memwal.schema import conform
-from memwal.state import TableState
+from memwal.core.partial import presence_of_dicts, presence_type
+from memwal.core.routing import route
+from memwal.core.schema import conform
+from memwal.core.state import TableState
 from memwal.write.protocol import ShardRecords, TableWriter, WriteMode
 
 SCHEMA = pa.schema(
@@ -131,7 +131,7 @@ def test_a_partial_delete_with_a_sequence_is_recorded_for_later_writers(tmp_path
     """``--merge partial --drop-stale`` with a delete: the delete's sequence is recorded beside
     the table like a full delete's (before the write path, the sink's write task failed on it:
     the folded deletes had lost the sequence column)."""
-    from memwal.deleted import deleted_sequences_uri, read_deletes
+    from memwal.write.deleted import deleted_sequences_uri, read_deletes
 
     uri = str(tmp_path / "t")
     Table.create(uri, SCHEMA, ["id"], "unsharded").close()

@@ -9,9 +9,9 @@ import time
 from helpers import PEOPLE, people
 
 from memwal import Table, readers
-from memwal.failpoints import DIR_ENV as FAILPOINT_DIR_ENV
-from memwal.failpoints import ENV as FAILPOINTS_ENV
-from memwal.maintenance import Maintenance, MaintenanceConfig
+from memwal.core.failpoints import DIR_ENV as FAILPOINT_DIR_ENV
+from memwal.core.failpoints import ENV as FAILPOINTS_ENV
+from memwal.maintain.maintenance import Maintenance, MaintenanceConfig
 from memwal.write.pool import _keeps_claiming
 from memwal.write.lease import WriterLease
 

@@ -22,9 +22,9 @@ import pytest
 from brokers import produce
 
 from memwal import Table, readers
-from memwal.errors import TableNotFoundError, WriterProcessError
-from memwal.failpoints import DIR_ENV as FAILPOINT_DIR_ENV
-from memwal.failpoints import ENV as FAILPOINT_ENV
+from memwal.core.errors import TableNotFoundError, WriterProcessError
+from memwal.core.failpoints import DIR_ENV as FAILPOINT_DIR_ENV
+from memwal.core.failpoints import ENV as FAILPOINT_ENV
 from memwal.streaming import SinkOptions
 from memwal.write.dead_letters import dead_letter_uri
 from memwal.streaming.sink import Prepare, Write

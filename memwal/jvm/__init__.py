@@ -10,7 +10,7 @@ dependencies Maven copies into ``<jars dir>/<group>/``:
     ``format("kafka")`` and ``memwal ingest --kafka-source spark`` work.
 ``kafka-broker``
     Apache Kafka 4 (broker and KRaft controller), for the demo, the tests and the
-    benchmarks (:mod:`memwal.streaming.local_broker`).
+    benchmarks (:mod:`memwal_dev.local_broker`).
 ``s3a``
     ``hadoop-aws`` at the Hadoop version pyspark bundles, for ``s3a://`` checkpoints.
 

@@ -1,3 +1,5 @@
+"""``python -m memwal.jvm``: fetches the JVM artifacts (what ``make`` runs before Spark starts)."""
+
 import sys
 
 from memwal.jvm import main

@@ -1,8 +1,8 @@
 """Prometheus metrics for memwal: an adapter over its typed records, served on 127.0.0.1.
 
-memwal measures in typed records (:class:`~memwal.streaming.progress.BatchProgress` per
-micro-batch, :class:`~memwal.metrics.MaintenanceMetrics` per maintenance cycle,
-:class:`~memwal.status.TableStatus` and :class:`~memwal.health.HealthReport` of the table on
+memwal measures in typed records (:class:`~memwal.streaming.batch_progress.BatchProgress` per
+micro-batch, :class:`~memwal.maintain.metrics.MaintenanceMetrics` per maintenance cycle,
+:class:`~memwal.maintain.status.TableStatus` and :class:`~memwal.maintain.health.HealthReport` of the table on
 storage); this package only turns them into Prometheus series, so a number is measured once
 and shown alike by ``memwal status``, the logs and Grafana:
 
@@ -10,7 +10,7 @@ and shown alike by ``memwal status``, the logs and Grafana:
   driver (the executors' counters arrive in the batch's summary rows);
 - :mod:`memwal.observe.maintenance`: ``memwal_maintenance_*`` counters of a service running
   in this process;
-- :mod:`memwal.observe.table`: the table as it is on storage, sampled at most every few
+- :mod:`memwal.observe.table_health`: the table as it is on storage, sampled at most every few
   seconds when scraped (per shard SSTables, WAL bytes, compaction debt; the base; index lag;
   the age of the last maintenance cycle; health);
 - :mod:`memwal.observe.server`: the HTTP endpoint.

@@ -1,6 +1,6 @@
 """``memwal_ingest_*``: an ingest query's micro-batches, one update per batch on the driver.
 
-Every number comes from the batch's :class:`~memwal.streaming.progress.BatchProgress`: the
+Every number comes from the batch's :class:`~memwal.streaming.batch_progress.BatchProgress`: the
 sink's :class:`~memwal.streaming.sink.BatchReport` (built on the driver from the summary rows
 each write task returns, so on a cluster the executors' counters arrive here and one endpoint
 answers), Spark's progress (phases, offsets) and the size decision.
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from memwal import paths
-from memwal.streaming.progress import BatchProgress
+from memwal.core import paths
+from memwal.streaming.batch_progress import BatchProgress
 from memwal.streaming.timing import PHASES
 
 #: Micro-batch and phase durations: tens of milliseconds (a steady small batch's phase) to minutes.

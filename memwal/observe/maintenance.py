@@ -1,12 +1,12 @@
 """``memwal_maintenance_*``: what a maintenance service running in this process did, cycle by
 cycle (``Maintenance.observers``). The table's state after the cycles (SSTables pending, the
-age of the last cycle, whoever ran it) is :mod:`memwal.observe.table`'s."""
+age of the last cycle, whoever ran it) is :mod:`memwal.observe.table_health`'s."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from memwal.metrics import MaintenanceMetrics
+from memwal.maintain.metrics import MaintenanceMetrics
 
 #: Cycle durations: from an idle cycle's tens of milliseconds to a large base-file compaction's minutes.
 CYCLE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)

@@ -7,7 +7,7 @@ count, average length and document frequencies are those of the live rows only: 
 document superseded by a newer version or deleted counts nowhere.
 
 Tokenization matches the inverted index memwal builds on the base table
-(``memwal.indexes.FTS_PARAMS``: Lance's ``simple`` tokenizer, lower-cased, no stemming or
+(``memwal.core.indexes.FTS_PARAMS``: Lance's ``simple`` tokenizer, lower-cased, no stemming or
 stop words): maximal runs of letters and digits, at most 40 characters long.
 """
 
@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from memwal.indexes import FTS_MAX_TOKEN_LEN as MAX_TOKEN_LEN
+from memwal.core.indexes import FTS_MAX_TOKEN_LEN as MAX_TOKEN_LEN
 
 K1 = 1.2
 B = 0.75

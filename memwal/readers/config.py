@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memwal.errors import InvalidArgumentError
+from memwal.core.errors import InvalidArgumentError
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class ReadConfig:
     #: Base batches a scan lets Lance decode while it still reads the SSTables (0: none).
     scan_base_batches_ahead: int = 4
     #: Vector search: IVF partitions of the base index probed per query. memwal builds
-    #: IVF_HNSW_SQ with one partition per 250,000 rows (memwal.indexes), so up to 5M rows
+    #: IVF_HNSW_SQ with one partition per 250,000 rows (memwal.core.indexes), so up to 5M rows
     #: every partition is probed; recall then is the graphs' (0.998 on 384-d MiniLM text
     #: embeddings with the refine factor below, docs/bench-log/reads.md).
     vector_nprobes: int = 20

@@ -6,8 +6,8 @@ from typing import Any, Iterable, Sequence
 
 import pyarrow as pa
 
-from memwal.errors import PrimaryKeyError
-from memwal.sqltext import quote_ident, sql_literal
+from memwal.core.errors import PrimaryKeyError
+from memwal.core.sqltext import quote_ident, sql_literal
 
 
 #: What Arrow raises for a key value its column's type cannot hold (a negative value for an

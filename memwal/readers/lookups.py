@@ -15,14 +15,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal.lsm import without_keys
+from memwal.core.lsm import without_keys
 from memwal.readers.keys import keys_predicate, quote_ident, sql_literal
 from memwal.readers.merge import int_key as merge_int_key
 from memwal.readers.points import BaseLookup, base_point_read, point_lookup
 from memwal.readers.sstables import KeySet, LiveKeySets, MergedKeys, SSTableCache, lookup_key
-from memwal.schema import TOMBSTONE
-from memwal.snapshot import Snapshot
-from memwal.state import TableState
+from memwal.core.schema import TOMBSTONE
+from memwal.core.snapshot import Snapshot
+from memwal.core.state import TableState
 
 #: Up to this many keys, get_many runs point lookups (bloom filters, short-circuit per key);
 #: above it one lookup of all keys at once (:meth:`PointLookups.many`) is cheaper.

@@ -4,8 +4,8 @@
 SSTable cache use. Profiled on a 1M-row base (docs/bench-log/reads.md, "Scans with
 uncompacted SSTables"), a hash aggregation over every column and a hash-set membership test
 cost several times these NumPy passes over the key column alone. Other keys take
-:mod:`memwal.lsm`'s general path; either way the rows and their order are those of
-:func:`memwal.lsm.newest_per_key` and :func:`memwal.lsm.without_keys`.
+:mod:`memwal.core.lsm`'s general path; either way the rows and their order are those of
+:func:`memwal.core.lsm.newest_per_key` and :func:`memwal.core.lsm.without_keys`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from memwal.lsm import newest_per_key
+from memwal.core.lsm import newest_per_key
 
 #: A scan that drops the delta's keys batch by batch uses a bitmap over their range up to this
 #: size (NumPy's zeroed allocation maps pages only as keys touch them); wider, the whole base.

@@ -13,11 +13,11 @@ from typing import Sequence
 
 import pyarrow as pa
 
-from memwal.errors import InvalidArgumentError, MemwalError, UnknownColumnError
+from memwal.core.errors import InvalidArgumentError, MemwalError, UnknownColumnError
 from memwal.readers.pruning import Pruning, prune
 from memwal.readers.sql import filter_rows
-from memwal.snapshot import Snapshot
-from memwal.state import TableState
+from memwal.core.snapshot import Snapshot
+from memwal.core.state import TableState
 
 #: At most this many output schemas (one per column list asked for) are kept ...
 SCHEMAS_KEPT = 256

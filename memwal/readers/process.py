@@ -11,8 +11,8 @@ from typing import Any
 from memwal.readers import sstables
 from memwal.readers.config import ReadConfig
 from memwal.readers.splits import ScanPlan, SplitReader
-from memwal.schema import stored_schema
-from memwal.state import TableState
+from memwal.core.schema import stored_schema
+from memwal.core.state import TableState
 
 
 class ProcessReads:

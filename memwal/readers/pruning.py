@@ -19,7 +19,7 @@ from typing import Any
 import datafusion
 import pyarrow as pa
 
-from memwal.sharding import ShardingSpec, ShardResolver
+from memwal.core.sharding import ShardingSpec, ShardResolver
 
 #: Above this many value combinations, pruning gives up (it would cost more than it saves).
 MAX_COMBINATIONS = 100_000

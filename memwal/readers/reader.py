@@ -1,6 +1,6 @@
 """The LSM read API: point lookups, scans and searches over base table + uncompacted SSTables.
 
-A :class:`Reader` works on a :class:`~memwal.snapshot.Snapshot` (a pinned base version
+A :class:`Reader` works on a :class:`~memwal.core.snapshot.Snapshot` (a pinned base version
 plus the live SSTables of every shard) and refreshes it on demand or every
 ``refresh_interval_ms``, either in the read that finds it stale or, for a serving process,
 on a thread of its own (``refresh_in_background``). Which snapshot (and, for a strong
@@ -23,9 +23,9 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from memwal import feed
-from memwal.errors import InvalidArgumentError
-from memwal.lance_errors import memwal_errors
+from memwal.readers import feed
+from memwal.core.errors import InvalidArgumentError
+from memwal.core.lance_errors import memwal_errors
 from memwal.readers import sstables, text, timetravel
 from memwal.readers.config import ReadConfig
 from memwal.readers.keys import keys_table, typed_key
@@ -35,11 +35,11 @@ from memwal.readers.points import first_row
 from memwal.readers.pruning import Pruning
 from memwal.readers.splits import ScanPlan, SplitReader, plan_scan
 from memwal.readers.vector_search import VectorSearch
-from memwal.schema import stored_schema
-from memwal.snapshot import Snapshot, take_snapshot
-from memwal.state import TableState
-from memwal.storage import StorageConfig
-from memwal.wal import WalTailReader
+from memwal.core.schema import stored_schema
+from memwal.core.snapshot import Snapshot, take_snapshot
+from memwal.core.state import TableState
+from memwal.core.storage import StorageConfig
+from memwal.core.wal import WalTailReader
 
 Consistency = Literal["eventual", "strong"]
 
@@ -118,7 +118,7 @@ class Reader:
 
     def _columns_changed(self, base: lance.LanceDataset) -> bool:
         """Whether the latest base has other columns than this reader reads (a column was
-        added or dropped since it opened, :mod:`memwal.evolve`): then it reloads the table's
+        added or dropped since it opened, :mod:`memwal.maintain.evolve`): then it reloads the table's
         state and reads the new columns."""
         # Once per base dataset opened (a strong reader reuses one until a version is committed):
         # Lance builds the Arrow schema anew at each ask.
@@ -366,12 +366,12 @@ class Reader:
         until: int | None = None,
         columns: Sequence[str] | None = None,
     ) -> pa.Table:
-        """The table's change feed (:mod:`memwal.feed`): every change after ``since`` (a base
-        version, a :class:`~memwal.feed.Position`, or ``"earliest"``) up to base version
+        """The table's change feed (:mod:`memwal.readers.feed`): every change after ``since`` (a base
+        version, a :class:`~memwal.readers.feed.Position`, or ``"earliest"``) up to base version
         ``until`` or the last flush, as rows of the table's columns with ``_change_type``
         (insert, update_preimage, update_postimage, delete), ``_shard``, ``_generation`` and
         ``_commit_time``; per shard in generation order, each generation's net change per
-        key. Raises :class:`~memwal.errors.ChangesCollectedError` for changes GC collected."""
+        key. Raises :class:`~memwal.core.errors.ChangesCollectedError` for changes GC collected."""
         return pa.Table.from_batches(list(self.change_batches(since, until, columns)), self.change_schema(columns))
 
     def change_schema(self, columns: Sequence[str] | None = None) -> pa.Schema:
@@ -513,7 +513,7 @@ def open(  # noqa: A001 - mirrors lance.dataset / builtin open naming users expe
     :meth:`Reader.close` or a ``with`` block). ``as_of`` reads the table as it was (time
     travel, base and SSTables): at a base version (an int: when it was committed) or a time
     (a ``datetime``, naive meaning UTC, or Unix seconds), while GC keeps that state
-    (``GcConfig.time_travel_seconds``); :class:`~memwal.errors.StateNotRetainedError` names
+    (``GcConfig.time_travel_seconds``); :class:`~memwal.core.errors.StateNotRetainedError` names
     the oldest readable state otherwise. ``version`` is ``as_of``'s older name for a base version.
     ``storage_options``: as :meth:`memwal.Table.open` takes them (Lance's key names, over the
     ``AWS_*``/``GOOGLE_*``/``AZURE_*`` environment variables).

@@ -12,7 +12,7 @@ strong read the WAL tail, and the splits:
 - a :class:`TailSplit` when there is a tail: its live rows.
 
 Shards own disjoint keys, so each live key is in exactly one split, and the splits' rows
-together are the newest live row per key (:func:`memwal.lsm.newest_per_key` over the
+together are the newest live row per key (:func:`memwal.core.lsm.newest_per_key` over the
 levels, tombstones dropped). A plan pickles to its pinned form (the base version and the
 shard manifests as bytes), so an executor reads any split of it alone
 (:meth:`SplitReader.read`). In one process, :meth:`SplitReader.scan` reads them in order,
@@ -31,15 +31,15 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal import paths
-from memwal.manifest import ShardManifest, SsTable
+from memwal.core import paths
+from memwal.core.manifest import ShardManifest, SsTable
 from memwal.readers.config import ReadConfig
 from memwal.readers.sql import filter_rows
 from memwal.readers.sstables import KeySet, SSTableCache
 from memwal.readers.stream import Prefetch, ShadowKeys, base_rows, shard_rows, take
-from memwal.schema import TOMBSTONE
-from memwal.snapshot import ShardState, Snapshot
-from memwal.state import TableState
+from memwal.core.schema import TOMBSTONE
+from memwal.core.snapshot import ShardState, Snapshot
+from memwal.core.state import TableState
 
 
 @dataclass(frozen=True)

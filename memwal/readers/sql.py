@@ -6,7 +6,7 @@ from __future__ import annotations
 import datafusion
 import pyarrow as pa
 
-from memwal.errors import MemwalError
+from memwal.core.errors import MemwalError
 
 
 def filter_rows(rows: pa.Table, where: str | None) -> pa.Table:

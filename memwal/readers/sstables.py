@@ -20,14 +20,14 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from memwal import paths
-from memwal.cache import ByteLRU
-from memwal.lance_errors import damaged_sstable
+from memwal.core import paths
+from memwal.core.cache import ByteLRU
+from memwal.core.lance_errors import damaged_sstable
 from memwal.readers.merge import newest
-from memwal.schema import TOMBSTONE, as_evolved, needs_evolving, stored_columns, widened_sources
+from memwal.core.schema import TOMBSTONE, as_evolved, needs_evolving, stored_columns, widened_sources
 
 if TYPE_CHECKING:
-    from memwal.snapshot import Snapshot
+    from memwal.core.snapshot import Snapshot
 
 #: What an open SSTable dataset handle is counted as (its manifest, schema and file metadata).
 DATASET_BYTES = 64 << 10
@@ -107,7 +107,7 @@ class KeySet:
 @contextmanager
 def reading(path: str) -> Iterator[None]:
     """Turns a Lance failure to open or read the SSTable at ``path`` into a
-    :class:`~memwal.errors.TableDamagedError` naming its shard, generation and path.
+    :class:`~memwal.core.errors.TableDamagedError` naming its shard, generation and path.
 
     Every SSTable a reader touches is listed in a shard manifest it loaded, and GC removes
     none a reader may still use (``reader_grace_seconds``), so a listed SSTable that does not
@@ -195,7 +195,7 @@ class SSTableCache:
 
     def _evolved(self, table: pa.Table, columns: Sequence[str] | None = None) -> pa.Table:
         """``columns`` (all when None) of rows read from an SSTable written under an earlier
-        schema, as the table's (:func:`memwal.schema.as_evolved`). Without :attr:`schema` (a
+        schema, as the table's (:func:`memwal.core.schema.as_evolved`). Without :attr:`schema` (a
         cache shared by tables: Spark's executors) the rows are left as read (the columns the
         SSTable lacks left out, a widened column's older selves in), for the caller to conform."""
         if self.schema is None:

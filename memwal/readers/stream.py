@@ -13,7 +13,7 @@ holding one SSTable at a time:
 3. the WAL tail's live rows (strong reads).
 
 Shards own disjoint keys, so a shard's SSTables shadow only its own older rows and the base.
-The rows are those of :func:`memwal.lsm.newest_per_key` over the levels minus the tombstones,
+The rows are those of :func:`memwal.core.lsm.newest_per_key` over the levels minus the tombstones,
 in another order (tests/test_scans.py checks it against that model). Which levels a scan
 reads, and in what pieces, is planned in :mod:`memwal.readers.splits`.
 """
@@ -28,10 +28,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal.lsm import without_keys
+from memwal.core.lsm import without_keys
 from memwal.readers.merge import BATCH_BITMAP_BYTES, BatchKeyDrop, int_key
 from memwal.readers.sstables import KeySet
-from memwal.schema import TOMBSTONE
+from memwal.core.schema import TOMBSTONE
 
 
 def _distinct(ids: np.ndarray) -> np.ndarray:

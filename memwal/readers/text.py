@@ -20,16 +20,16 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal.lsm import without_keys
+from memwal.core.lsm import without_keys
 from memwal.readers.bm25 import CorpusStats, score, tokenize
 from memwal.readers.keys import keys_predicate
 from memwal.readers.sql import filter_rows
-from memwal.schema import TOMBSTONE
-from memwal.snapshot import Snapshot
+from memwal.core.schema import TOMBSTONE
+from memwal.core.snapshot import Snapshot
 
 if TYPE_CHECKING:
     from memwal.readers.sstables import SSTableCache
-    from memwal.state import TableState
+    from memwal.core.state import TableState
 
 SCORE = "_score"
 

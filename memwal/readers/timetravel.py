@@ -6,7 +6,7 @@ version had compacted: exactly what a reader that refreshed at ``T`` read. A bas
 carries its commit time; a shard manifest version is written once (put-if-absent) and its
 file's modification time is when it was committed, and versions are written in order, so the
 manifest live at ``T`` is the newest version written at or before ``T``. The pair is
-consistent for the reason a reader's snapshot is (:mod:`memwal.snapshot`): every generation
+consistent for the reason a reader's snapshot is (:mod:`memwal.core.snapshot`): every generation
 the base version had compacted was flushed, so listed, before that version was committed,
 at or before ``T``. Rows still in a WAL at ``T`` (not flushed) are not part of it, as for an
 eventual reader.
@@ -14,7 +14,7 @@ eventual reader.
 ``as_of`` is a base version (the table when that version was committed) or a time (a
 ``datetime``, naive meaning UTC, or Unix seconds). The state is readable while GC keeps its
 base version, the shards' manifests of that time and the SSTables they list
-(``GcConfig.time_travel_seconds``, :mod:`memwal.gc`); otherwise :class:`StateNotRetainedError`
+(``GcConfig.time_travel_seconds``, :mod:`memwal.maintain.gc`); otherwise :class:`StateNotRetainedError`
 names the oldest state that can still be read.
 """
 
@@ -24,10 +24,10 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Union
 
-from memwal import paths
-from memwal.errors import StateNotRetainedError
-from memwal.snapshot import ShardState, Snapshot
-from memwal.state import TableState
+from memwal.core import paths
+from memwal.core.errors import StateNotRetainedError
+from memwal.core.snapshot import ShardState, Snapshot
+from memwal.core.state import TableState
 
 AsOf = Union[int, float, dt.datetime]
 

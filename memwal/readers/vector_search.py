@@ -23,16 +23,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal import paths
-from memwal.errors import InvalidArgumentError
+from memwal.core import paths
+from memwal.core.errors import InvalidArgumentError
 from memwal.readers.config import ReadConfig
 from memwal.readers.sql import filter_rows
 from memwal.readers.sstables import KeySet, LiveKeySets, SSTableCache
 from memwal.readers.stream import ShadowKeys
 from memwal.readers.vectors import METRICS, as_matrix, distances, matvec, nearest, top_k, vector_columns
-from memwal.schema import TOMBSTONE
-from memwal.snapshot import Snapshot
-from memwal.state import TableState
+from memwal.core.schema import TOMBSTONE
+from memwal.core.snapshot import Snapshot
+from memwal.core.state import TableState
 
 #: At most this many snapshots' :class:`DeltaVectors` are kept (a few columns of the current one).
 DELTAS_KEPT = 4

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from memwal.errors import MemwalError
+from memwal.core.errors import MemwalError
 
 METRICS = ("l2", "cosine", "dot")
 

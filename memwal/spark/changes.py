@@ -1,4 +1,4 @@
-"""``option("readChangeFeed", "true")``: the table's change feed (:mod:`memwal.feed`) in Spark.
+"""``option("readChangeFeed", "true")``: the table's change feed (:mod:`memwal.readers.feed`) in Spark.
 
 A stream (``spark.readStream.format("memwal").option("readChangeFeed", "true").load(uri)``)
 has as offsets the feed's positions: the anchor base version and, per shard, the highest
@@ -9,7 +9,7 @@ Each micro-batch reads one split per shard that has new generations, on the exec
 With ``option("consumer", name)`` the stream registers as a feed consumer: each committed
 micro-batch moves its hold, so GC keeps what the query has not read (within
 ``GcConfig.feed_retention_seconds``); a query that falls behind what GC kept fails with
-:class:`~memwal.errors.ChangesCollectedError` naming the oldest position still readable.
+:class:`~memwal.core.errors.ChangesCollectedError` naming the oldest position still readable.
 
 A batch read (``spark.read...``) reads ``startingVersion`` (a base version, ``earliest``
 or ``latest``) to ``endingVersion`` (what that base version had folded; by default the
@@ -26,7 +26,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
-from memwal.spark.options import FormatOptions
+from memwal.spark.format_options import FormatOptions
 
 
 class FeedSplit(InputPartition):
@@ -46,7 +46,7 @@ def _state(uri: str, opts: FormatOptions) -> Any:
 
 
 def _splits(start: dict, end: dict) -> list[InputPartition]:
-    from memwal.feed import Position
+    from memwal.readers.feed import Position
 
     a, b = Position.from_json(start), Position.from_json(end)
     return [FeedSplit(s, start, g) for s, g in sorted(b.consumed.items()) if g > a.consumed.get(s, -1)]
@@ -55,7 +55,7 @@ def _splits(start: dict, end: dict) -> list[InputPartition]:
 def _read(uri: str, opts: FormatOptions, schema: Any, split: FeedSplit) -> Iterator[pa.RecordBatch]:
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    from memwal.feed import FeedReader, Position
+    from memwal.readers.feed import FeedReader, Position
 
     state = _state(uri, opts)
     target = to_arrow_schema(schema, timezone="UTC")
@@ -66,7 +66,7 @@ def _read(uri: str, opts: FormatOptions, schema: Any, split: FeedSplit) -> Itera
 
 
 def _start(state: Any, opts: FormatOptions) -> Any:
-    from memwal import feed
+    from memwal.readers import feed
 
     if opts.consumer:
         pos = feed.Consumer(state, opts.consumer).position()
@@ -79,7 +79,7 @@ def _full(state: Any, start: Any) -> Any:
     """``start`` with every shard named (a shard absent reads from what the anchor folded)."""
     from types import MappingProxyType
 
-    from memwal import feed
+    from memwal.readers import feed
 
     anchor = feed.folded(state, start.base_version)
     shards = set(anchor) | set(start.consumed) | set(state.manifests.list_shards())
@@ -97,7 +97,7 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 - Spark's name
         # Without this, Spark's generic wrapper settles the target from initialOffset(), and a
         # query restarted on an uncommitted micro-batch ended after replaying it.
-        from memwal import feed
+        from memwal.readers import feed
 
         self._target = feed.head(_state(self.uri, self.opts))
 
@@ -108,7 +108,7 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def latestOffset(self, start: dict, limit: Any = None) -> dict:  # noqa: N802 - Spark's name
         from types import MappingProxyType
 
-        from memwal import feed
+        from memwal.readers import feed
 
         state = _state(self.uri, self.opts)
         a = feed.Position.from_json(start)
@@ -129,7 +129,7 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return _read(self.uri, self.opts, self.schema, partition)
 
     def commit(self, end: dict) -> None:
-        from memwal import feed
+        from memwal.readers import feed
 
         if self.opts.consumer:
             feed.Consumer(_state(self.uri, self.opts), self.opts.consumer).commit(feed.Position.from_json(end))
@@ -137,7 +137,7 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
 class ChangeFeedBatchReader(DataSourceReader):
     def __init__(self, uri: str, opts: FormatOptions, schema: Any) -> None:
-        from memwal import feed
+        from memwal.readers import feed
 
         self.uri = uri
         self.opts = opts

@@ -43,8 +43,8 @@ from pyspark.sql.datasource import (
     Not,
 )
 
-from memwal.spark.options import FormatOptions
-from memwal.sqltext import quote_ident, sql_literal
+from memwal.spark.format_options import FormatOptions
+from memwal.core.sqltext import quote_ident, sql_literal
 
 _OPS = {EqualTo: "=", GreaterThan: ">", GreaterThanOrEqual: ">=", LessThan: "<", LessThanOrEqual: "<="}
 
@@ -80,7 +80,7 @@ def _literal(value: Any) -> str:
     if isinstance(value, float) and value != value:
         raise ValueError("NaN")  # no SQL literal; Spark filters it
     if isinstance(value, (dt.date, dt.datetime, decimal.Decimal, str, int, float, bool, bytes)) or value is None:
-        from memwal.errors import PrimaryKeyError
+        from memwal.core.errors import PrimaryKeyError
 
         try:
             return sql_literal(value)
@@ -132,7 +132,7 @@ class ScanReader(DataSourceReader):
 
     def _push(self, filters: list[Filter]) -> list[Filter]:
         """Translate the filters memwal can use; hand every one back to Spark (see the module)."""
-        from memwal.state import TableState
+        from memwal.core.state import TableState
 
         state = TableState.load(self.uri, self.opts.storage)
         pk = list(state.primary_key)
@@ -154,7 +154,7 @@ class ScanReader(DataSourceReader):
         if self._plan is not None:
             return self._plan
         from memwal.readers.reader import Reader
-        from memwal.state import TableState
+        from memwal.core.state import TableState
 
         state = TableState.load(self.uri, self.opts.storage)
         where = " AND ".join(f"({p})" for p in self.predicates) or None

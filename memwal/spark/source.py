@@ -8,7 +8,7 @@ one. ``spark.read.format("memwal").load(uri)`` reads (:mod:`memwal.spark.scan`);
 ...start(uri)`` write (:mod:`memwal.spark.write`); with ``option("readChangeFeed", "true")``,
 ``read`` and ``readStream`` read the table's change feed (:mod:`memwal.spark.changes`), and the
 writer takes change rows back (``_change_type``: preimages dropped, deletes deleted). Options:
-:class:`memwal.spark.options.FormatOptions`.
+:class:`memwal.spark.format_options.FormatOptions`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource
 
-from memwal.errors import InvalidArgumentError
-from memwal.spark.options import NAME, FormatOptions
+from memwal.core.errors import InvalidArgumentError
+from memwal.spark.format_options import NAME, FormatOptions
 
 
 class MemwalDataSource(DataSource):
@@ -33,7 +33,7 @@ class MemwalDataSource(DataSource):
         self.opts = FormatOptions.parse(options)
 
     def _state(self) -> Any:
-        from memwal.state import TableState
+        from memwal.core.state import TableState
 
         return TableState.load(self.opts.path, self.opts.storage)
 
@@ -43,7 +43,7 @@ class MemwalDataSource(DataSource):
 
         state = self._state()
         if self.opts.read_change_feed:
-            from memwal.feed import feed_schema
+            from memwal.readers.feed import feed_schema
 
             return from_arrow_schema(feed_schema(state.schema))
         return from_arrow_schema(state.schema)
@@ -73,7 +73,7 @@ class MemwalDataSource(DataSource):
         return ChangeFeedStreamReader(self._state().uri, self.opts, schema)
 
     def _writer_args(self, schema: Any, *, streaming: bool) -> tuple[str, FormatOptions, Any]:
-        from memwal import paths
+        from memwal.core import paths
         from memwal.spark.write import reads_kafka, sink_options
 
         columns = [f.name for f in schema.fields]

@@ -41,12 +41,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
-from memwal.errors import InvalidArgumentError
-from memwal.spark.options import FormatOptions
-from memwal.streaming.options import SinkOptions
+from memwal.core.errors import InvalidArgumentError
+from memwal.spark.format_options import FormatOptions
+from memwal.streaming.sink_options import SinkOptions
 from memwal.write.messages import WriteMessage, WriteReport
 
-#: The change feed's operation column (memwal.feed.CHANGE_TYPE: that module loads Lance, and the
+#: The change feed's operation column (memwal.readers.feed.CHANGE_TYPE: that module loads Lance, and the
 #: driver's commit of a micro-batch imports this one).
 CHANGE_TYPE = "_change_type"
 
@@ -103,10 +103,10 @@ def sink_options(opts: FormatOptions, columns: list[str], table_columns: list[st
 
 
 def feed_rows(data: pa.Table) -> pa.Table:
-    """Change-feed rows (:mod:`memwal.feed`) as writes: preimages dropped, inserts and
+    """Change-feed rows (:mod:`memwal.readers.feed`) as writes: preimages dropped, inserts and
     postimages upserted, deletes deleted; the feed's other columns dropped. A feed read
     straight into ``format('memwal')`` so makes a copy of the table."""
-    from memwal.feed import DELETE, FEED_COLUMNS, UPDATE_PREIMAGE
+    from memwal.readers.feed import DELETE, FEED_COLUMNS, UPDATE_PREIMAGE
 
     kind = data.column(CHANGE_TYPE)
     data = data.filter(pc.not_equal(kind, UPDATE_PREIMAGE))

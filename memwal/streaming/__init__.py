@@ -20,7 +20,7 @@ _LAZY = {
     "IngestJob": "memwal.streaming.job",
     "MemwalProgressListener": "memwal.streaming.job",
     "MemwalSink": "memwal.streaming.sink",
-    "SinkOptions": "memwal.streaming.options",
+    "SinkOptions": "memwal.streaming.sink_options",
     "ingest": "memwal.streaming.job",
     "kafka_stream": "memwal.streaming.job",
     "local_session": "memwal.streaming.session",

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal.errors import InvalidArgumentError, MemwalError
+from memwal.core.errors import InvalidArgumentError, MemwalError
 from memwal.streaming.avro_native import NativeReader, Step, conform_rows, conformable, nested_plan, plan, record_fits
 from memwal.streaming.batches import Binaries, Decoded, binary_array, bisect_failures, json_type, reason, value_offsets
 from memwal.streaming.connect import ConnectSchema

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
-from memwal.errors import MemwalError
+from memwal.core.errors import MemwalError
 
 #: Kafka keys or values: an Arrow binary array (as the source yields them) or a list.
 Binaries = pa.Array | pa.ChunkedArray | Sequence[bytes | None]

@@ -34,13 +34,13 @@ from dataclasses import replace
 
 import pyarrow as pa
 
-from memwal import paths
-from memwal.errors import InvalidArgumentError, MemwalError, TableExistsError
-from memwal.state import resolve_storage, table_exists
-from memwal.storage import StorageConfig
+from memwal.core import paths
+from memwal.core.errors import InvalidArgumentError, MemwalError, TableExistsError
+from memwal.core.state import resolve_storage, table_exists
+from memwal.core.storage import StorageConfig
 from memwal.streaming.job import IngestJob, MemwalProgressListener, _trigger, kafka_stream
-from memwal.streaming.options import SinkOptions
-from memwal.streaming.progress import BatchObserver
+from memwal.streaming.sink_options import SinkOptions
+from memwal.streaming.batch_progress import BatchObserver
 from memwal.streaming.reports import Reports
 from memwal.streaming.session import make_active
 from memwal.streaming.sink import MemwalSink, interruptible
@@ -148,7 +148,7 @@ class DatabaseSink:
         sink = self.sinks.get(topic)
         if sink is not None:
             return sink
-        from memwal.io import file_io_for
+        from memwal.core.io import file_io_for
 
         uri = self.table_uri(topic)
         io = file_io_for(uri, self.storage)

@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal.errors import InvalidArgumentError
+from memwal.core.errors import InvalidArgumentError
 from memwal.streaming.batches import Binaries, Decoded, binary_array, bisect_failures, json_type, read_json_objects, value_offsets
 from memwal.streaming.connect import ConnectSchema
 from memwal.streaming.envelope import OP, Columns, EventSchema, change_rows, changed_columns, envelope_type, event_schema, row_schema

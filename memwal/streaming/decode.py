@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal.errors import InvalidArgumentError
-from memwal.schema import conform
+from memwal.core.errors import InvalidArgumentError
+from memwal.core.schema import conform
 from memwal.streaming.avro import AvroDecoder
 from memwal.streaming.batches import (
     Binaries,
@@ -189,7 +189,7 @@ def operations(rows: pa.Table, op_field: str | None, delete_values=DELETE_VALUES
 
 
 def json_presence(values: Sequence[bytes | None], parsed: pa.Table, positions: np.ndarray, ptype: pa.StructType) -> pa.StructArray:
-    """Which columns each parsed record carries (partial updates, :mod:`memwal.partial`):
+    """Which columns each parsed record carries (partial updates, :mod:`memwal.core.partial`):
     ``parsed`` rows are ``values[positions]`` decoded by :class:`JsonDecoder`, ``ptype`` the
     table's presence type.
 
@@ -197,7 +197,7 @@ def json_presence(values: Sequence[bytes | None], parsed: pa.Table, positions: n
     cell is present and only records with a null cell are parsed again, in Python, to see
     which of their keys they spell out (the one per-record step, paid in partial mode only).
     """
-    from memwal.partial import presence_of_masks
+    from memwal.core.partial import presence_of_masks
 
     n = parsed.num_rows
     masks = {}

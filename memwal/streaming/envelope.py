@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal.errors import InvalidArgumentError
-from memwal.schema import is_widening
+from memwal.core.errors import InvalidArgumentError
+from memwal.core.schema import is_widening
 from memwal.streaming.connect import ConnectSchema, arrow_type, convert, parse_type
 
 #: The column of decoded rows holding the operation (not a table column: those may not start with "_").
@@ -89,7 +89,7 @@ def changed_columns(table: pa.Schema, row: ConnectSchema | None, skip: Collectio
                     ) -> tuple[dict[str, pa.Field], dict[str, pa.Field]]:
     """Of a source's row fields (their Connect schema ``row``, but those in ``skip``), those
     ``table`` lacks and those whose type is wider than their column's
-    (:func:`memwal.schema.is_widening`), as nullable fields of their Connect types
+    (:func:`memwal.core.schema.is_widening`), as nullable fields of their Connect types
     (``SinkOptions.evolve``). A field whose type has no column type, or whose name memwal
     reserves (``_...``), is neither: its values stay unread, or are converted to the column's
     type, as before."""

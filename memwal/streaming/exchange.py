@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal.sharding import ShardingSpec, ShardValues
-from memwal.streaming.options import SinkOptions
+from memwal.core.sharding import ShardingSpec, ShardValues
+from memwal.streaming.sink_options import SinkOptions
 from memwal.write.messages import DELETE, SHARD, SHARDS_KEY, to_payload
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def partition_keys(n: int) -> tuple[int, ...]:
     column value per target partition gives a one-to-one shard -> task mapping without a
     custom partitioner (which the DataFrame API does not have).
     """
-    from memwal.transforms import murmur3_int32
+    from memwal.core.transforms import murmur3_int32
 
     found: dict[int, int] = {}
     start = 0

@@ -8,11 +8,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
-from memwal.storage import StorageConfig
+from memwal.core.storage import StorageConfig
 
 from memwal.streaming.adaptive import AdaptiveSizing, SizeDecision, bound_decision, decision_of
 from memwal.streaming.kafka_source import SHORT_NAME, register
-from memwal.streaming.progress import BatchObserver, BatchProgress, partition_lag
+from memwal.streaming.batch_progress import BatchObserver, BatchProgress, partition_lag
 from memwal.streaming.reports import Reports
 from memwal.streaming.session import default_parallelism, make_active
 from memwal.streaming.sink import MemwalSink, SinkOptions
@@ -231,7 +231,7 @@ def choose_kafka_source(spark, requested: str | None = None) -> str:
     if spark_kafka_available(spark):
         return "spark"
     if requested == "spark":
-        from memwal.errors import InvalidArgumentError
+        from memwal.core.errors import InvalidArgumentError
 
         raise InvalidArgumentError(
             "Spark's Kafka connector (spark-sql-kafka-0-10) is not on the session's classpath: fetch it with "
@@ -374,7 +374,7 @@ def ingest(
     Progress is logged per micro-batch and available as ``job.listener.progress``.
 
     ``storage_options`` reach the table's object store (Lance's key names, over the driver's
-    standard environment variables; see :mod:`memwal.storage`): they are resolved here, once,
+    standard environment variables; see :mod:`memwal.core.storage`): they are resolved here, once,
     and travel with the sink to every executor, its writers and the dead-letter table.
 
     ``adaptive``: size micro-batches by backlog (:mod:`memwal.streaming.adaptive`): its
@@ -385,7 +385,7 @@ def ingest(
     default Spark's when its jars are on the classpath (:func:`choose_kafka_source`).
 
     ``observers`` are called on the driver with every micro-batch's
-    :class:`~memwal.streaming.progress.BatchProgress` (e.g.
+    :class:`~memwal.streaming.batch_progress.BatchProgress` (e.g.
     :class:`memwal.observe.ingest.IngestMetrics` for Prometheus), from the first batch on.
 
     ``min_records_per_read_task``: with an exchange, the records a read task gets at least
@@ -500,8 +500,8 @@ def _ingest_one_stage(spark, *, bootstrap: str, topic: str, table_uri: str, chec
     """``ingest`` through ``format("memwal")``: the tasks that read the topic write it."""
     import tempfile
 
-    from memwal import paths
-    from memwal.state import TableState, resolve_storage
+    from memwal.core import paths
+    from memwal.core.state import TableState, resolve_storage
 
     uri = paths.normalize_uri(table_uri)
     storage = resolve_storage(storage_options)

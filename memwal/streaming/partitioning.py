@@ -10,7 +10,7 @@ tasks on the executor that read it before): the shards line up with the partitio
 
 This module is that function, for producers: ``partitions(uri, rows, n)`` gives each row
 (the table's primary-key columns at least) the partition of its shard among ``n``, the same
-one the table's sharding spec assigns (:meth:`~memwal.sharding.ShardingSpec.partition_of`:
+one the table's sharding spec assigns (:meth:`~memwal.core.sharding.ShardingSpec.partition_of`:
 for ``bucket(col, N)`` the bucket modulo ``n``, so with ``n`` = ``N`` one shard a partition).
 Kafka's default partitioner (murmur2 of the key bytes) does not line up: it puts a key's
 records in one partition, which is what the table's correctness needs, but spreads each shard
@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from memwal.routing import shard_codes
-from memwal.schema import as_table
-from memwal.state import TableState
-from memwal.storage import StorageConfig
+from memwal.core.routing import shard_codes
+from memwal.core.schema import as_table
+from memwal.core.state import TableState
+from memwal.core.storage import StorageConfig
 
 
 def partitions(table: str | TableState, rows: Any, num_partitions: int,

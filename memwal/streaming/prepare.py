@@ -19,18 +19,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal.partial import presence_of_columns, presence_type
-from memwal.routing import shard_codes
-from memwal.sharding import ShardValues
-from memwal.state import TableState
-from memwal.storage import StorageConfig
+from memwal.core.partial import presence_of_columns, presence_type
+from memwal.core.routing import shard_codes
+from memwal.core.sharding import ShardValues
+from memwal.core.state import TableState
+from memwal.core.storage import StorageConfig
 from memwal.write.dead_letters import record_json
 from memwal.write.messages import DEAD_SCHEMA, OFFSET_BITS
 from memwal.write.wire import routed_schema
 from memwal.write.worker import WORKER
 from memwal.streaming.decode import ValueDecoder, check_rows, json_presence, operations, value_decoder
 from memwal.streaming.exchange import EXCHANGE_SCHEMA, PART, Prepared, exchange_rows, shard_partitions
-from memwal.streaming.options import SinkOptions
+from memwal.streaming.sink_options import SinkOptions
 
 log = logging.getLogger("memwal.streaming")
 
@@ -213,8 +213,8 @@ class Prepare:
         column's name while stored data still holds it, a key column widened:
         docs/schema-evolution.md) is logged and not tried again by this task: the field's values
         stay unread, or are converted to the column's type (dead letters where they do not fit)."""
-        from memwal.errors import MemwalError
-        from memwal.evolve import SchemaUpdate
+        from memwal.core.errors import MemwalError
+        from memwal.maintain.evolve import SchemaUpdate
 
         def done(s: pa.Schema) -> set[str]:
             return ({n for n in new if n in s.names}

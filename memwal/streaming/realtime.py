@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from memwal.storage import StorageConfig
-from memwal.streaming.options import SinkOptions
+from memwal.core.storage import StorageConfig
+from memwal.streaming.sink_options import SinkOptions
 
 log = logging.getLogger("memwal.streaming")
 
@@ -203,7 +203,7 @@ def ingest_real_time(
     from pyspark.sql.streaming.query import StreamingQuery
 
     from memwal import jvm as jars
-    from memwal.state import resolve_storage
+    from memwal.core.state import resolve_storage
     from memwal.streaming.session import make_active
     from memwal.write.process import Endpoint, ensure_command
 

@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from typing import Final
 
 from memwal import jvm
-from memwal.runtime import executor_env
-from memwal.storage import StorageConfig
+from memwal.core.runtime import executor_env
+from memwal.core.storage import StorageConfig
 
 #: Where a local driver binds and what it advertises to its executors.
 LOOPBACK: Final = "127.0.0.1"
@@ -97,7 +97,7 @@ def session_settings(
 ) -> dict[str, str]:
     """The settings memwal adds to a session on ``master`` given what the launcher
     ``configured``: memwal's defaults and ``spark.executorEnv.*`` for ``env`` (default:
-    :func:`memwal.runtime.executor_env`) where the launcher set nothing, the loopback driver
+    :func:`memwal.core.runtime.executor_env`) where the launcher set nothing, the loopback driver
     address on a local master. ``memory`` (driver memory) only matters when this call
     launches the driver JVM."""
     wanted: dict[str, str] = dict(SESSION_DEFAULTS)

@@ -10,7 +10,7 @@ Per micro-batch, entirely on the executors:
    oversized row, unknown operation) get the reason and their Kafka coordinates.
 2. **exchange** (:mod:`memwal.streaming.exchange`): ``repartition`` by that partition, the
    rows as Arrow IPC payloads; every shard in exactly one task (the sharding spec maps shards
-   to partitions: :meth:`~memwal.sharding.ShardingSpec.partition_of`).
+   to partitions: :meth:`~memwal.core.sharding.ShardingSpec.partition_of`).
 3. **write** (:mod:`memwal.streaming.write_task`; ``mapInArrow``): each task hands its shards'
    records to the write API (:meth:`TableWrite.prepare <memwal.write.api.TableWrite.prepare>`),
    which writes them through the write path (:mod:`memwal.write.protocol`: the newest record
@@ -25,7 +25,7 @@ read, in one stage (:mod:`memwal.spark.write`); the sink remains for a topic who
 do not line up with the table's shards on a cluster (each shard is then written by exactly one
 task), and for ``foreachBatch`` users.
 
-**Storage.** The table's :class:`~memwal.storage.StorageConfig` (credentials, endpoint) is
+**Storage.** The table's :class:`~memwal.core.storage.StorageConfig` (credentials, endpoint) is
 resolved once, on the driver, and travels inside both stages (pickled with ``Write``, in the
 JSON config of ``Prepare``) to every executor, its worker cache and the dead-letter table:
 an executor's environment need not know the object store.
@@ -46,10 +46,10 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from memwal.errors import BatchInterruptedError
-from memwal.partial import check_merge
-from memwal.state import TableState, resolve_storage
-from memwal.storage import StorageConfig
+from memwal.core.errors import BatchInterruptedError
+from memwal.core.partial import check_merge
+from memwal.core.state import TableState, resolve_storage
+from memwal.core.storage import StorageConfig
 from memwal.streaming.exchange import (
     COUNT_DEAD,
     COUNT_DELETES,
@@ -61,7 +61,7 @@ from memwal.streaming.exchange import (
     shard_partitions,
     spark_schema,
 )
-from memwal.streaming.options import SinkOptions
+from memwal.streaming.sink_options import SinkOptions
 from memwal.streaming.prepare import Prepare
 from memwal.streaming.reports import KEPT_REPORTS, Reports  # noqa: F401 - KEPT_REPORTS: what the sink keeps
 from memwal.streaming.write_task import MESSAGE, MESSAGE_SCHEMA, Write
@@ -121,7 +121,7 @@ class MemwalSink:
     query's progress); a DataFrame passed unprepared is prepared inside each batch.
 
     ``storage_options`` (Lance's key names, or a resolved
-    :class:`~memwal.storage.StorageConfig`) override the standard environment variables of
+    :class:`~memwal.core.storage.StorageConfig`) override the standard environment variables of
     the driver; the result travels to the executors with each stage.
     """
 
@@ -131,7 +131,7 @@ class MemwalSink:
         options: SinkOptions | None = None,
         storage_options: "dict[str, str] | StorageConfig | None" = None,
     ) -> None:
-        from memwal import paths
+        from memwal.core import paths
         from memwal.write.dead_letters import dead_letter_uri
 
         self.uri = paths.normalize_uri(table_uri)
@@ -148,7 +148,7 @@ class MemwalSink:
         if check_merge(self.options.merge) == "partial" and not table.metadata.writer.durable_write:
             raise ValueError("merge='partial' reads stored rows from the WAL; the table's writers are not durable (durable_write=False)")
         if self.options.drop_stale_across_batches:
-            from memwal.deleted import deleted_sequences_uri, ensure_table
+            from memwal.write.deleted import deleted_sequences_uri, ensure_table
 
             ensure_table(deleted_sequences_uri(self.uri), table.write_schema, list(table.primary_key), str(seq), self.storage)
         if self.options.source == "kafka-json":

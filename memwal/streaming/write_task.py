@@ -18,9 +18,9 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal.storage import StorageConfig
+from memwal.core.storage import StorageConfig
 from memwal.streaming.exchange import COUNT_SKIPPED, DEAD_PAYLOAD, PAYLOAD
-from memwal.streaming.options import SinkOptions
+from memwal.streaming.sink_options import SinkOptions
 from memwal.write.api import ShardWrites, TableWrite, WriteBatch, WriteMessage
 from memwal.write.messages import from_payload
 from memwal.write.wire import shard_records, shards_of

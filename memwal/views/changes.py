@@ -1,23 +1,23 @@
-"""The change a view refresh reads: the change feed (:mod:`memwal.feed`) between two base versions.
+"""The change a view refresh reads: the change feed (:mod:`memwal.readers.feed`) between two base versions.
 
 The compactor folds each shard's SSTables into the base in generation order, and records
 the highest generation folded in the same commit (``compacted_sstables`` of the base
 version). So between base versions ``A`` (what the view reflects) and ``B`` (the target),
 exactly the generations ``compacted_A[shard] + 1 .. compacted_B[shard]`` were folded, and
-those SSTables, newest row per key (:func:`memwal.feed.net_changes`: the feed without
+those SSTables, newest row per key (:func:`memwal.readers.feed.net_changes`: the feed without
 before-images, which a view does not need), are the change: live rows are the keys' rows at ``B``,
 tombstones are keys absent at ``B``. This needs no stable row ids and no ``delta()``: views
 are keyed on the primary key (:data:`~memwal.views.layout.SOURCE_KEY`).
 
 One commit does not follow the rule: the compactor's two-pass compaction of a generation
 with tombstones and live rows commits its delete pass *without* the marker (see
-:mod:`memwal.compactor`). Its tombstoned keys may therefore already be gone at a version
+:mod:`memwal.maintain.compactor`). Its tombstoned keys may therefore already be gone at a version
 whose marker still says ``compacted_B``: they are added to the changed keys and their rows
 at ``B`` are read by key, so the change stays exact whichever side of the delete pass
 ``B`` falls on.
 
 The SSTables must still exist: each view records what it consumed in a hold
-(:mod:`memwal.holds`) that GC respects. If one is missing anyway (a view created while GC
+(:mod:`memwal.core.holds`) that GC respects. If one is missing anyway (a view created while GC
 was collecting, a hold removed by hand), :func:`read_changes` answers None and the refresh
 is a full one: slower, never wrong.
 """
@@ -32,12 +32,12 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal import feed
-from memwal.errors import ChangesCollectedError
-from memwal.feed import rows_by_key
-from memwal.lsm import without_keys
-from memwal.schema import TOMBSTONE
-from memwal.state import TableState
+from memwal.readers import feed
+from memwal.core.errors import ChangesCollectedError
+from memwal.readers.feed import rows_by_key
+from memwal.core.lsm import without_keys
+from memwal.core.schema import TOMBSTONE
+from memwal.core.state import TableState
 from memwal.views.layout import SOURCE_KEY
 
 

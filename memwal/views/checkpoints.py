@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from memwal import paths
-from memwal.io import FileIO
+from memwal.core import paths
+from memwal.core.io import FileIO
 from memwal.views.layout import CHECKPOINT_DIR
 
 

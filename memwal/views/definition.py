@@ -19,8 +19,8 @@ from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 
-from memwal.errors import InvalidArgumentError
-from memwal.schema import parse_type
+from memwal.core.errors import InvalidArgumentError
+from memwal.core.schema import parse_type
 from memwal.views.errors import ViewError
 
 _AGG = re.compile(r"^\s*(count|sum|min|max|avg)\s*\(\s*(.*?)\s*\)\s+as\s+([A-Za-z_][A-Za-z0-9_]*)\s*$", re.I | re.S)

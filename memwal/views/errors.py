@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memwal.errors import ConcurrencyError, MemwalError
+from memwal.core.errors import ConcurrencyError, MemwalError
 
 
 class ViewError(MemwalError):

@@ -13,7 +13,7 @@ import datafusion
 import numpy as np
 import pyarrow as pa
 
-from memwal.transforms import murmur3, murmur3_int64
+from memwal.core.transforms import murmur3, murmur3_int64
 from memwal.views.definition import ViewDefinition
 from memwal.views.errors import ViewError
 from memwal.views.layout import ROW_ID, SOURCE_KEY

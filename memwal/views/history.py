@@ -13,7 +13,7 @@ from typing import Iterator
 
 import lance
 
-from memwal.lance_errors import is_not_found
+from memwal.core.lance_errors import is_not_found
 from memwal.views.layout import RECORD_KEY
 
 

@@ -10,8 +10,8 @@ from readers of the view.
 
 from __future__ import annotations
 
-from memwal import paths
-from memwal.io import FileIO
+from memwal.core import paths
+from memwal.core.io import FileIO
 
 #: Row views made before views were keyed on the primary key: the stable row id of the base
 #: row a view row was computed from (such views keep Lance's ``delta()`` change feed).

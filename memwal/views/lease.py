@@ -1,7 +1,7 @@
 """The refresh lease: at most one refresh of a view computes and commits at a time.
 
 The lease is a sequence of numbered objects in the view's lease directory, on the
-table's :class:`~memwal.io.FileIO`. Each holds its owner (host, process, a random token)
+table's :class:`~memwal.core.io.FileIO`. Each holds its owner (host, process, a random token)
 and when it expires; the highest-numbered one is the lease. To take the lease, a refresher
 reads the highest, and if it is free (released, expired, or held by a process of this host
 that no longer exists) creates the next number with create-if-absent.
@@ -24,8 +24,8 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 
-from memwal import paths
-from memwal.io import FileIO
+from memwal.core import paths
+from memwal.core.io import FileIO
 from memwal.views.errors import ViewBusyError
 
 _SUFFIX = ".json"

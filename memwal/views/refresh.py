@@ -35,10 +35,10 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from memwal import lance_errors
-from memwal.sqltext import in_filter, sql_literal
-from memwal.state import TableState
-from memwal.storage import RetryPolicy
+from memwal.core import lance_errors
+from memwal.core.sqltext import in_filter, sql_literal
+from memwal.core.state import TableState
+from memwal.core.storage import RetryPolicy
 from memwal.views import aggregates, changes
 from memwal.views.definition import ViewDefinition
 from memwal.views.errors import ViewBusyError

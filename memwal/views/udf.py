@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import pyarrow as pa
 
-from memwal.failpoints import failpoint
+from memwal.core.failpoints import failpoint
 from memwal.views.checkpoints import Checkpoints, ChunkId
 from memwal.views.definition import UdfColumn
 from memwal.views.errors import ViewError

@@ -17,12 +17,12 @@ from typing import Any, Sequence
 import lance
 import pyarrow as pa
 
-from memwal import paths
-from memwal.failpoints import failpoint
-from memwal.holds import write_hold
-from memwal.io import file_io_for
-from memwal.lance_errors import is_not_found, memwal_errors
-from memwal.state import TableState
+from memwal.core import paths
+from memwal.core.failpoints import failpoint
+from memwal.core.holds import write_hold
+from memwal.core.io import file_io_for
+from memwal.core.lance_errors import is_not_found, memwal_errors
+from memwal.core.state import TableState
 from memwal.views import refresh as refreshing
 from memwal.views.changes import with_source_key
 from memwal.views.checkpoints import Checkpoints

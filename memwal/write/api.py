@@ -42,8 +42,8 @@ import pyarrow as pa
 from memwal.write.messages import FULL, ShardWriteResult, WriteMessage, WriteMode, WriteReport, to_payload
 
 if TYPE_CHECKING:
-    from memwal.state import TableState
-    from memwal.storage import StorageConfig
+    from memwal.core.state import TableState
+    from memwal.core.storage import StorageConfig
     from memwal.write.protocol import ShardRecords
 
 log = logging.getLogger("memwal.write")
@@ -108,7 +108,7 @@ class TableWrite:
     @property
     def state(self) -> "TableState":
         if self._state is None:
-            from memwal.state import TableState
+            from memwal.core.state import TableState
 
             self._state = TableState.load(self.uri, self.storage)
         return self._state

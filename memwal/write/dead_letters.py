@@ -4,7 +4,7 @@ A Lance table beside the target (``{table}_dead_letters``), keyed by ``dlq_id`` 
 coordinates ``topic/partition/offset``, or the micro-batch and row for other sources), so
 a micro-batch that Spark replays after a crash records each bad record once. It lives on
 the target's object store, so every Lance call takes the target's storage options (they
-travel to the executors with the sink; see :mod:`memwal.storage`).
+travel to the executors with the sink; see :mod:`memwal.core.storage`).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Any
 import lance
 import pyarrow as pa
 
-from memwal import paths
-from memwal.jsonvalues import row_to_json
-from memwal.schema import with_primary_key
-from memwal.state import resolve_storage
-from memwal.storage import StorageConfig
+from memwal.core import paths
+from memwal.core.jsonvalues import row_to_json
+from memwal.core.schema import with_primary_key
+from memwal.core.state import resolve_storage
+from memwal.core.storage import StorageConfig
 from memwal.write.messages import ERROR, KEY, KPART, OFFSET, ORDER, RAW, TOPIC
 
 #: What the functions here take as storage: a resolved config, or Lance options resolved over the environment.
@@ -47,7 +47,7 @@ SCHEMA = with_primary_key(
 
 def record_json(row: dict[str, Any]) -> bytes:
     """A record that arrived as columns (not as Kafka bytes), as the dead letter's ``value``:
-    the JSON a person can read back (:mod:`memwal.jsonvalues`)."""
+    the JSON a person can read back (:mod:`memwal.core.jsonvalues`)."""
     return row_to_json(row).encode()
 
 
@@ -96,7 +96,7 @@ def _open_or_create(uri: str, options: dict[str, str] | None) -> lance.LanceData
 def write_dead_letters(uri: str, rows: pa.Table, storage: Storage = None) -> int:
     """Record ``rows`` (in :data:`SCHEMA`, ``recorded_at`` may be null) unless already recorded.
 
-    ``storage``: the target table's storage (its :class:`~memwal.storage.StorageConfig`, or Lance
+    ``storage``: the target table's storage (its :class:`~memwal.core.storage.StorageConfig`, or Lance
     options resolved over this process's environment)."""
     if rows.num_rows == 0:
         return 0

@@ -15,8 +15,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from memwal.errors import InvalidArgumentError
-from memwal.partial import check_merge
+from memwal.core.errors import InvalidArgumentError
+from memwal.core.partial import check_merge
 
 # Columns beside the table's (names chosen not to collide with user columns: memwal table
 # columns may not start with "_").

@@ -14,11 +14,11 @@ first missing entry and the writer would then flush (and so drop) only what came
 A cached writer unused for ``max_idle_seconds`` is closed and reopened rather than written
 through. While it sat idle another pool may have claimed the shard; a stale writer finds out
 only when its next WAL append collides with the fence sentinel of that claim, and GC collects
-sentinels once they are ``GcConfig.wal_retention_seconds`` old (see ``memwal.gc``). Bounding
+sentinels once they are ``GcConfig.wal_retention_seconds`` old (see ``memwal.maintain.gc``). Bounding
 the idle time is what keeps every stale append ahead of that collection.
 
 Writes get back-pressure when compaction falls behind (the table's
-:class:`~memwal.metadata.Bounds`): before each put or delete the pool estimates the shard's
+:class:`~memwal.core.metadata.Bounds`): before each put or delete the pool estimates the shard's
 uncompacted SSTables as ``generation - 1 - compacted`` from the open writer's MemTable
 generation (in memory) and the shard's compacted generation as last read from the base
 table. The compacted generation only grows, so a stale one overestimates: while the estimate
@@ -29,11 +29,11 @@ stop bound it waits for compaction, then raises :class:`WriteStalledError`.
 A put, delete or flush that fails on storage (the object store past its client's retries, a
 reset conditional PUT, a full disk) discards the shard's writer: one whose WAL append failed is
 never written through again, and reopening it replays whatever landed. A transient failure
-(:class:`~memwal.errors.StorageUnavailableError`) is then repeated, at most the table's
+(:class:`~memwal.core.errors.StorageUnavailableError`) is then repeated, at most the table's
 ``RetryPolicy.operation_retries`` times (upserts and deletes are idempotent, so a repeat of a
 write that did land changes nothing); anything else is raised as memwal's error for it.
 
-With ``durability="fsync"`` (:class:`~memwal.metadata.WriterConfig`) a put or delete returns
+With ``durability="fsync"`` (:class:`~memwal.core.metadata.WriterConfig`) a put or delete returns
 only after the WAL entries it wrote, and the WAL directory, are fsynced (:meth:`FileIO.sync`):
 Lance 14.0.2 writes them without fsync. Positions only grow, so the entries above the last
 position this pool synced are exactly the unsynced ones (the first put after a claim also syncs
@@ -53,8 +53,8 @@ import lance
 import lance.mem_wal
 import pyarrow as pa
 
-from memwal import paths
-from memwal.errors import (
+from memwal.core import paths
+from memwal.core.errors import (
     FencedError,
     MemwalError,
     StorageError,
@@ -62,17 +62,17 @@ from memwal.errors import (
     TableDamagedError,
     WriteStalledError,
 )
-from memwal.failpoints import failpoint
-from memwal.lance_errors import classify, is_claim_race, is_fenced, is_wal_unreadable
-from memwal.manifest import ShardManifest
-from memwal.metadata import Bounds, WriterConfig
-from memwal.routing import RoutedBatch
-from memwal.schema import as_evolved, takes
-from memwal.sharding import ShardValues, field_entries
-from memwal.state import TableState
-from memwal.io import uri_scheme
+from memwal.core.failpoints import failpoint
+from memwal.core.lance_errors import classify, is_claim_race, is_fenced, is_wal_unreadable
+from memwal.core.manifest import ShardManifest
+from memwal.core.metadata import Bounds, WriterConfig
+from memwal.core.routing import RoutedBatch
+from memwal.core.schema import as_evolved, takes
+from memwal.core.sharding import ShardValues, field_entries
+from memwal.core.state import TableState
+from memwal.core.io import uri_scheme
 from memwal.write.lease import WriterLease, owner_id
-from memwal.wal import WalTailReader, check_contiguous, fill_skipped, first_unreadable_entry, wal_positions
+from memwal.core.wal import WalTailReader, check_contiguous, fill_skipped, first_unreadable_entry, wal_positions
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ class WriterStats:
     rows_deleted: int = 0
     open_seconds: float = 0.0
     #: writes delayed by the slowdown bound, writes that waited at the stop bound, and the
-    #: seconds both cost (back-pressure, see :class:`~memwal.metadata.Bounds`)
+    #: seconds both cost (back-pressure, see :class:`~memwal.core.metadata.Bounds`)
     slowdowns: int = 0
     stalls: int = 0
     stall_seconds: float = 0.0
@@ -302,7 +302,7 @@ class ShardWriterPool:
 
     def _fill_skipped(self, shard_id: str) -> None:
         """On S3, after a write returned: fill the WAL positions it skipped (a 409 taken for an
-        occupied position, see :func:`memwal.wal.fill_skipped`) before it is acknowledged.
+        occupied position, see :func:`memwal.core.wal.fill_skipped`) before it is acknowledged.
         One listing of the shard's WAL per write."""
         if uri_scheme(self.state.uri) not in ("s3", "s3a"):
             return
@@ -615,7 +615,7 @@ class ShardWriterPool:
         (see the module docstring), and repeat a transient failure up to ``operation_retries``
         times when ``repeat`` (not for a write decided from what was stored: a new claim may let
         another writer's newer write in between, so its caller decides again). Raises memwal's
-        error for the failure (:func:`memwal.lance_errors.classify`), or the original one."""
+        error for the failure (:func:`memwal.core.lance_errors.classify`), or the original one."""
         policy = self.state.storage.retry
         attempt = 0
         while True:

@@ -22,10 +22,10 @@ Invariants, and why they hold:
   only after ``WriteRequest.run`` returned, which returns after the shards' WAL writes (and the
   WAL is what makes a write durable, in the worker or here).
 - **Errors keep their class.** A failed write answers with the pickled exception, raised
-  again in the task (a :class:`~memwal.errors.FencedError` stays one), its server-side
+  again in the task (a :class:`~memwal.core.errors.FencedError` stays one), its server-side
   traceback attached as a note.
 - **A dead writer process loses nothing acknowledged.** A request whose connection ends
-  without an answer fails its task with :class:`~memwal.errors.WriterProcessError`; Spark's
+  without an answer fails its task with :class:`~memwal.core.errors.WriterProcessError`; Spark's
   retry finds nobody listening and starts a new server, whose first write claims the shards
   (fencing whatever the dead one left) and replays their WALs, as after a worker's death.
   Rows the dead process may have written before dying are rewritten by the retried task:
@@ -71,8 +71,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from memwal.errors import WriterProcessError
-from memwal.storage import StorageConfig
+from memwal.core.errors import WriterProcessError
+from memwal.core.storage import StorageConfig
 from memwal.write.messages import FULL, ShardWriteResult, WriteMode
 from memwal.write.protocol import ShardRecords
 from memwal.write.wire import records_from_payload, records_payload

@@ -11,10 +11,10 @@ stage); what the records mean and how they reach the shard's writer is decided h
    ``sequence.field``), ties by arrival order (Kafka partition and offset; row order for a
    Python write). Later records win.
 2. **Full mode**: the newest record per key is written, a delete as a delete.
-   **Partial mode**: records fold per key (:func:`memwal.partial.fold`) and merge over the
-   stored row of the keys that need it (:func:`memwal.partial.resolve`).
+   **Partial mode**: records fold per key (:func:`memwal.core.partial.fold`) and merge over the
+   stored row of the keys that need it (:func:`memwal.core.partial.resolve`).
 3. **Drop stale** (with a sequence field): a record older than its key's stored version (the
-   live row's sequence, or the sequence of its recorded delete, :mod:`memwal.deleted`) is
+   live row's sequence, or the sequence of its recorded delete, :mod:`memwal.write.deleted`) is
    dropped, before folding, so a late record sets no column. An equal sequence is kept: a
    replayed batch writes the same rows again.
 4. **The protocol**: a plan that read stored data (drop stale, partial merges) is decided as
@@ -57,14 +57,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal.errors import FencedError, InvalidArgumentError, SchemaMismatchError
-from memwal.failpoints import failpoint
-from memwal.lsm import last_per_key, newest_per_key
-from memwal.partial import PRESENT, fold, resolve
-from memwal.routing import RoutedBatch, route
-from memwal.schema import key_schema
-from memwal.sharding import ShardValues
-from memwal.state import TableState
+from memwal.core.errors import FencedError, InvalidArgumentError, SchemaMismatchError
+from memwal.core.failpoints import failpoint
+from memwal.core.lsm import last_per_key, newest_per_key
+from memwal.core.partial import PRESENT, fold, resolve
+from memwal.core.routing import RoutedBatch, route
+from memwal.core.schema import key_schema
+from memwal.core.sharding import ShardValues
+from memwal.core.state import TableState
 from memwal.write.messages import FULL, ShardWriteResult, WriteMode
 from memwal.write.pool import ShardWriterPool
 
@@ -99,7 +99,7 @@ class ShardRecords:
     ``rows`` are conformed to the table's write schema (for a batch of deletes only, the key
     columns are enough). ``deletes``: a delete flag per row (None: every row is an upsert).
     ``order``: each row's arrival position, ascending = later (None: row order). ``present``:
-    for partial records, the columns each one carries (:func:`memwal.partial.presence_type`).
+    for partial records, the columns each one carries (:func:`memwal.core.partial.presence_type`).
     """
 
     shard_id: str
@@ -148,7 +148,7 @@ class StoredSequences:
     opens: int = -1
     known: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     #: Key tuple -> newest delete sequence of keys deleted in the shard (read once per writer
-    #: generation, then kept up to date here; :mod:`memwal.deleted`).
+    #: generation, then kept up to date here; :mod:`memwal.write.deleted`).
     deleted: dict[tuple[Any, ...], Any] | None = None
 
     def restart(self, opens: int) -> None:
@@ -447,9 +447,9 @@ class TableWriter:
 
         Stored sequences come from what this process wrote to the shard (:class:`StoredSequences`);
         only keys it does not know are read from the table, in this shard, and from the deletes
-        recorded beside it (:mod:`memwal.deleted`): the newer of the live row and the last
+        recorded beside it (:mod:`memwal.write.deleted`): the newer of the live row and the last
         delete counts."""
-        from memwal.deleted import deleted_sequences_uri, read_deletes
+        from memwal.write.deleted import deleted_sequences_uri, read_deletes
 
         pk = list(self.state.primary_key)
         cache = self._sequences(shard_id, check_owner=True)
@@ -473,7 +473,7 @@ class TableWriter:
         """After a write that dropped stale records: record its deletes' sequences beside the
         table, and remember what it wrote. If it (re)opened the shard's writer, the cache has
         started over and knows only what was just written."""
-        from memwal.deleted import deleted_sequences_uri, record_deletes
+        from memwal.write.deleted import deleted_sequences_uri, record_deletes
 
         pk = list(self.state.primary_key)
         dels, ups = plan.deletes, plan.upserts

@@ -3,7 +3,7 @@
 A shard's records (:class:`~memwal.write.protocol.ShardRecords`) leave the process that routed
 them as *routed rows*: each row's shard id, arrival order and operation beside the table's
 columns exactly as writers take them (types, nullability, primary-key metadata), and for
-partial records the columns each one carries (:data:`~memwal.partial.PRESENT`). The shards'
+partial records the columns each one carries (:data:`~memwal.core.partial.PRESENT`). The shards'
 values ride in the schema metadata (:data:`SHARDS_KEY`), so the receiver recomputes nothing.
 Records that cannot be written travel as :data:`DEAD_SCHEMA` rows. Who sends them: a Spark
 task to the executor's writer process (:mod:`memwal.write.process`), the Spark sink's prepare
@@ -20,9 +20,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal.partial import PRESENT
-from memwal.routing import check_row_shards
-from memwal.sharding import ShardValues
+from memwal.core.partial import PRESENT
+from memwal.core.routing import check_row_shards
+from memwal.core.sharding import ShardValues
 from memwal.write.messages import DELETE, ORDER, SHARD, SHARDS_KEY, from_payload, ipc_buffer
 from memwal.write.protocol import ShardRecords
 
@@ -74,7 +74,7 @@ def routed_rows(records: Sequence[ShardRecords], write_schema: pa.Schema | None 
 def shard_records(rows: pa.Table, shards: dict[str, ShardValues] | None = None) -> list[ShardRecords]:
     """Routed rows back as each shard's records, in the order the shards first appear, with
     the table columns they carry: those of the table as the sender prepared them, which may be
-    newer than the receiver's (a column added since, :mod:`memwal.evolve`: the receiver's write
+    newer than the receiver's (a column added since, :mod:`memwal.maintain.evolve`: the receiver's write
     path reloads the table then).
 
     The routing is trusted (the sender routed them) after a cheap check that every row of a

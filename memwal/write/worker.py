@@ -6,7 +6,7 @@ writer claims the shard and replays its WAL, and loading a table's state reads i
 metadata, so both are done once per process and kept in a :class:`WorkerTable` (the table's
 :class:`~memwal.write.protocol.TableWriter`), owned by the process's
 :class:`WorkerCache` (:data:`WORKER`), keyed by the table's URI and the
-:class:`~memwal.storage.StorageConfig` the sink shipped with the task (an executor's own
+:class:`~memwal.core.storage.StorageConfig` the sink shipped with the task (an executor's own
 environment need not know the table's object store). Their lifetime is the process's:
 :meth:`WorkerCache.clear` (tests, shutdown) flushes the writers and forgets the tables.
 
@@ -21,9 +21,9 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from memwal.schema import takes
-from memwal.state import TableState
-from memwal.storage import StorageConfig
+from memwal.core.schema import takes
+from memwal.core.state import TableState
+from memwal.core.storage import StorageConfig
 from memwal.write.messages import FULL, ShardWriteResult, WriteMode
 from memwal.write.protocol import ShardRecords, TableWriter
 
@@ -68,7 +68,7 @@ class WorkerCache:
 
     def reload(self, uri: str, storage: StorageConfig | None = None) -> WorkerTable:
         """The table loaded again, its old handle's writers flushed: its columns changed
-        (:mod:`memwal.evolve`), and a process that writes or decodes them needs the new ones."""
+        (:mod:`memwal.maintain.evolve`), and a process that writes or decodes them needs the new ones."""
         storage = storage if storage is not None else StorageConfig.resolve()
         with self._lock:
             old = self._tables.pop((uri, storage), None)

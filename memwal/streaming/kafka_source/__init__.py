@@ -129,7 +129,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
-from .options import (
+from .settings import (
     KAFKA_ARROW_SCHEMA,
     KAFKA_SCHEMA,
     READ_LIMIT_KEY,

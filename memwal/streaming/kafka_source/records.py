@@ -20,7 +20,7 @@ import confluent_kafka
 import numpy as np
 import pyarrow as pa
 
-from .options import KAFKA_ARROW_SCHEMA, SHORT_NAME, Settings
+from .settings import KAFKA_ARROW_SCHEMA, SHORT_NAME, Settings
 
 # Java client ids for timestampType; librdkafka numbers them differently.
 _TS_TYPE = {
