@@ -61,6 +61,8 @@ class ReadMachine(RuleBasedStateMachine):
         )
         self.compactor = Compactor(TableState.load(self.uri))
         self.strong = readers.open(self.uri, consistency="strong")
+        # point lookups of the base by row id from a key map, built at a version's first lookup
+        self.mapped = readers.open(self.uri, consistency="strong", config=readers.ReadConfig(lookup_key_map_after=1))
         self.model: dict[int, dict] = {}
         self.flushed = True
         self.indexed = False
@@ -129,6 +131,8 @@ class ReadMachine(RuleBasedStateMachine):
         assert all(self.model[row["id"]]["cat"] == row["cat"] for row in limited)
         for k in (0, 3, 11, 29):
             assert r.get(k) == self.model.get(k)
+        for k in range(-1, 32):
+            assert self.mapped.get(k) == self.model.get(k)
         got = r.get_many(range(0, 31), columns=["id", "body"]).to_pylist()
         assert {row["id"]: row["body"] for row in got} == {i: row["body"] for i, row in self.model.items()}
         got = r.get_many([*range(40), *range(31)], columns=["body", "id"]).to_pylist()  # > 32 keys, some twice
@@ -633,3 +637,33 @@ def test_get_many_reads_every_level_the_same_way_cold_warm_and_from_the_concaten
             got = {row["id"]: row for row in r.get_many(keys).to_pylist()}
             assert got == model
         assert (r._points._delta is not None) == concatenated
+
+
+@pytest.mark.parametrize("max_rows", [4_000_000, 100])
+def test_point_lookups_by_row_id_see_each_base_version_as_the_model(table_uri, max_rows):
+    """A base version's key map (its keys with their row ids) answers lookups as the index
+    does: rows updated and deleted by compaction (deletion vectors in the base), keys never
+    written, and a new version after the next compaction; a base above
+    ``lookup_key_map_max_rows`` is read through its index, with the same answers."""
+    schema = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.float64())])
+    base = pa.table({"id": range(0, 400, 2), "name": [f"b{i}" for i in range(0, 400, 2)], "score": [float(i) for i in range(0, 400, 2)]},
+                    schema=schema)
+    model = {r["id"]: r for r in base.to_pylist()}
+    config = readers.ReadConfig(lookup_key_map_after=1, lookup_key_map_max_rows=max_rows)
+    with Table.create(table_uri, schema, ["id"], "bucket(id, 2)", initial_data=base) as t:
+        compactor = Compactor(TableState.load(table_uri))
+        r = readers.open(table_uri, consistency="strong", config=config)
+        for step in range(3):
+            updated = [{"id": i, "name": f"u{step}-{i}", "score": float(step)} for i in range(step, 400, 7)]
+            t.write(pa.Table.from_pylist(updated, schema=schema))
+            gone = list(range(step * 3, 400, 11))
+            t.delete({"id": gone})
+            t.flush()
+            compactor.run_once()
+            model.update({u["id"]: u for u in updated})
+            for k in gone:
+                model.pop(k, None)
+            assert [r.get(k) for k in range(-3, 403)] == [model.get(k) for k in range(-3, 403)]
+            assert r.get(2**62) is None
+            many = r.get_many([*range(-3, 403), 4, 6, 2**62]).to_pylist()  # some twice
+            assert sorted(row["id"] for row in many) == sorted(model) and {row["id"]: row for row in many} == model

@@ -19,6 +19,14 @@ class ReadConfig:
     scan_sstables_ahead: int = 4
     #: Base batches a scan lets Lance decode while it still reads the SSTables (0: none).
     scan_base_batches_ahead: int = 4
+    #: Point lookups: once a base version has had this many lookups that reach the base, its
+    #: integer keys are read with their row ids (``BaseKeyMap``, ~25 ms per million rows), and
+    #: a lookup takes its row by id: ~0.35 ms instead of ~0.65 ms through the key's index on a
+    #: 1M-row base (docs/bench-log/reads.md).
+    lookup_key_map_after: int = 32
+    #: Point lookups: a base of more live rows than this gets no key map (it holds 16 bytes a
+    #: row: 64 MiB at the default); 0 turns key maps off.
+    lookup_key_map_max_rows: int = 4_000_000
     #: Vector search: IVF partitions of the base index probed per query. memwal builds
     #: IVF_HNSW_SQ with one partition per 250,000 rows (memwal.core.indexes), so up to 5M rows
     #: every partition is probed; recall then is the graphs' (0.998 on 384-d MiniLM text
@@ -52,6 +60,10 @@ class ReadConfig:
             raise InvalidArgumentError(f"vector_overfetch must be at least 1, got {self.vector_overfetch!r}")
         if isinstance(self.scan_base_batches_ahead, bool) or not isinstance(self.scan_base_batches_ahead, int) or self.scan_base_batches_ahead < 0:
             raise InvalidArgumentError(f"scan_base_batches_ahead must be a non-negative integer, got {self.scan_base_batches_ahead!r}")
+        for name in ("lookup_key_map_after", "lookup_key_map_max_rows"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "lookup_key_map_after" else 0):
+                raise InvalidArgumentError(f"{name} must be a {'positive' if name == 'lookup_key_map_after' else 'non-negative'} integer, got {v!r}")
         for name in ("scan_batch_rows", "scan_sstables_ahead", "vector_nprobes", "vector_refine_factor"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:

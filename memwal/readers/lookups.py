@@ -18,7 +18,8 @@ import pyarrow.compute as pc
 from memwal.core.lsm import without_keys
 from memwal.readers.keys import keys_predicate, quote_ident, sql_literal
 from memwal.readers.merge import int_key as merge_int_key
-from memwal.readers.points import BaseLookup, base_point_read, point_lookup
+from memwal.readers.config import ReadConfig
+from memwal.readers.points import BaseKeyMap, BaseLookup, base_point_read, point_lookup
 from memwal.readers.sstables import KeySet, LiveKeySets, MergedKeys, SSTableCache, lookup_key
 from memwal.core.schema import TOMBSTONE
 from memwal.core.snapshot import Snapshot
@@ -34,10 +35,20 @@ class PointLookups:
     scanner options, and the last lookup's base predicate (which a background refresh
     replays on a new base version, :meth:`warm`)."""
 
-    def __init__(self, state: TableState, cache: SSTableCache, live_keys: LiveKeySets) -> None:
+    def __init__(self, state: TableState, cache: SSTableCache, live_keys: LiveKeySets, config: ReadConfig | None = None) -> None:
         self.state = state
         self.cache = cache
         self.live_keys = live_keys
+        self.config = config or ReadConfig()
+        #: the base version's key map (:class:`BaseKeyMap`), once it has had enough lookups
+        self._key_map: BaseKeyMap | None = None
+        #: (base dataset, point lookups of it that read the base)
+        self._base_reads: tuple[Any, int] = (None, 0)
+        pk = state.primary_key
+        key_type = state.schema.field(pk[0]).type
+        #: a single signed integer key (or an unsigned one of at most 32 bits): mapped to row ids
+        self._mappable = len(pk) == 1 and (pa.types.is_signed_integer(key_type) or
+                                          (pa.types.is_unsigned_integer(key_type) and key_type.bit_width <= 32))
         #: the last point lookup's base predicate, replayed on each new base version by the
         #: background refresh so the first lookup on it finds its index pages loaded
         self.warm_predicate: str | None = None
@@ -62,10 +73,35 @@ class PointLookups:
             if tombstone:  # the newest version is a delete
                 return out_schema.empty_table()
             return self.cache.take(path, [position], out_schema.names)
-        # No SSTable holds the key: the base table's row (via its primary-key index), if any.
+        # No SSTable holds the key: the base table's row, if any: from its key map, or
+        # through its primary-key index.
+        key_map = self._base_key_map(snap) if self._mappable else None
+        if key_map is not None:
+            row = key_map.read(snap.dataset, key[pk[0]], out_schema.names)
+            return out_schema.empty_table() if row is None else row
         predicate = " AND ".join(f"{quote_ident(c)} = {sql_literal(key[c])}" for c in pk)
         self.warm_predicate = predicate
         return base_point_read(self._base_lookup(snap), out_schema.names, predicate)
+
+    def _base_key_map(self, snap: Snapshot, keys: int = 1) -> BaseKeyMap | None:
+        """``snap``'s base version's key map, built once the version has had
+        ``ReadConfig.lookup_key_map_after`` keys looked up in the base (a version read a few
+        times, or by a reader that only scans, never pays its read) and when its rows fit
+        ``lookup_key_map_max_rows``."""
+        version = snap.base_version
+        kept = self._key_map  # once: another thread may replace it meanwhile
+        if kept is not None and kept.version == version:
+            return kept
+        seen, before = self._base_reads
+        before = before if seen == version else 0
+        self._base_reads = (version, before + keys)
+        cfg = self.config
+        if not before < cfg.lookup_key_map_after <= before + keys or cfg.lookup_key_map_max_rows <= 0:
+            return None  # built once, by the lookup that reaches the count
+        if snap.dataset.count_rows() > cfg.lookup_key_map_max_rows:
+            return None
+        self._key_map = kept = BaseKeyMap(snap.dataset, self.state.primary_key[0])
+        return kept
 
     def many(self, keys: pa.Table, out_schema: pa.Schema, snap: Snapshot, tail: pa.Table | None) -> pa.Table:
         """The live rows of ``keys`` (the key columns, typed, each key once) in ``snap`` and
@@ -109,7 +145,11 @@ class PointLookups:
                 if positions:
                     parts.append(self.cache.take_many(path, positions, names, len(key_set)))
         rest = todo.remaining()
-        if rest.num_rows:
+        key_map = self._base_key_map(snap, rest.num_rows) if self._mappable and rest.num_rows else None
+        if key_map is not None:
+            ids = key_map.row_ids_of(rest.column(0).to_numpy().astype(np.int64))
+            parts.append(snap.dataset._take_rows(ids.tolist(), columns=names) if len(ids) else out_schema.empty_table())
+        elif rest.num_rows:
             if len(pk) == 1:
                 where = pc.field(pk[0]).isin(rest.column(0).combine_chunks())
                 base = snap.dataset.to_table(columns=names, filter=where)
@@ -160,6 +200,11 @@ class PointLookups:
             # of every fragment, which loads each fragment's deletion file of the new version
             # (every compaction commit rewrites those of the fragments its updates touch).
             snap.dataset.to_table(columns=list(self.state.primary_key), filter=predicate)
+            kept = self._key_map
+            if kept is not None and kept.version != snap.base_version and snap.dataset.count_rows() <= self.config.lookup_key_map_max_rows:
+                # the previous version's lookups built one: so will this one's, here and not
+                # in a lookup
+                self._key_map = BaseKeyMap(snap.dataset, self.state.primary_key[0])
 
     def _base_lookup(self, snap: Snapshot) -> BaseLookup:
         """Point reads of ``snap``'s base version, their scanner options built once."""

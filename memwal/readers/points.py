@@ -16,6 +16,7 @@ import logging
 from typing import Any, Sequence
 
 import lance
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from lance.dataset import ScannerBuilder
@@ -112,6 +113,45 @@ def point_lookup(dataset: lance.LanceDataset) -> BaseLookup:
     fragments' metadata."""
     deletions = any(f.metadata.deletion_file is not None for f in dataset.get_fragments())
     return BaseLookup(dataset, **POINT_READ_OPTIONS) if deletions else BaseLookup(dataset)
+
+
+class BaseKeyMap:
+    """A base version's integer keys, sorted, with their rows' ids: a point read of that
+    version is then a binary search and a ``take`` of one row (~0.35 ms on a 1M-row base)
+    instead of a scan through the key's index (~0.65 ms, most of it Lance planning the scan).
+    Built from the version's live rows (~25 ms per million, then 16 bytes a row); a version
+    never changes, so neither does its map."""
+
+    def __init__(self, dataset: lance.LanceDataset, column: str) -> None:
+        self.version = dataset.version
+        t = dataset.to_table(columns=[column], with_row_id=True)
+        keys = t.column(column).to_numpy().astype(np.int64, copy=False)
+        order = np.argsort(keys, kind="stable")
+        self.keys = keys[order]
+        self.row_ids = t.column("_rowid").to_numpy()[order]
+
+    def row_id(self, key: int) -> int | None:
+        """The row id of ``key``'s live row in the version, or None if it has none."""
+        i = int(np.searchsorted(self.keys, key))
+        return int(self.row_ids[i]) if i < len(self.keys) and self.keys[i] == key else None
+
+    def row_ids_of(self, keys: np.ndarray) -> np.ndarray:
+        """The row ids of those of ``keys`` the version holds, each once, ascending (the order
+        a take reads fastest in)."""
+        if not len(self.keys):
+            return np.zeros(0, np.uint64)
+        i = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
+        return np.unique(self.row_ids[i[self.keys[i] == keys]])
+
+    def read(self, dataset: lance.LanceDataset, key: int, columns: Sequence[str]) -> pa.Table | None:
+        """``key``'s live row (``columns``) in ``dataset`` (the map's version), or None if it
+        has none."""
+        rid = self.row_id(key)
+        return None if rid is None else dataset._take_rows([rid], columns=list(columns))
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.row_ids.nbytes
 
 
 def first_row(rows: pa.Table) -> dict[str, Any]:

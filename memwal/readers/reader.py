@@ -113,7 +113,7 @@ class Reader:
         #: each shard's live SSTables with their key sets, per snapshot: lookups walk them
         self._live_keys = sstables.LiveKeySets(self.sstables, state.primary_key)
         self._planner = Planner(state)
-        self._points = PointLookups(state, self.sstables, self._live_keys)
+        self._points = PointLookups(state, self.sstables, self._live_keys, self.config)
         self._vectors = VectorSearch(state, self.config, self.sstables, self._live_keys)
 
     def _columns_changed(self, base: lance.LanceDataset) -> bool:
