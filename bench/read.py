@@ -172,10 +172,15 @@ def vector_search(work: str, rows: int, queries: int) -> dict:
     def measure(fns: dict) -> dict[str, dict[str, float]]:
         # Interleaved, query by query: on a shared machine the load moves within a run, and
         # variants measured one after the other each got a different share of it.
+        # The order rotates query by query: a variant run right after NumPy's exact search
+        # (hundreds of MB of temporaries) finds the caches cold, and a fixed order gave that
+        # to memwal on every query (9.6 ms against 4.0 ms measured alone, reads.md).
         lat: dict[str, list[float]] = {name: [] for name in fns}
         recall: dict[str, list[float]] = {name: [] for name in fns}
-        for q, want in zip(qs, truth):
-            for name, fn in fns.items():
+        names = list(fns)
+        for i, (q, want) in enumerate(zip(qs, truth)):
+            for name in names[i % len(names):] + names[: i % len(names)]:
+                fn = fns[name]
                 t1 = time.perf_counter()
                 got = fn(q)
                 lat[name].append(time.perf_counter() - t1)

@@ -112,3 +112,42 @@ def test_each_plan_of_the_base_returns_the_exact_top_k_up_to_the_index_recall(em
     assert min(np.mean(v) for v in recall.values()) >= 0.95
     chosen = readers_by_plan["auto"]._vectors.planner.chosen
     assert chosen["exact"] > 0 and chosen["index"] > 0  # both measured
+
+
+@pytest.mark.parametrize("embedded", [True], ids=["indexed"], indirect=True)
+@pytest.mark.parametrize("partition_rows", [0, 40], ids=["one partition", "partitions"])
+def test_sstable_rows_scored_through_a_shortlist_are_the_exact_nearest_up_to_its_recall(embedded, partition_rows):
+    """Many SSTable rows are scored in a reduced space first (the rows of the partitions
+    nearest to the query) and the shortlist of the nearest by it exactly: with every row on
+    the shortlist the answer is exact scoring's, for each metric and with a filter; with a
+    short one and a third of the partitions probed, the same up to its recall."""
+    from memwal.readers import ReadConfig
+
+    uri, queries = embedded
+    base = dict(vector_plan="exact", vector_shortlist_min_rows=1, vector_shortlist_dims=48,
+                vector_shortlist_partition_rows=partition_rows)
+    whole = readers.open(uri, consistency="strong", config=ReadConfig(**base, vector_shortlist=10**6, vector_shortlist_probe=1.0))
+    short = readers.open(uri, consistency="strong", config=ReadConfig(**base, vector_shortlist=30, vector_shortlist_probe=0.34))
+    live = whole.scan(columns=["id", "kind", "vec"])
+    ids = live.column("id").to_numpy()
+    mat = live.column("vec").combine_chunks().flatten().to_numpy().reshape(-1, DIM).astype(np.float64)
+    base_rows = np.array([k == "base" for k in live.column("kind").to_pylist()])
+    norms = np.linalg.norm(mat, axis=1)
+    recall = []
+    for q in queries[:25]:
+        q64 = q.astype(np.float64)
+        model = {"l2": ((mat - q64) ** 2).sum(1), "cosine": 1 - mat @ q64 / (norms * np.linalg.norm(q64)), "dot": 1 - mat @ q64}
+        for metric, d in model.items():
+            for where, rows in ((None, np.arange(len(ids))), ("kind <> 'base'", np.flatnonzero(~base_rows))):
+                want = set(ids[rows[np.argsort(d[rows], kind="stable")[:10]]].tolist())
+                got = whole.search(q, k=10, columns=["id"], metric=metric, where=where).column("id").to_pylist()
+                assert set(got) == want, (metric, where)
+                found = short.search(q, k=10, columns=["id", "kind"], metric=metric, where=where)
+                assert len(set(found.column("id").to_pylist())) == 10
+                if where:
+                    assert "base" not in found.column("kind").to_pylist()
+                recall.append(len(set(found.column("id").to_pylist()) & want) / 10)
+    assert np.mean(recall) >= 0.9
+    used = [d.shortlisted for d in short._vectors._deltas.values() if d.shortlisted is not None]
+    assert used and used[0].reduced.shape[1] == 48  # the shortlist was taken, in 48 dimensions
+    assert (used[0].projection.centroids is not None) == bool(partition_rows)

@@ -12,6 +12,7 @@ so a lookup costs Lance's work and a few microseconds of memwal's.
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any, Sequence
 
@@ -79,6 +80,22 @@ class BaseLookup:
                 self.native = False
                 log.warning("Lance's native scanner signature changed (%s); point reads use to_table", e)
         return self.dataset.to_table(columns=list(columns), filter=filter, **self.options)
+
+    def search(self, columns: Sequence[str], nearest: dict[str, Any], filter: str | None,  # noqa: A002 - Lance's name
+               prefilter: bool | None) -> pa.Table:
+        """``dataset.to_table(nearest=nearest, columns=columns, filter=filter,
+        prefilter=prefilter, **options)``, through the native scanner as :meth:`read`."""
+        if self.native:
+            try:
+                b = copy.copy(self._builder(tuple(columns)))  # the cached builder stays as it was
+                b.nearest(**nearest)
+                if prefilter is not None:
+                    b.prefilter(prefilter)
+                return self.dataset._ds.scanner(*_native_args(b, filter)).to_pyarrow().read_all()
+            except TypeError as e:  # the native signature changed (a pylance upgrade)
+                self.native = False
+                log.warning("Lance's native scanner signature changed (%s); base reads use to_table", e)
+        return self.dataset.to_table(nearest=nearest, columns=list(columns), filter=filter, prefilter=prefilter, **self.options)
 
 
 def live_rows(rows: pa.Table) -> pa.Table:

@@ -6,8 +6,10 @@ than wanted so that those a newer level supersedes can be dropped; or exactly, f
 of the base's vectors kept per base version, the superseded rows masked (a small base: one
 matrix-vector product beats the index's graph walk there, and its recall is 1). The SSTables' newest live
 rows are scored exactly from a matrix built once per snapshot (:class:`DeltaVectors`; large
-indexed SSTables through their own index, minus the keys of newer ones), and so is a strong
-reader's WAL tail; the nearest of all are returned. Lance's own LSM vector planner cost
+indexed SSTables through their own index, minus the keys of newer ones; many rows through a
+shortlist: scored first in a reduced space, then the nearest of those exactly,
+:class:`~memwal.readers.vectors.Shortlisted`), and so is a strong reader's WAL tail; the
+nearest of all are returned. Lance's own LSM vector planner cost
 100 ms of planning and 100 ms of execution per search on 16.5k rows with 24 SSTables, where
 the base's own search took 5 ms (docs/bench-log/reads.md, "Vector search on real embeddings").
 """
@@ -26,10 +28,13 @@ import pyarrow.compute as pc
 from memwal.core import paths
 from memwal.core.errors import InvalidArgumentError
 from memwal.readers.config import ReadConfig
+from memwal.readers.points import BaseLookup
 from memwal.readers.sql import filter_rows
 from memwal.readers.sstables import KeySet, LiveKeySets, SSTableCache
 from memwal.readers.stream import ShadowKeys
-from memwal.readers.vectors import METRICS, as_matrix, distances, matvec, nearest, top_k, vector_columns
+from memwal.readers.vectors import (
+    METRICS, Projection, Shortlisted, as_matrix, distances, matvec, nearest, top_k, vector_columns,
+)
 from memwal.core.schema import TOMBSTONE
 from memwal.core.snapshot import Snapshot
 from memwal.core.state import TableState
@@ -70,6 +75,10 @@ class VectorSearch:
         self._base: BaseVectors | None = None
         #: (base version, its live rows), counted once per version
         self._base_rows: tuple[int | None, int] = (None, 0)
+        #: the base version last searched through its index
+        self._lookup: BaseLookup | None = None
+        #: ((base version, column, dimensions), projection) of the SSTable rows' shortlist
+        self._projection: tuple[tuple, Projection] | None = None
         self.planner = VectorPlanner(config)
 
     def query(
@@ -125,9 +134,15 @@ class VectorSearch:
             keep = delta.where_mask(where)
             if newest is not None:  # the WAL tail supersedes these keys
                 keep = newest.unshadowed if keep is None else keep & newest.unshadowed
-            dist = delta.distances(query, metric)  # all rows, then the kept ones: no copy of the matrix
             among = None if keep is None else np.flatnonzero(keep)
-            parts.append(top_k(delta.rows.select(wanted), dist, k, among))
+            shortlisted = self._shortlisted(delta, col)
+            if shortlisted is None:
+                dist = delta.distances(query, metric)  # all rows, then the kept ones: no copy of the matrix
+                parts.append(top_k(delta.rows.select(wanted), dist, k, among))
+            else:
+                picked, d = shortlisted.nearest(query, metric, k, self.config.vector_shortlist, self.config.vector_shortlist_probe, among)
+                parts.append(delta.rows.select(wanted).take(pa.array(picked, pa.int64()))
+                             .append_column("_distance", pa.array(d, pa.float32())))
         for path, newer in delta.indexed:
             found = self.cache.read(
                 path,
@@ -146,6 +161,26 @@ class VectorSearch:
         found = pa.concat_tables([t.cast(schema) for t in parts])
         found = found.sort_by([("_distance", "ascending")]).slice(0, k)
         return found.select([*out, "_distance"])
+
+    def _shortlisted(self, delta: "DeltaVectors", col: str) -> Shortlisted | None:
+        """The SSTable rows' matrix scored through a projection, when it is large enough to
+        be worth it (``ReadConfig.vector_shortlist_*``); built once per snapshot. The
+        projection and its partitions are fitted on the first such matrix of a base version
+        and kept for the version's snapshots until they hold twice its rows: new SSTables
+        come from the same distribution, and fitting costs more than projecting."""
+        cfg = self.config
+        dims = cfg.vector_shortlist_dims
+        if not dims or delta.rows.num_rows < max(cfg.vector_shortlist_min_rows, 1) or dims >= delta.matrix.shape[1]:
+            return None
+        if delta.shortlisted is None:
+            key = (delta.base_version, col, dims)
+            n = delta.rows.num_rows
+            last = self._projection
+            if last is None or last[0] != key or n > 2 * last[1].fitted_rows:
+                partitions = n // cfg.vector_shortlist_partition_rows if cfg.vector_shortlist_partition_rows else 1
+                last = self._projection = (key, Projection.fit(delta.matrix, dims, partitions))
+            delta.shortlisted = Shortlisted.build(delta.matrix, last[1])
+        return delta.shortlisted
 
     def _tail(self, tail: pa.Table, col: str, delta: "DeltaVectors") -> "TailVectors":
         """What a search takes from a strong reader's WAL tail, built once per tail (the
@@ -184,6 +219,13 @@ class VectorSearch:
             found = self._search_base(snap, q, wanted, where, shadows, delta.base_indexed)
         self.planner.record(plan, rows * dim, time.perf_counter() - t0)
         return found
+
+    def _base_lookup(self, ds: lance.LanceDataset) -> BaseLookup:
+        """The base version's searches through Lance's native scanner (pylance's Python
+        builder deep-copies its options on every call: 0.25 ms of a 2.4 ms search)."""
+        if self._lookup is None or self._lookup.dataset is not ds:
+            self._lookup = BaseLookup(ds)
+        return self._lookup
 
     def _base_vectors(self, ds: lance.LanceDataset, col: str) -> "BaseVectors":
         """The base version's vectors as one matrix with its keys, read once per version."""
@@ -230,7 +272,7 @@ class VectorSearch:
             else:
                 nearest["use_index"] = False
             # A prefilter only with a filter: asked for without one it cost 2.4 ms of 8 here.
-            found = snap.dataset.to_table(nearest=nearest, columns=[*wanted, "_distance"], filter=where, prefilter=True if where else None)
+            found = self._base_lookup(snap.dataset).search([*wanted, "_distance"], nearest, where, True if where else None)
             kept = found
             for shadow in shadows:  # each level's keys apart: merging them cost a sort per search
                 kept = shadow.drop(kept)
@@ -269,7 +311,8 @@ class VectorSearch:
         # SSTable cost 0.35 ms of a 5 ms search (reads.md).
         rows = pa.concat_tables(exact, promote_options="permissive").cast(self.state.schema).combine_chunks() if exact else self.state.schema.empty_table()
         dim = self.state.schema.field(col).type.list_size
-        delta = DeltaVectors(every, rows, as_matrix(rows.column(col), dim), indexed, vector_index_name(snap.dataset, col) is not None)
+        delta = DeltaVectors(every, rows, as_matrix(rows.column(col), dim), indexed, vector_index_name(snap.dataset, col) is not None,
+                             snap.base_version)
         if len(self._deltas) >= DELTAS_KEPT:
             self._deltas.clear()
         self._deltas[key] = delta
@@ -447,6 +490,9 @@ class DeltaVectors:
     indexed: list[tuple[str, list[KeySet]]]
     #: whether the snapshot's base has a vector index on the column
     base_indexed: bool
+    base_version: int | None = None
+    #: the rows scored through a projection first (large ones, ``VectorSearch._shortlisted``)
+    shortlisted: Shortlisted | None = None
     _masks: dict[str, np.ndarray] | None = None
     _norms: np.ndarray | None = None
 
