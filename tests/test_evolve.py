@@ -618,6 +618,47 @@ def test_the_prepare_stage_widens_a_column_the_source_widened(tmp_path, evolve):
     WORKER.clear()
 
 
+def test_a_prepare_task_that_loses_the_race_to_add_a_column_still_widens_the_next(tmp_path, monkeypatch):
+    """Two tasks of a micro-batch follow the same ``ADD COLUMN note, ALTER qty TYPE bigint``.
+    The other task commits the added column between this task's read of the base and its own
+    commit of it (a real Lance conflict, the interleaving forced): this task looks again and
+    widens ``qty`` itself, so no row of the batch becomes a dead letter."""
+    from debezium_events import Column, PostgresTable
+
+    from memwal.maintain.evolve import SchemaUpdate
+    from memwal.streaming import SinkOptions
+    from memwal.streaming.exchange import shard_partitions
+    from memwal.streaming.prepare import Prepare
+    from memwal.write.worker import WORKER
+
+    wide = PostgresTable([Column("id", "bigint", nullable=False), Column("qty", "bigint"), Column("note", "text")], ["id"], table="items")
+    uri = str(tmp_path / "items")
+    Table.create(uri, pa.schema([("id", pa.int64()), ("qty", pa.int32())]), ["id"], "bucket(id, 2)").close()
+    rows = [{"id": i, "qty": 2**40 + i, "note": "gift"} for i in range(4)]
+    data = pa.table({"key": [wide.key_of(r) for r in rows],
+                     "value": [wide.event("c", None, r, lsn=i, commit_ms=i, txid=i) for i, r in enumerate(rows)],
+                     "topic": ["items"] * 4, "partition": pa.array([0] * 4, pa.int32()), "offset": pa.array(range(4), pa.int64())})
+    original = lance.LanceDataset.add_columns
+    raced = []
+
+    def other_task_first(self, *args, **kwargs):
+        if not raced:  # the other task's add of the same column lands first
+            raced.append(True)
+            SchemaUpdate(TableState.load(uri)).add_column("note", pa.string()).commit()
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(lance.LanceDataset, "add_columns", other_task_first)
+    options = SinkOptions(source="kafka-json", value_format="debezium-json")
+    state = WORKER.table(uri).state
+    prepared = Prepare(uri, options).prepare(state, data, 0, 0, shard_partitions(state.spec, options))
+    assert raced
+    schema = Table.open(uri).schema
+    assert schema.field("qty").type == pa.int64() and schema.field("note").type == pa.string()
+    assert prepared.dead.num_rows == 0
+    assert sorted(prepared.rows.select(["id", "qty", "note"]).to_pylist(), key=lambda r: r["id"]) == rows
+    WORKER.clear()
+
+
 @pytest.mark.parametrize("evolve", ["compatible", "none"])
 def test_avro_from_a_registry_follows_added_and_widened_source_fields(tmp_path, evolve):
     """Debezium's Avro converter registers a new value schema when the source changes: events of

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memwal.core.lance_errors import is_commit_conflict
 from memwal.core.partial import presence_of_columns, presence_type
 from memwal.core.routing import shard_codes
 from memwal.core.sharding import ShardValues
@@ -33,6 +34,10 @@ from memwal.streaming.exchange import EXCHANGE_SCHEMA, PART, Prepared, exchange_
 from memwal.streaming.sink_options import SinkOptions
 
 log = logging.getLogger("memwal.streaming")
+
+
+#: Tries of one schema change a batch's source asks for, while other tasks commit parts of it.
+EVOLVE_ATTEMPTS = 5
 
 
 class Prepare:
@@ -220,9 +225,10 @@ class Prepare:
             return ({n for n in new if n in s.names}
                     | {n for n, f in wider.items() if n in s.names and s.field(n).type.equals(f.type)})
 
-        present = state.dataset().schema
-        todo = (set(new) | set(wider)) - done(present) - self._not_added
-        if todo:
+        for attempt in range(EVOLVE_ATTEMPTS):
+            todo = (set(new) | set(wider)) - done(state.dataset().schema) - self._not_added
+            if not todo:
+                break
             update = SchemaUpdate(state)
             for name in todo:
                 if name in new:
@@ -233,8 +239,18 @@ class Prepare:
                 change = update.commit()
                 log.info("table %s: the source's columns changed; added %s, widened %s", self.uri, list(change.added),
                          list(change.widened))
-            except (MemwalError, OSError, ValueError) as e:  # (Lance: a concurrent commit of the same change)
+                break
+            except (MemwalError, OSError, ValueError) as e:
+                if is_commit_conflict(e) and attempt < EVOLVE_ATTEMPTS - 1:
+                    # Another task of the micro-batch committed part of the same change first
+                    # (its added column, while it widens the next): look again at what is left.
+                    # Giving up here left the rest unfollowed for this task, and its rows' wide
+                    # values went to dead letters.
+                    time.sleep(0.05 * (attempt + 1))
+                    state = WORKER.reload(self.uri, self.storage).state
+                    continue
                 log.warning("table %s: the source's changed fields %s were not followed (%s)", self.uri, sorted(todo), e)
+                break
         reloaded = self._evolved = WORKER.reload(self.uri, self.storage).state
         self._decoder = None
         made = done(reloaded.write_schema)
