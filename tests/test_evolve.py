@@ -290,6 +290,31 @@ def test_maintenance_commits_nothing_to_a_paused_base(table_uri):
     t.close()
 
 
+def test_a_fold_planned_before_a_widening_and_committed_after_it_is_a_lost_race(table_uri):
+    """A compaction round plans (its rows cast to the narrow columns), a widening begins and
+    ends, then the round commits: Lance refuses the narrow rows, and the compactor takes that
+    for a lost race, not for damage; the next round folds the rows as the wide columns."""
+    from memwal import StaleCompactionError
+    from memwal.maintain.evolve import SchemaUpdate
+
+    t = Table.create(table_uri, WIDE, ["id"], "unsharded")
+    t.write(pa.Table.from_pylist(wide_rows(range(30), 1), schema=WIDE))
+    t.flush()
+    compactor = Compactor(t.state)
+    (shard,) = t.state.manifests.list_shards()
+    plan = compactor.plan(shard)
+    assert plan is not None and plan.live.schema.field("qty").type == pa.int32()
+    SchemaUpdate(TableState.load(table_uri)).widen_column("qty", pa.int64()).commit()
+    with pytest.raises(StaleCompactionError):
+        compactor.commit(plan)
+    assert len(Compactor(TableState.load(table_uri)).run_once()) == 1
+    base = lance.dataset(table_uri)
+    assert base.schema.field("qty").type == pa.int64()
+    got = {r["id"]: r["qty"] for r in base.to_table(columns=["id", "qty"]).to_pylist()}
+    assert got == {r["id"]: r["qty"] for r in wide_rows(range(30), 1)}
+    t.close()
+
+
 def test_a_reader_opened_before_a_change_reads_the_new_columns(table_uri):
     t = Table.create(table_uri, SCHEMA, ["id"], "bucket(id, 2)")
     t.write(pa.Table.from_pylist(rows(range(10), "a", SCHEMA.names), schema=SCHEMA))

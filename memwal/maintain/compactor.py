@@ -254,13 +254,23 @@ class Compactor:
                 self.state.storage.retry, "a compaction commit",
             )
         except (OSError, ValueError) as e:
+            runs = ", ".join(f"shard {p.shard_id} up to generation {p.last_generation}" for p in plans)
             if is_stale_compaction(e):
-                runs = ", ".join(f"shard {p.shard_id} up to generation {p.last_generation}" for p in plans)
                 raise StaleCompactionError(f"{runs}: compacted by another compactor") from e
+            if self._widened_since(rows):
+                # A widening began and ended between this round's plan (rows cast to the base's
+                # columns then) and its commit, and Lance refuses the narrow rows. A lost race:
+                # the next round plans against the wide columns. Not damage.
+                raise StaleCompactionError(f"{runs}: the base's columns were widened meanwhile") from e
             known = classify(e)
             if known is None:
                 raise
             raise known from e
+
+    def _widened_since(self, rows: pa.Table) -> bool:
+        """Whether a column of ``rows`` has another type in the base now."""
+        now = self.state.dataset().schema
+        return any(f.name in now.names and not now.field(f.name).type.equals(f.type) for f in rows.schema)
 
     def commit_joint(self, plans: Sequence["CompactionPlan"]) -> list[CompactionResult]:
         """Single-pass plans of different shards as one commit (see the module docstring).
