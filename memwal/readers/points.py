@@ -73,29 +73,30 @@ class BaseLookup:
         return b
 
     def read(self, columns: Sequence[str], filter: str) -> pa.Table:  # noqa: A002 - Lance's name
-        if self.native:
-            try:
-                return self.dataset._ds.scanner(*_native_args(self._builder(tuple(columns)), filter)).to_pyarrow().read_all()
-            except TypeError as e:  # the native signature changed (a pylance upgrade)
-                self.native = False
-                log.warning("Lance's native scanner signature changed (%s); point reads use to_table", e)
-        return self.dataset.to_table(columns=list(columns), filter=filter, **self.options)
+        return self._scan(columns, filter)
 
     def search(self, columns: Sequence[str], nearest: dict[str, Any], filter: str | None,  # noqa: A002 - Lance's name
                prefilter: bool | None) -> pa.Table:
         """``dataset.to_table(nearest=nearest, columns=columns, filter=filter,
         prefilter=prefilter, **options)``, through the native scanner as :meth:`read`."""
+        return self._scan(columns, filter, nearest, prefilter)
+
+    def _scan(self, columns: Sequence[str], filter: str | None,  # noqa: A002 - Lance's name
+              nearest: dict[str, Any] | None = None, prefilter: bool | None = None) -> pa.Table:
         if self.native:
             try:
-                b = copy.copy(self._builder(tuple(columns)))  # the cached builder stays as it was
-                b.nearest(**nearest)
-                if prefilter is not None:
-                    b.prefilter(prefilter)
+                b = self._builder(tuple(columns))
+                if nearest is not None:
+                    b = copy.copy(b)  # the cached builder stays as it was
+                    b.nearest(**nearest)
+                    if prefilter is not None:
+                        b.prefilter(prefilter)
                 return self.dataset._ds.scanner(*_native_args(b, filter)).to_pyarrow().read_all()
             except TypeError as e:  # the native signature changed (a pylance upgrade)
                 self.native = False
                 log.warning("Lance's native scanner signature changed (%s); base reads use to_table", e)
-        return self.dataset.to_table(nearest=nearest, columns=list(columns), filter=filter, prefilter=prefilter, **self.options)
+        extra = {} if nearest is None else {"nearest": nearest, "prefilter": prefilter}
+        return self.dataset.to_table(columns=list(columns), filter=filter, **self.options, **extra)
 
 
 def live_rows(rows: pa.Table) -> pa.Table:

@@ -33,7 +33,7 @@ from memwal.readers.sql import filter_rows
 from memwal.readers.sstables import KeySet, LiveKeySets, SSTableCache
 from memwal.readers.stream import ShadowKeys
 from memwal.readers.vectors import (
-    METRICS, Projection, Shortlisted, as_matrix, distances, matvec, nearest, top_k, vector_columns,
+    METRICS, Projection, Shortlisted, as_matrix, distances, matvec, nearest, rows_at, top_k, vector_columns,
 )
 from memwal.core.schema import TOMBSTONE
 from memwal.core.snapshot import Snapshot
@@ -134,15 +134,14 @@ class VectorSearch:
             keep = delta.where_mask(where)
             if newest is not None:  # the WAL tail supersedes these keys
                 keep = newest.unshadowed if keep is None else keep & newest.unshadowed
-            among = None if keep is None else np.flatnonzero(keep)
             shortlisted = self._shortlisted(delta, col)
             if shortlisted is None:
                 dist = delta.distances(query, metric)  # all rows, then the kept ones: no copy of the matrix
-                parts.append(top_k(delta.rows.select(wanted), dist, k, among))
+                parts.append(top_k(delta.rows.select(wanted), dist, k, None if keep is None else np.flatnonzero(keep)))
             else:
-                picked, d = shortlisted.nearest(query, metric, k, self.config.vector_shortlist, self.config.vector_shortlist_probe, among)
-                parts.append(delta.rows.select(wanted).take(pa.array(picked, pa.int64()))
-                             .append_column("_distance", pa.array(d, pa.float32())))
+                cfg = self.config
+                picked = shortlisted.nearest(query, metric, k, cfg.vector_shortlist, cfg.vector_shortlist_probe, keep)
+                parts.append(rows_at(delta.rows.select(wanted), *picked))
         for path, newer in delta.indexed:
             found = self.cache.read(
                 path,

@@ -63,8 +63,12 @@ def top_k(rows: pa.Table, dist: np.ndarray, k: int, among: np.ndarray | None = N
     """The ``k`` rows of ``rows`` nearest by ``dist`` (NaN last), nearest first, with
     ``_distance``; only rows at the positions ``among`` (sorted) when given, so a caller with
     a mask takes k rows instead of copying every kept one first."""
-    picked, d = nearest(dist, k, among)
-    return rows.take(pa.array(picked, pa.int64())).append_column("_distance", pa.array(d, pa.float32()))
+    return rows_at(rows, *nearest(dist, k, among))
+
+
+def rows_at(rows: pa.Table, picked: np.ndarray, dist: np.ndarray) -> pa.Table:
+    """The rows at positions ``picked``, with their distances as ``_distance``."""
+    return rows.take(pa.array(picked, pa.int64())).append_column("_distance", pa.array(dist, pa.float32()))
 
 
 def nearest(dist: np.ndarray, k: int, among: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -98,6 +102,8 @@ class Projection:
     centroids: np.ndarray | None = None
     #: rows of the matrix it was fitted on
     fitted_rows: int = 0
+    #: half the centroids' squared norms (squared L2 to a centroid, up to a term of the point's)
+    half_norms: np.ndarray | None = None
 
     @classmethod
     def fit(cls, matrix: np.ndarray, dims: int, partitions: int = 1, sample_rows: int = 8192, seed: int = 0) -> "Projection":
@@ -109,18 +115,23 @@ class Projection:
             rows = rows[rng.choice(len(rows), sample_rows, replace=False)]
         _, vecs = np.linalg.eigh(rows.T.astype(np.float64) @ rows)  # ascending eigenvalues
         basis = np.ascontiguousarray(vecs[:, ::-1][:, :dims], dtype=np.float32)
-        centroids = None
         if partitions > 1 and len(rows) >= 4 * partitions:
             centroids = _kmeans(rows @ basis, partitions, rng)
-        return cls(basis, centroids, len(matrix))
+            return cls(basis, centroids, len(matrix), _half_norms(centroids))
+        return cls(basis, None, len(matrix))
 
     def apply(self, matrix: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(matrix @ self.basis)
 
 
-def _assign(points: np.ndarray, centroids: np.ndarray, chunk: int = 65536) -> np.ndarray:
+def _half_norms(centroids: np.ndarray) -> np.ndarray:
+    return 0.5 * np.einsum("ij,ij->i", centroids, centroids)
+
+
+def _assign(points: np.ndarray, centroids: np.ndarray, half_norms: np.ndarray | None = None, chunk: int = 65536) -> np.ndarray:
     """Each point's nearest centroid (squared L2), ``chunk`` points at a time to bound memory."""
-    half_norms = 0.5 * np.einsum("ij,ij->i", centroids, centroids)
+    if half_norms is None:
+        half_norms = _half_norms(centroids)
     out = np.empty(len(points), np.int64)
     for start in range(0, len(points), chunk):
         part = points[start : start + chunk]
@@ -170,7 +181,7 @@ class Shortlisted:
         if projection.centroids is None:
             order, offsets = np.arange(len(matrix)), np.array([0, len(matrix)])
         else:
-            labels = _assign(np.nan_to_num(reduced), projection.centroids)
+            labels = _assign(np.nan_to_num(reduced), projection.centroids, projection.half_norms)
             order = np.argsort(labels, kind="stable")
             offsets = np.concatenate([[0], np.cumsum(np.bincount(labels, minlength=len(projection.centroids)))])
             reduced = np.ascontiguousarray(reduced[order])
@@ -183,7 +194,7 @@ class Shortlisted:
         if centroids is None or probe >= 1:
             return self.order, matvec(self.reduced, qr)
         near = matvec(centroids, qr)
-        score = (0.5 * np.einsum("ij,ij->i", centroids, centroids) - near) if metric == "l2" else -near
+        score = (self.projection.half_norms - near) if metric == "l2" else -near
         n = min(len(centroids), max(MIN_PROBED, int(np.ceil(probe * len(centroids)))))
         chosen = np.sort(np.argpartition(score, n - 1)[:n])  # in memory order
         spans = [(self.offsets[p], self.offsets[p + 1]) for p in chosen]
@@ -192,20 +203,16 @@ class Shortlisted:
         return rows, dots
 
     def nearest(self, query: np.ndarray, metric: str, k: int, shortlist: int, probe: float = 1.0,
-                among: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                keep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """As :func:`nearest` of exact distances, the candidates being the ``shortlist``
         (at least ``k``) nearest by the reduced space among the rows of the ``probe`` share
         of partitions nearest to the query (all partitions if those hold fewer than the
-        shortlist of rows ``among`` allows); only among ``among`` when given."""
+        shortlist of rows ``keep`` allows); only rows ``keep`` (a mask) marks when given."""
         if metric not in METRICS:
             raise MemwalError(f"unknown distance metric {metric!r}; use one of {METRICS}")
         q = query.astype(np.float32)
         qr = q @ self.projection.basis
         size = max(shortlist, k)
-        keep = None
-        if among is not None:
-            keep = np.zeros(len(self.matrix), bool)
-            keep[among] = True
         for p in (probe, 1.0) if probe < 1 else (1.0,):
             rows, dots = self._dots(qr, metric, p)
             if keep is not None:
