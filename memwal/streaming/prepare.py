@@ -246,7 +246,7 @@ class Prepare:
                     # (its added column, while it widens the next): look again at what is left.
                     # Giving up here left the rest unfollowed for this task, and its rows' wide
                     # values went to dead letters.
-                    time.sleep(0.05 * (attempt + 1))
+                    time.sleep(state.storage.retry.backoff(attempt + 1))
                     state = WORKER.reload(self.uri, self.storage).state
                     continue
                 log.warning("table %s: the source's changed fields %s were not followed (%s)", self.uri, sorted(todo), e)
